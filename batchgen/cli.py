@@ -1,0 +1,99 @@
+"""Command line: parses flags, builds a RunConfig, calls the library, maps errors to exit codes."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import BatchgenError
+
+__all__ = ["main"]
+
+
+def _fail(e: BatchgenError) -> None:
+    click.echo(f"error: {e}", err=True)
+    sys.exit(e.exit_code)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="batchgen")
+def main() -> None:
+    """Batch generation with MLX: a JSONL or Parquet job file in, a Parquet of results out."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(path_type=Path))
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="Result Parquet [JOB_FILE.results.parquet].")
+@click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config].")
+@click.option("--text-model", help="Model for rows without media [--model].")
+@click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default].")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension].")
+@click.option("--limit", type=int, help="Only the first N rows of the job file.")
+@click.option("--overwrite", is_flag=True, help="Start over instead of resuming.")
+@click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1).")
+@click.option("--max-tokens", type=int, help="Default max new tokens per row [256].")
+@click.option("--temperature", type=float, help="Default temperature; 0 is greedy [0.7].")
+@click.option("--top-p", type=float, help="Default nucleus sampling [0.9].")
+@click.option("--top-k", type=int, help="Default top-k; 0 is off [0].")
+@click.option("--min-p", type=float, help="Default min-p [0].")
+@click.option("--repetition-penalty", type=float, help="Default repetition penalty [1.0].")
+@click.option("--presence-penalty", type=float, help="Default presence penalty [0].")
+@click.option("--stop", multiple=True, help="Default stop sequence (repeatable).")
+@click.option("--seed", type=int, help="Default sampling seed.")
+@click.option("--system", help="Default system prompt.")
+@click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0].")
+@click.option("--video-max-frames", type=int, help="Most frames per video [128].")
+@click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar.")
+def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None, **flags) -> None:
+    """Generate for every row of JOB_FILE; rerun the same command to resume."""
+    from .config import GEN_FIELDS, build_config
+    from .runner import run as run_job
+
+    generation = {k: flags.pop(k) for k in GEN_FIELDS if k in flags}
+    generation["stop"] = list(generation["stop"]) or None
+    media = {"video_fps": flags.pop("video_fps"), "video_max_frames": flags.pop("video_max_frames")}
+    output = output or job_file.with_name(job_file.name.split(".")[0] + ".results.parquet")
+    try:
+        config = build_config(job_file, output, preset, generation, media, format=fmt, **flags)
+        summary = run_job(config)
+    except BatchgenError as e:
+        _fail(e)
+    click.echo(summary.line(), err=True)
+    click.echo(f"wrote {output}", err=True)
+    sys.exit(summary.exit_code)
+
+
+@main.command()
+@click.argument("job_file", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension].")
+def validate(job_file: Path, fmt: str | None) -> None:
+    """Check every row of JOB_FILE; print each problem with its line; exit 1 if any."""
+    from .validate import validate_file
+
+    count = 0
+    try:
+        for problem in validate_file(job_file, fmt):
+            click.echo(problem)
+            count += 1
+    except BatchgenError as e:
+        _fail(e)
+    if count:
+        click.echo(f"{count} problem(s) in {job_file}", err=True)
+        sys.exit(1)
+    click.echo(f"{job_file}: ok", err=True)
+
+
+@main.command("make-tiny-model")
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option("--kind", type=click.Choice(["lm", "vlm"]), default="vlm", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def make_tiny_model(out_dir: Path, kind: str, seed: int) -> None:
+    """Build a tiny random checkpoint (qwen2 or qwen2_vl) that mlx-lm / mlx-vlm load offline."""
+    from .tiny import make_tiny_model as build
+
+    build(out_dir, kind=kind, seed=seed)  # type: ignore[arg-type]
+    click.echo(f"wrote {kind} checkpoint to {out_dir}", err=True)

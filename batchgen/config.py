@@ -1,0 +1,136 @@
+"""Run configuration: one frozen dataclass, built once from a YAML preset and CLI flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .records import GenParams
+
+__all__ = ["MediaLimits", "RunConfig", "find_preset", "build_config", "GEN_FIELDS"]
+
+PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
+
+
+@dataclass(frozen=True, slots=True)
+class MediaLimits:
+    """Bounds on what one row's media may cost; each default carries its reason."""
+
+    max_image_pixels: int = 64_000_000  # 8k×8k: past this it is a bomb, not a photo
+    image_bytes: int = 20 * 2**20  # caps from reference.md
+    video_bytes: int = 500 * 2**20
+    audio_bytes: int = 100 * 2**20
+    video_fps: float = 2.0  # enough to follow motion without flooding the context
+    video_min_frames: int = 4
+    video_max_frames: int = 128
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """Everything one run needs; `batchgen.run(config)` takes nothing else."""
+
+    input: Path
+    output: Path
+    model: str
+    text_model: str | None = None  # text-only rows; defaults to `model`
+    format: str | None = None  # jsonl | parquet; None = from the extension
+    defaults: GenParams = field(default_factory=GenParams)
+    media: MediaLimits = field(default_factory=MediaLimits)
+    limit: int | None = None
+    overwrite: bool = False
+    fail_fast: bool = False
+    flush_rows: int = 64  # rows per part file: a kill loses at most this many
+    flush_seconds: float = 10.0  # ... or this much work, whichever comes first
+    quiet: bool = False
+
+
+def find_preset(name_or_path: str | None) -> Path | None:
+    """A config path, or a preset name looked up in ./configs then the project's configs/."""
+    if name_or_path is None:
+        name_or_path = "default"
+        required = False
+    else:
+        required = True
+    candidates = [Path(name_or_path)]
+    if not name_or_path.endswith((".yaml", ".yml")):
+        candidates += [Path("configs") / f"{name_or_path}.yaml", PROJECT_CONFIGS / f"{name_or_path}.yaml"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    if required:
+        raise ConfigError(f"config {name_or_path!r} not found (looked in {', '.join(map(str, candidates))})")
+    return None
+
+
+def _load_preset(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"cannot read config {path}: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping at the top level")
+    # Model paths in a preset are relative to the preset, so it works from any folder.
+    for key in ("model", "text_model"):
+        value = data.get(key)
+        if isinstance(value, str) and value.startswith("."):
+            data[key] = os.path.relpath((path.parent / value).resolve())
+    return data
+
+
+def _gen_params(values: dict[str, Any]) -> GenParams:
+    from .parse import check_params  # one validator for rows and for run defaults
+
+    unknown = set(values) - set(GEN_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
+    problems, params = check_params(values, GenParams())
+    if problems:
+        raise ConfigError("; ".join(f"{k}: {msg}" for k, msg in problems))
+    return params
+
+
+def build_config(
+    input: str | Path,
+    output: str | Path,
+    preset: str | None = None,
+    generation: dict[str, Any] | None = None,
+    media: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> RunConfig:
+    """Merge preset < flags (None means 'not given') into a validated RunConfig."""
+    data = _load_preset(find_preset(preset))
+    gen = dict(data.pop("generation", None) or {})
+    gen.update({k: v for k, v in (generation or {}).items() if v is not None})
+    med = dict(data.pop("media", None) or {})
+    med.update({k: v for k, v in (media or {}).items() if v is not None})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if not data.get("model"):
+        raise ConfigError("no model: pass --model PATH_OR_ID or set `model` in a config")
+    allowed = {f.name for f in dataclasses.fields(RunConfig)} - {"input", "output", "defaults", "media"}
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
+    media_fields = {f.name for f in dataclasses.fields(MediaLimits)}
+    if set(med) - media_fields:
+        raise ConfigError(f"unknown media setting(s): {', '.join(sorted(set(med) - media_fields))}")
+    limits = MediaLimits(**med)
+    if not 1 <= limits.video_min_frames <= limits.video_max_frames or limits.video_fps <= 0:
+        raise ConfigError("video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames")
+    if data.get("limit") is not None and int(data["limit"]) < 0:
+        raise ConfigError("--limit must be >= 0")
+    return RunConfig(
+        input=Path(input),
+        output=Path(output),
+        defaults=_gen_params(gen),
+        media=limits,
+        **data,
+    )

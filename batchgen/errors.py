@@ -1,0 +1,34 @@
+"""Errors: run-stopping ones carry their exit code; row failures carry their stage."""
+
+from __future__ import annotations
+
+__all__ = ["BatchgenError", "ConfigError", "JobFileError", "FailFastError", "RowError"]
+
+
+class BatchgenError(Exception):
+    """Stops a run before any work starts. `exit_code` follows Click: 2 for usage errors."""
+
+    exit_code = 2
+
+
+class ConfigError(BatchgenError):
+    """A bad flag, preset or model path."""
+
+
+class JobFileError(BatchgenError):
+    """A job file that cannot be read at all, or whose ids collide."""
+
+
+class FailFastError(BatchgenError):
+    """--fail-fast met a failed row; finished rows are kept for the next run to resume."""
+
+    exit_code = 1
+
+
+class RowError(Exception):
+    """One row failed; it becomes an error row and the run goes on."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(message)
+        self.stage = stage
+        self.message = message

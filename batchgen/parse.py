@@ -1,0 +1,201 @@
+"""Turn a raw row into a Job: chat messages with ordered media parts, checked parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from .read import RawRow
+from .records import GenParams, Job, MediaRef
+
+__all__ = ["parse_row", "check_params", "MEDIA_COLUMNS", "RESERVED_COLUMNS"]
+
+Problem = tuple[str, str]  # (field, message)
+
+# Flat media columns and the kind each holds.
+MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "audio": "audio"}
+# OpenAI content-part types and (kind, key holding the reference).
+_PART_TYPES = {
+    "image_url": ("image", "image_url"),
+    "image": ("image", "image"),
+    "video_url": ("video", "video_url"),
+    "video": ("video", "video"),
+    "audio_url": ("audio", "audio_url"),
+    "audio": ("audio", "audio"),
+}
+_ROLES = {"system", "user", "assistant", "tool", "developer"}
+RESERVED_COLUMNS = {"id", "prompt", "system", "messages", *MEDIA_COLUMNS}
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _check(ok: Callable[[Any], bool], want: str, cast: Callable[[Any], Any] = lambda v: v):
+    return lambda v: (cast(v), None) if ok(v) else (None, f"expected {want}, got {v!r:.60}")
+
+
+def _stop(v: Any):
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v):
+        return tuple(v), None
+    return None, f"expected a string or a list of non-empty strings, got {v!r:.60}"
+
+
+_PARAM_CHECKS: dict[str, Callable[[Any], tuple[Any, str | None]]] = {
+    "max_tokens": _check(lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "temperature": _check(lambda v: _is_num(v) and v >= 0, "a number >= 0", float),
+    "top_p": _check(lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]", float),
+    "top_k": _check(lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
+    "min_p": _check(lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]", float),
+    "repetition_penalty": _check(lambda v: _is_num(v) and v > 0, "a number > 0", float),
+    "presence_penalty": _check(_is_num, "a number", float),
+    "stop": _stop,
+    "seed": _check(_is_int, "an integer"),
+    "system": _check(lambda v: isinstance(v, str), "a string"),
+    "chat_template_kwargs": _check(lambda v: isinstance(v, dict), "an object", dict),
+}
+
+
+def check_params(values: dict[str, Any], base: GenParams) -> tuple[list[Problem], GenParams]:
+    """Overlay the generation parameters present in `values` on `base`."""
+    problems: list[Problem] = []
+    given = {}
+    for name, check in _PARAM_CHECKS.items():
+        if values.get(name) is None:
+            continue
+        value, problem = check(values[name])
+        if problem:
+            problems.append((name, problem))
+        else:
+            given[name] = value
+    return problems, dataclasses.replace(base, **given)
+
+
+def _media_values(name: str, value: Any, problems: list[Problem]) -> list[str]:
+    values = value if isinstance(value, list) else [value]
+    if not values or not all(isinstance(v, str) and v.strip() for v in values):
+        problems.append((name, f"expected a non-empty string or a list of them, got {value!r:.60}"))
+        return []
+    return values
+
+
+def _part_reference(part: dict[str, Any], key: str) -> Any:
+    ref = part.get(key)
+    return ref.get("url") if isinstance(ref, dict) else ref
+
+
+def _content(
+    content: Any, where: str, media: list[MediaRef], problems: list[Problem]
+) -> list[dict[str, Any]] | str | None:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        problems.append((where, f"content must be a string or a list of parts, got {content!r:.60}"))
+        return None
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        if isinstance(part, str):
+            part = {"type": "text", "text": part}
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind in _PART_TYPES:
+            media_kind, key = _PART_TYPES[kind]
+            ref = _part_reference(part, key)
+            if not isinstance(ref, str) or not ref.strip():
+                problems.append((at, f"a {kind} part needs a URL, path or data URL in {key!r}"))
+                continue
+            parts.append({"type": media_kind, "media": len(media)})
+            media.append(MediaRef(media_kind, ref))
+        elif kind == "text":
+            problems.append((at, "a text part needs a string 'text'"))
+        else:
+            problems.append((at, f"unknown content part type {kind!r}"))
+    return parts
+
+
+def _messages(value: Any, media: list[MediaRef], problems: list[Problem]) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        problems.append(("messages", "expected a non-empty list of {role, content} objects"))
+        return []
+    messages = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            problems.append((where, f"expected {{role, content}} with role in {sorted(_ROLES)}"))
+            continue
+        content = _content(message.get("content"), where, media, problems)
+        if content is not None:
+            messages.append({"role": message["role"], "content": content})
+    return messages
+
+
+def _attach_flat_media(messages: list[dict[str, Any]], flat: list[MediaRef], media: list[MediaRef]) -> None:
+    """Flat media go first in the first user turn: the shared prefix of rows on one image."""
+    target = next((m for m in messages if m["role"] == "user"), None)
+    if target is None:
+        target = {"role": "user", "content": []}
+        messages.append(target)
+    if isinstance(target["content"], str):
+        target["content"] = [{"type": "text", "text": target["content"]}]
+    head = []
+    for ref in flat:
+        head.append({"type": ref.kind, "media": len(media)})
+        media.append(ref)
+    target["content"] = head + target["content"]
+
+
+def parse_row(row: RawRow, defaults: GenParams) -> tuple[Job, list[Problem]]:
+    """A Job for every row; the problems found, if any, are also in `job.error`."""
+    job = Job(index=row.index, id=row.id, line=row.line)
+    if row.error:
+        job.error = row.error
+        return job, [("row", row.error)]
+    value = row.value
+    if not isinstance(value, dict):
+        problem = ("row", f"expected a JSON object, got {type(value).__name__}")
+        job.error = problem[1]
+        return job, [problem]
+    job.raw = value
+    problems: list[Problem] = []
+    if not (value.get("id") is None or _is_int(value["id"]) or isinstance(value["id"], str)):
+        problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
+    param_problems, job.params = check_params(value, defaults)
+    problems += param_problems
+
+    prompt, messages = value.get("prompt"), value.get("messages")
+    media: list[MediaRef] = []
+    if prompt is not None and messages is not None:
+        problems.append(("prompt", "give either 'prompt' or 'messages', not both"))
+    elif messages is not None:
+        job.messages = _messages(messages, media, problems)
+    elif isinstance(prompt, str):
+        job.messages = [{"role": "user", "content": prompt}]
+    elif prompt is not None:
+        problems.append(("prompt", f"expected a string, got {prompt!r:.60}"))
+    else:
+        problems.append(("prompt", "missing: a row needs 'prompt' or 'messages'"))
+
+    flat: list[MediaRef] = []
+    for name, kind in MEDIA_COLUMNS.items():
+        if value.get(name) is not None:
+            flat += [MediaRef(kind, v) for v in _media_values(name, value[name], problems)]
+    if flat and job.messages:
+        _attach_flat_media(job.messages, flat, media)
+    job.media = media
+
+    system = job.params.system
+    if system and job.messages and job.messages[0]["role"] != "system":
+        job.messages.insert(0, {"role": "system", "content": system})
+    if problems:
+        job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
+    return job, problems

@@ -1,0 +1,140 @@
+"""Read stage: stream the rows of a JSONL or Parquet job file, never the whole file at once."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .errors import JobFileError
+
+__all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key"]
+
+_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+_BATCH_ROWS = 1024  # Parquet rows decoded at a time: bounded memory for any file size
+
+
+@dataclass(slots=True)
+class RawRow:
+    """One row as stored: `value` is what the line parsed to, `error` why it did not."""
+
+    index: int
+    line: int | None
+    value: Any = None
+    error: str | None = None
+
+    @property
+    def id(self) -> Any:
+        if isinstance(self.value, dict) and self.value.get("id") is not None:
+            return self.value["id"]
+        return self.index
+
+    @property
+    def where(self) -> str:
+        return f"line {self.line}" if self.line is not None else f"row {self.index}"
+
+
+def id_key(value: Any) -> str:
+    """Ids compare as text, so 7 and "7" are the same row in a job file and its output."""
+    return str(value)
+
+
+@dataclass(slots=True)
+class JobIndex:
+    """The ids of a job file in order, found by a first cheap pass before any work."""
+
+    format: str
+    ids: list[Any]
+    schema: pa.Schema | None  # Parquet input keeps its column types in the output
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def detect_format(path: Path, fmt: str | None = None) -> str:
+    if fmt:
+        if fmt not in ("jsonl", "parquet"):
+            raise JobFileError(f"unknown --format {fmt!r} (expected jsonl or parquet)")
+        return fmt
+    try:
+        return _EXTENSIONS[path.suffix.lower()]
+    except KeyError:
+        raise JobFileError(
+            f"{path}: cannot tell the format from the extension {path.suffix!r}; "
+            "pass --format jsonl or --format parquet"
+        ) from None
+
+
+def _iter_jsonl(path: Path) -> Iterator[RawRow]:
+    index = 0
+    with path.open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            row = RawRow(index=index, line=line_no)
+            index += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                row.error = f"not valid UTF-8 (byte {e.start})"
+                yield row
+                continue
+            try:
+                row.value = json.loads(text)
+            except json.JSONDecodeError as e:
+                row.error = f"invalid JSON: {e.msg} at column {e.colno}"
+            yield row
+
+
+def _iter_parquet(path: Path) -> Iterator[RawRow]:
+    index = 0
+    for batch in _open_parquet(path).iter_batches(batch_size=_BATCH_ROWS):
+        for value in batch.to_pylist():
+            yield RawRow(index=index, line=None, value=value)
+            index += 1
+
+
+def _open_parquet(path: Path) -> pq.ParquetFile:
+    try:
+        return pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
+
+
+def iter_rows(path: Path, fmt: str) -> Iterator[RawRow]:
+    """Every row of the file in order; a row that does not parse carries its `error`."""
+    return _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path)
+
+
+def scan(path: Path, fmt: str | None = None) -> JobIndex:
+    """Check the file is readable and its ids unique, before any work starts."""
+    if not path.is_file():
+        raise JobFileError(f"{path}: no such job file")
+    fmt = detect_format(path, fmt)
+    schema = _open_parquet(path).schema_arrow if fmt == "parquet" else None
+    ids: list[Any] = []
+    first_seen: dict[str, str] = {}
+    parsed = 0
+    try:
+        for row in iter_rows(path, fmt):
+            parsed += row.error is None
+            key = id_key(row.id)
+            if key in first_seen:
+                raise JobFileError(
+                    f"{path}: duplicate id {row.id!r} at {first_seen[key]} and {row.where}; "
+                    "ids must be unique"
+                )
+            first_seen[key] = row.where
+            ids.append(row.id)
+    except OSError as e:
+        raise JobFileError(f"{path}: cannot read ({e})") from e
+    except pa.ArrowException as e:
+        raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
+    if ids and not parsed:
+        raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
+    return JobIndex(format=fmt, ids=ids, schema=schema)

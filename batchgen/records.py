@@ -1,0 +1,97 @@
+"""The records that cross stage boundaries: a job row, its media, its result."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = ["STAGES", "RESULT_COLUMNS", "GenParams", "MediaRef", "Job", "Generation", "Result"]
+
+MediaKind = Literal["image", "video", "audio"]
+
+# The stages a row can fail in, in pipeline order.
+STAGES = ("read", "fetch", "decode", "frames", "generate")
+
+
+@dataclass(slots=True, frozen=True)
+class GenParams:
+    """Sampling parameters for one row: run defaults overlaid with the row's own."""
+
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    system: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class MediaRef:
+    """One media reference as the row gave it: a URL, a local path or a data URL."""
+
+    kind: MediaKind
+    source: str
+
+
+@dataclass(slots=True)
+class Job:
+    """A parsed row. `messages` hold text parts and `{"type": kind, "media": i}` parts that
+    point into `media`, in the order the chat template must see them."""
+
+    index: int
+    id: Any
+    line: int | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    media: list[MediaRef] = field(default_factory=list)
+    params: GenParams = field(default_factory=GenParams)
+    error: str | None = None
+
+    @property
+    def where(self) -> str:
+        """How error messages name this row."""
+        at = f"line {self.line}" if self.line is not None else f"row {self.index}"
+        return f"{at} (id {self.id!r})"
+
+
+@dataclass(slots=True)
+class Generation:
+    """What an engine returned for one row."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    mtp_drafts: int = 0
+    mtp_accepted: int = 0
+
+
+@dataclass(slots=True)
+class Result:
+    """One output row's generated columns; the input columns travel beside it."""
+
+    id: Any
+    status: Literal["ok", "error"] = "ok"
+    generated_text: str | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    error_stage: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    mtp_drafts: int = 0
+    mtp_accepted: int = 0
+    fetch_ms: float = 0.0
+    decode_ms: float = 0.0
+    frames_ms: float = 0.0
+    generate_ms: float = 0.0
+    model: str | None = None
+
+
+RESULT_COLUMNS = tuple(Result.__slots__)

@@ -1,0 +1,197 @@
+"""Write stage: finished rows go to part files as the run goes; the output appears atomically.
+
+Layout beside `out.parquet`:
+  out.parquet.partial/manifest.json    what run the parts belong to
+  out.parquet.partial/part-000001.parquet ...  finished rows, each file complete on disk
+A finished run merges the previous output (if any) and the parts in job order into a
+temporary file, renames it over `out.parquet` and removes the `.partial` folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .read import JobIndex, id_key
+from .records import RESULT_COLUMNS, Result
+
+__all__ = ["ResultWriter", "partial_dir", "RESULT_SCHEMA"]
+
+_ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
+
+RESULT_SCHEMA = pa.schema(
+    [
+        ("status", pa.string()),
+        ("generated_text", pa.string()),
+        ("finish_reason", pa.string()),
+        ("error", pa.string()),
+        ("error_stage", pa.string()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("cached_tokens", pa.int64()),
+        ("mtp_drafts", pa.int64()),
+        ("mtp_accepted", pa.int64()),
+        ("fetch_ms", pa.float64()),
+        ("decode_ms", pa.float64()),
+        ("frames_ms", pa.float64()),
+        ("generate_ms", pa.float64()),
+        ("model", pa.string()),
+    ]
+)
+
+
+def partial_dir(output: Path) -> Path:
+    return output.with_name(output.name + ".partial")
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _jsonish(values: list[Any]) -> pa.Array:
+    """A column whose values Arrow cannot type as one (mixed types): keep it as JSON text."""
+    return pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in values], pa.string())
+
+
+def _column(values: list[Any], type_: pa.DataType | None) -> pa.Array:
+    try:
+        return pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return _jsonish(values)
+
+
+def _output_name(name: str) -> str:
+    """An input column named like one of ours is kept under `input_<name>`."""
+    return f"input_{name}" if name in RESULT_COLUMNS and name != "id" else name
+
+
+def rows_to_table(rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None) -> pa.Table:
+    """Input columns (typed by the input schema when there is one), then our columns."""
+    input_names: dict[str, None] = {}
+    for raw, _ in rows:
+        input_names.update(dict.fromkeys(k for k in raw if k != "id"))
+    ids = [r.id for _, r in rows]
+    columns: dict[str, pa.Array] = {"id": _column(ids, None) if ids else pa.array([], pa.int64())}
+    for name in input_names:
+        type_ = schema.field(name).type if schema is not None and name in schema.names else None
+        columns[_output_name(name)] = _column([raw.get(name) for raw, _ in rows], type_)
+    results = [asdict(r) for _, r in rows]
+    for field in RESULT_SCHEMA:
+        columns[field.name] = pa.array([r[field.name] for r in results], field.type)
+    return pa.table(columns)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Parts typed a column differently (e.g. int in one, text in another): text wins.
+        types: dict[str, set[pa.DataType]] = {}
+        for t in tables:
+            for f in t.schema:
+                types.setdefault(f.name, set()).add(f.type)
+        clash = {n for n, ts in types.items() if len({t for t in ts if t != pa.null()}) > 1}
+        fixed = []
+        for t in tables:
+            for name in clash & set(t.column_names):
+                i = t.column_names.index(name)
+                t = t.set_column(i, name, _jsonish(t.column(name).to_pylist()))
+            fixed.append(t)
+        return pa.concat_tables(fixed, promote_options="permissive")
+
+
+class ResultWriter:
+    """Buffers finished rows, flushes them as part files, and assembles the final output."""
+
+    def __init__(self, output: Path, index: JobIndex, manifest: dict[str, Any], overwrite: bool,
+                 flush_rows: int = 64, flush_seconds: float = 10.0):  # fmt: skip
+        self.output = output
+        self.index = index
+        self.partial = partial_dir(output)
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self._buffer: list[tuple[dict[str, Any], Result]] = []
+        self._last_flush = time.monotonic()
+        if overwrite and self.partial.exists():
+            shutil.rmtree(self.partial)
+        self.partial.mkdir(parents=True, exist_ok=True)
+        manifest_path = self.partial / "manifest.json"
+        if manifest_path.exists():
+            old = json.loads(manifest_path.read_text())
+            overwrite = overwrite or old.get("overwrite", False)  # an interrupted --overwrite stays one
+        self.use_previous_output = not overwrite
+        manifest = {**manifest, "overwrite": overwrite}
+        _atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
+        self._parts = len(self._part_files())
+
+    def _part_files(self) -> list[Path]:
+        return sorted(self.partial.glob("part-*.parquet"))
+
+    def _sources(self) -> list[Path]:
+        previous = [self.output] if self.use_previous_output and self.output.exists() else []
+        return previous + self._part_files()
+
+    def done(self) -> dict[str, str]:
+        """Status by id key of every row already on disk (previous output and parts)."""
+        status: dict[str, str] = {}
+        for path in self._sources():
+            t = pq.read_table(path, columns=["id", "status"])
+            for i, s in zip(t.column("id").to_pylist(), t.column("status").to_pylist(), strict=True):
+                status[id_key(i)] = s
+        return status
+
+    def add(self, raw: dict[str, Any], result: Result) -> None:
+        self._buffer.append((raw, result))
+        due = time.monotonic() - self._last_flush >= self.flush_seconds
+        if len(self._buffer) >= self.flush_rows or due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Put the buffered rows on disk as one complete part file."""
+        self._last_flush = time.monotonic()
+        if not self._buffer:
+            return
+        table = rows_to_table(self._buffer, self.index.schema)
+        self._parts += 1
+        path = self.partial / f"part-{self._parts:06d}.parquet"
+        _atomic_write(path, lambda p: pq.write_table(table, p))
+        self._buffer.clear()
+
+    def finalize(self) -> pa.Table:
+        """Merge previous output and parts in job order, rename into place, drop the parts."""
+        self.flush()
+        parts = self._part_files()
+        keys = [id_key(i) for i in self.index.ids]
+        if not parts and self.use_previous_output and self.output.exists():
+            previous = pq.read_table(self.output)
+            if [id_key(i) for i in previous.column("id").to_pylist()] == keys:
+                shutil.rmtree(self.partial)  # nothing new: leave the output byte for byte
+                return previous
+        tables = [pq.read_table(p) for p in self._sources()]
+        table = _concat(tables) if tables else rows_to_table([], self.index.schema)
+        position = {k: i for i, k in enumerate(keys)}
+        latest: dict[str, int] = {}  # a later source (a retried row) wins
+        for row, i in enumerate(table.column("id").to_pylist()):
+            if id_key(i) in position:
+                latest[id_key(i)] = row
+        order = sorted(latest, key=position.__getitem__)
+        table = table.take(pa.array([latest[k] for k in order], pa.int64()))
+        ours = list(RESULT_SCHEMA.names)
+        table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(self.output, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
+        shutil.rmtree(self.partial)
+        return table

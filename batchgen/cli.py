@@ -27,11 +27,15 @@ def main() -> None:
 
 @main.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="Result Parquet [JOB_FILE.results.parquet].")
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), help="Result Parquet [JOB_FILE.results.parquet]."
+)
 @click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config].")
 @click.option("--text-model", help="Model for rows without media [--model].")
 @click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default].")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension].")
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension]."
+)
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
 @click.option("--overwrite", is_flag=True, help="Start over instead of resuming.")
 @click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1).")
@@ -69,7 +73,9 @@ def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None
 
 @main.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension].")
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension]."
+)
 def validate(job_file: Path, fmt: str | None) -> None:
     """Check every row of JOB_FILE; print each problem with its line; exit 1 if any."""
     from .validate import validate_file

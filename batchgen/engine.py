@@ -10,14 +10,21 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError, RowError
-from .records import GenParams, Generation, Job
+from .records import Generation, GenParams, Job
 
 __all__ = ["ModelInfo", "Media", "Engines", "inspect_model", "is_multimodal"]
 
 log = logging.getLogger(__name__)
 
 END_OF_TURN = "<|im_end|>"  # Qwen-style templates end a turn here even when eos differs
-_VISION_KEYS = ("vision_config", "visual", "vision_tower", "mm_vision_tower", "image_token_id", "image_token_index")
+_VISION_KEYS = (
+    "vision_config",
+    "visual",
+    "vision_tower",
+    "mm_vision_tower",
+    "image_token_id",
+    "image_token_index",
+)
 _AUDIO_KEYS = ("audio_config", "audio_tower", "audio_token_id", "audio_token_index")
 _VIDEO_KEYS = ("video_token_id", "video_token_index")
 _VLM_NAME_HINTS = (
@@ -201,11 +208,15 @@ class Engines:
     def _check_supported(self, media: Media) -> None:
         info = self.vision_info
         if not info.multimodal:
-            raise RowError("generate", f"model {info.name!r} is text-only (no vision or audio tower in its config)")
+            raise RowError(
+                "generate", f"model {info.name!r} is text-only (no vision or audio tower in its config)"
+            )
         if media.audio and not info.audio:
             raise RowError("generate", f"model {info.name!r} has no audio encoder; the row has audio")
         if (media.images or media.videos) and not info.vision:
-            raise RowError("generate", f"model {info.name!r} has no vision tower; the row has images or video")
+            raise RowError(
+                "generate", f"model {info.name!r} has no vision tower; the row has images or video"
+            )
 
     @staticmethod
     def _guard(fn, *args) -> Generation:

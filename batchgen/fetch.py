@@ -70,7 +70,9 @@ def _from_data_url(ref: MediaRef, limits: MediaLimits) -> Fetched:
     except (binascii.Error, ValueError) as e:
         raise RowError("fetch", f"{describe(ref.source)}: invalid base64 ({e})") from e
     if len(data) > cap:
-        raise RowError("fetch", f"{describe(ref.source)}: {len(data)} bytes is over the {ref.kind} cap of {cap}")
+        raise RowError(
+            "fetch", f"{describe(ref.source)}: {len(data)} bytes is over the {ref.kind} cap of {cap}"
+        )
     return Fetched(ref, data=data, mime=mime or None)
 
 

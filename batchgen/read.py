@@ -15,7 +15,13 @@ from .errors import JobFileError
 
 __all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key"]
 
-_EXTENSIONS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet"}
+_EXTENSIONS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 _BATCH_ROWS = 1024  # Parquet rows decoded at a time: bounded memory for any file size
 
 
@@ -30,9 +36,11 @@ class RawRow:
 
     @property
     def id(self) -> Any:
-        if isinstance(self.value, dict) and self.value.get("id") is not None:
-            return self.value["id"]
-        return self.index
+        """The row's `id`, else its index; a line that is no JSON object is named by its line,
+        so it can never take the id of a good row."""
+        if not isinstance(self.value, dict):
+            return f"line-{self.line}" if self.line is not None else self.index
+        return self.value["id"] if self.value.get("id") is not None else self.index
 
     @property
     def where(self) -> str:

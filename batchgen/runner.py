@@ -114,7 +114,9 @@ def run(config: RunConfig) -> RunSummary:
         index.ids = index.ids[: config.limit]
     engines = Engines(config.model, config.text_model)
     manifest = {"input": str(config.input), "model": config.model, "text_model": config.text_model}
-    writer = ResultWriter(config.output, index, manifest, config.overwrite, config.flush_rows, config.flush_seconds)
+    writer = ResultWriter(
+        config.output, index, manifest, config.overwrite, config.flush_rows, config.flush_seconds
+    )
     done = writer.done()
     todo = sum(id_key(i) not in done for i in index.ids)
     summary = RunSummary(output=str(config.output))

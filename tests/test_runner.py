@@ -1,0 +1,242 @@
+"""End to end through the CLI on the tiny checkpoints: no mocked engine anywhere."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from conftest import SAMPLE, batch, read, run_cli, write_jsonl
+
+from batchgen.records import RESULT_COLUMNS
+
+TEXT_ROWS = [
+    {"id": "a", "prompt": "Say hello.", "topic": "greeting"},
+    {"id": "b", "system": "Be brief.", "prompt": "Count to three.", "topic": "numbers", "max_tokens": 4},
+    {"id": "c", "messages": [{"role": "user", "content": "What is MLX?"}], "topic": "tech"},
+]
+IMAGE_ROWS = [
+    {"id": 1, "image": "media/red_circle.png", "prompt": "What shape is this?", "split": "val"},
+    {"id": 2, "image": "media/red_circle.png", "prompt": "What colour is it?", "split": "val"},
+    {"id": 3, "images": ["media/blue_square.webp"], "prompt": "Describe it.", "split": "test"},
+    {
+        "id": 4,
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "Look:"},
+                    {"type": "image_url", "image_url": {"url": "media/green_triangle_rotated.jpg"}},
+                    {"type": "text", "text": "What is it?"},
+                ],
+            }
+        ],
+        "split": "test",
+    },
+]
+
+
+def test_text_job(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", TEXT_ROWS)
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 0, output
+    rows = read(workdir / "out.parquet")
+    assert [r["id"] for r in rows] == ["a", "b", "c"]
+    assert [r["topic"] for r in rows] == ["greeting", "numbers", "tech"]
+    for r in rows:
+        assert r["status"] == "ok" and r["error"] is None and r["error_stage"] is None
+        assert r["generated_text"]
+        assert r["prompt_tokens"] > 0 and r["completion_tokens"] > 0
+        assert r["finish_reason"] in ("stop", "length")
+        assert r["model"].endswith("tiny-lm")
+        assert (r["cached_tokens"], r["mtp_drafts"], r["mtp_accepted"]) == (0, 0, 0)
+    # Per-row max_tokens wins over the run default, and running out of budget is "length".
+    assert rows[1]["completion_tokens"] <= 4
+    assert all(r["finish_reason"] == "length" for r in rows if r["completion_tokens"] == 8)
+    stats = json.loads((workdir / "out.parquet.stats.json").read_text())
+    assert stats["rows"] == stats["ok"] == 3 and stats["failed"] == 0
+    assert stats["completion_tokens"] == sum(r["completion_tokens"] for r in rows)
+    assert not (workdir / "out.parquet.partial").exists()
+
+
+def test_image_job_and_every_result_column(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", IMAGE_ROWS)
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 0, output
+    table = pq.read_table(workdir / "out.parquet")
+    assert set(RESULT_COLUMNS) <= set(table.column_names)
+    assert table.schema.field("id").type == pa.int64()
+    rows = table.to_pylist()
+    assert [r["id"] for r in rows] == [1, 2, 3, 4]
+    assert [r["split"] for r in rows] == ["val", "val", "test", "test"]
+    for r in rows:
+        assert r["status"] == "ok", r["error"]
+        assert r["model"].endswith("tiny-vlm")
+        assert r["generated_text"] and r["completion_tokens"] > 0
+        assert r["fetch_ms"] > 0 and r["decode_ms"] > 0 and r["generate_ms"] > 0
+    # 4 image tokens + the chat frame: more than the same text alone would take.
+    assert all(r["prompt_tokens"] > 8 for r in rows)
+
+
+def test_parquet_job_gives_the_same_output_as_jsonl(workdir):
+    rows = [{"id": r["id"], "prompt": r["prompt"], "image": r.get("image"), "n": i}
+            for i, r in enumerate(IMAGE_ROWS[:3])]  # fmt: skip
+    jsonl = write_jsonl(workdir / "jobs.jsonl", rows)
+    parquet = workdir / "jobs.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), parquet)
+    assert batch(jsonl, workdir / "a.parquet")[0] == 0
+    assert batch(parquet, workdir / "b.parquet")[0] == 0
+    a, b = read(workdir / "a.parquet"), read(workdir / "b.parquet")
+    assert [r["generated_text"] for r in a] == [r["generated_text"] for r in b]
+    assert [r["n"] for r in b] == [0, 1, 2]
+
+
+def test_mixed_job_keeps_input_order_and_greedy_is_deterministic(workdir):
+    mixed = [TEXT_ROWS[0], {**IMAGE_ROWS[0], "id": "i1"}, TEXT_ROWS[1], {**IMAGE_ROWS[2], "id": "i2"}]
+    job = write_jsonl(workdir / "jobs.jsonl", mixed)
+    assert batch(job, workdir / "one.parquet")[0] == 0
+    assert batch(job, workdir / "two.parquet")[0] == 0
+    one, two = read(workdir / "one.parquet"), read(workdir / "two.parquet")
+    assert [r["id"] for r in one] == ["a", "i1", "b", "i2"]
+    assert [r["generated_text"] for r in one] == [r["generated_text"] for r in two]
+    assert [r["completion_tokens"] for r in one] == [r["completion_tokens"] for r in two]
+
+
+def test_sampling_with_a_seed_is_reproducible(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", [
+        {"id": "t", "prompt": "Tell a story.", "temperature": 1.0, "seed": 7},
+        {"id": "v", "image": "media/red_circle.png", "prompt": "Describe.", "temperature": 1.0, "seed": 7},
+    ])  # fmt: skip
+    assert batch(job, workdir / "one.parquet")[0] == 0
+    assert batch(job, workdir / "two.parquet")[0] == 0
+    assert [r["generated_text"] for r in read(workdir / "one.parquet")] == [
+        r["generated_text"] for r in read(workdir / "two.parquet")
+    ]
+
+
+def test_stop_sequence_cuts_the_text(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": "a", "prompt": "Write a poem about the sea."}])
+    assert batch(job, workdir / "free.parquet", "--max-tokens", "24")[0] == 0
+    free = read(workdir / "free.parquet")[0]["generated_text"]
+    stop = free[3:6]  # a piece that greedy decoding is known to produce
+    assert stop and stop not in free[:3]
+    assert batch(job, workdir / "cut.parquet", "--max-tokens", "24", "--stop", stop)[0] == 0
+    cut = read(workdir / "cut.parquet")[0]
+    assert free.startswith(cut["generated_text"]) and stop not in cut["generated_text"]
+    assert cut["finish_reason"] == "stop"
+    assert cut["completion_tokens"] < 24
+
+
+def test_bad_rows_become_error_rows_and_the_run_goes_on(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", [
+        {"id": "ok", "prompt": "Hi."},
+        {"id": "no-prompt"},
+        {"id": "bad-tokens", "prompt": "Hi.", "max_tokens": "ten"},
+        "{not json",
+        {"id": "missing", "image": "media/nope.png", "prompt": "What?"},
+        {"id": "last", "prompt": "Bye."},
+    ])  # fmt: skip
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 1, output
+    rows = {r["id"]: r for r in read(workdir / "out.parquet")}
+    # The unparseable line is named by its line number.
+    assert list(rows) == ["ok", "no-prompt", "bad-tokens", "line-4", "missing", "last"]
+    assert rows["line-4"]["error_stage"] == "read" and rows["line-4"]["error"].startswith("invalid JSON")
+    assert rows["ok"]["status"] == rows["last"]["status"] == "ok"
+    assert rows["no-prompt"]["error_stage"] == "read" and "prompt" in rows["no-prompt"]["error"]
+    assert "max_tokens" in rows["bad-tokens"]["error"]
+    assert rows["missing"]["error_stage"] == "fetch" and "media/nope.png" in rows["missing"]["error"]
+    assert "1 failed" not in output and "4 failed" in output
+
+
+def test_text_only_model_refuses_image_rows(workdir):
+    from conftest import MODELS
+
+    job = write_jsonl(workdir / "jobs.jsonl", [IMAGE_ROWS[0], TEXT_ROWS[0]])
+    code, _ = run_cli("run", str(job), "-o", str(workdir / "o.parquet"), "--model", str(MODELS / "tiny-lm"),
+                      "--temperature", "0", "--max-tokens", "4", "-q")  # fmt: skip
+    assert code == 1
+    img, text = read(workdir / "o.parquet")
+    assert img["status"] == "error" and img["error_stage"] == "generate" and "text-only" in img["error"]
+    assert text["status"] == "ok"
+
+
+def test_not_json_exits_2_and_writes_nothing(workdir):
+    job = workdir / "jobs.jsonl"
+    job.write_bytes(b"id,prompt\n1,hello\n")
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 2
+    assert "not a JSONL file" in output
+    assert list(workdir.glob("out.parquet*")) == []
+
+
+def test_unknown_model_is_a_usage_error(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", TEXT_ROWS[:1])
+    code, output = run_cli(
+        "run", str(job), "-o", str(workdir / "o.parquet"), "--model", str(workdir / "none")
+    )
+    assert code == 2 and "not a checkpoint folder" in output
+
+
+def test_duplicate_ids_are_refused_before_any_work(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}])
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 2 and "duplicate id 'x' at line 1 and line 2" in output
+    assert list(workdir.glob("out.parquet*")) == []
+
+
+def test_resume_after_limit_generates_only_the_rest(workdir):
+    rows = [{"id": f"r{i}", "prompt": f"Item {i}."} for i in range(6)]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    assert batch(job, out, "--limit", "2")[0] == 0
+    assert [r["id"] for r in read(out)] == ["r0", "r1"]
+    first = read(out)
+
+    code, output = batch(job, out)
+    assert code == 0 and "(2 resumed)" in output
+    final = read(out)
+    assert [r["id"] for r in final] == [f"r{i}" for i in range(6)]
+    assert final[:2] == first  # resumed rows are kept as they were, timings included
+
+    # A finished output is left alone by a rerun, byte for byte.
+    before = out.read_bytes()
+    code, output = batch(job, out)
+    assert code == 0 and "(6 resumed)" in output and out.read_bytes() == before
+
+    # --overwrite starts over.
+    code, output = batch(job, out, "--overwrite")
+    assert code == 0 and "(0 resumed)" in output
+    assert [r["generated_text"] for r in read(out)] == [r["generated_text"] for r in final]
+
+
+def test_fail_fast_stops_and_a_rerun_resumes(workdir):
+    rows = [{"id": "a", "prompt": "One."}, {"id": "b"}, {"id": "c", "prompt": "Three."}]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    code, output = batch(job, out, "--fail-fast")
+    assert code == 1 and "line 2" in output and "--fail-fast" in output
+    assert not out.exists() and (workdir / "out.parquet.partial").is_dir()
+    write_jsonl(job, [rows[0], {"id": "b", "prompt": "Two."}, rows[2]])  # the user fixes the row
+    code, output = batch(job, out, "--fail-fast")
+    assert code == 0 and "(1 resumed)" in output
+    assert [r["status"] for r in read(out)] == ["ok", "ok", "ok"]
+
+
+def test_empty_job_file_gives_an_empty_output_with_the_schema(workdir):
+    job = workdir / "jobs.jsonl"
+    job.write_text("\n\n")
+    assert batch(job, workdir / "out.parquet")[0] == 0
+    table = pq.read_table(workdir / "out.parquet")
+    assert table.num_rows == 0 and set(RESULT_COLUMNS) <= set(table.column_names)
+
+
+def test_the_bundled_sample_runs_with_the_default_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(SAMPLE.parent)
+    out = tmp_path / "results.parquet"
+    code, output = run_cli("run", "sample_data/jobs.jsonl", "-o", str(out), "--max-tokens", "4", "-q")
+    assert code == 0, output
+    rows = read(out)
+    assert len(rows) == sum(1 for line in (SAMPLE / "jobs.jsonl").read_text().splitlines() if line.strip())
+    assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
+    assert {r["model"] for r in rows} == {"sample_data/models/tiny-lm", "sample_data/models/tiny-vlm"}

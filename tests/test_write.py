@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from batchgen.read import JobIndex
+from batchgen.records import Result
+from batchgen.write import ResultWriter, partial_dir
+
+
+def _writer(out, ids, flush_rows=2, overwrite=False, schema=None):
+    return ResultWriter(out, JobIndex("jsonl", ids, schema), {"model": "m"}, overwrite, flush_rows, 3600)
+
+
+def test_parts_reach_disk_every_flush_rows_and_merge_in_job_order(tmp_path):
+    out = tmp_path / "out.parquet"
+    w = _writer(out, ["a", "b", "c"])
+    w.add({"id": "c", "x": 3}, Result(id="c", generated_text="C"))
+    assert list(partial_dir(out).glob("part-*")) == []
+    w.add({"id": "a", "x": 1}, Result(id="a", generated_text="A"))
+    assert len(list(partial_dir(out).glob("part-*.parquet"))) == 1  # both rows on disk now
+    w.add({"id": "b", "x": "two"}, Result(id="b", generated_text="B"))  # x changes type
+    assert not out.exists()
+    table = w.finalize()
+    assert out.exists() and not partial_dir(out).exists()
+    assert table.column("id").to_pylist() == ["a", "b", "c"]
+    assert table.column("generated_text").to_pylist() == ["A", "B", "C"]
+    assert table.column("x").to_pylist() == ["1", "two", "3"]  # a clash is kept as text
+
+
+def test_interrupted_parts_are_found_by_the_next_writer(tmp_path):
+    out = tmp_path / "out.parquet"
+    w = _writer(out, ["a", "b"], flush_rows=1)
+    w.add({"id": "a"}, Result(id="a", status="error", error="boom", error_stage="fetch"))
+    # The process dies here; a new run sees the part.
+    w2 = _writer(out, ["a", "b"])
+    assert w2.done() == {"a": "error"}
+    w2.add({"id": "b"}, Result(id="b"))
+    assert w2.finalize().column("status").to_pylist() == ["error", "ok"]
+
+
+def test_parquet_input_schema_types_are_kept(tmp_path):
+    out = tmp_path / "out.parquet"
+    schema = pa.schema([("id", pa.int32()), ("score", pa.float32()), ("tags", pa.list_(pa.string()))])
+    w = _writer(out, [1, 2], schema=schema)
+    w.add({"id": 1, "score": 0.5, "tags": ["a"]}, Result(id=1))
+    w.add({"id": 2, "score": None, "tags": []}, Result(id=2))
+    w.finalize()
+    t = pq.read_table(out)
+    assert t.schema.field("score").type == pa.float32()
+    assert t.schema.field("tags").type == pa.list_(pa.string())
+
+
+def test_input_columns_named_like_ours_are_kept_aside(tmp_path):
+    out = tmp_path / "out.parquet"
+    w = _writer(out, ["a"])
+    w.add({"id": "a", "status": "draft", "model": "human"}, Result(id="a", model="tiny"))
+    t = w.finalize()
+    row = t.to_pylist()[0]
+    assert (row["input_status"], row["input_model"], row["status"], row["model"]) == (
+        "draft",
+        "human",
+        "ok",
+        "tiny",
+    )

@@ -13,20 +13,30 @@ import yaml
 from .errors import ConfigError
 from .records import GenParams
 
-__all__ = ["MediaLimits", "RunConfig", "find_preset", "build_config", "GEN_FIELDS"]
+__all__ = ["MediaConfig", "RunConfig", "find_preset", "build_config", "GEN_FIELDS"]
 
 PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
 
 
 @dataclass(frozen=True, slots=True)
-class MediaLimits:
-    """Bounds on what one row's media may cost; each default carries its reason."""
+class MediaConfig:
+    """How media are fetched and bounded; each default carries its reason."""
 
     max_image_pixels: int = 64_000_000  # 8k×8k: past this it is a bomb, not a photo
     image_bytes: int = 20 * 2**20  # caps from reference.md
     video_bytes: int = 500 * 2**20
     audio_bytes: int = 100 * 2**20
+    image_timeout: float = 30.0  # seconds for a whole download, not per read
+    video_timeout: float = 120.0
+    audio_timeout: float = 120.0
+    retries: int = 3  # attempts per URL on connection errors, timeouts, 5xx and 429
+    allow_private_urls: bool = False  # loopback/private targets: only for trusted job files
+    media_root: str | None = None  # if set, local paths must lie inside it
+    media_cache: str | None = None  # folder keeping downloads across runs
+    fetch_workers: int = 16  # downloads in flight: I/O bound, cheap threads
+    decode_workers: int = 2  # decodes at once: CPU bound, leave cores to generation
+    prefetch_rows: int = 64  # rows resolved ahead of generation; bounds memory
     video_fps: float = 2.0  # enough to follow motion without flooding the context
     video_min_frames: int = 4
     video_max_frames: int = 128
@@ -42,7 +52,7 @@ class RunConfig:
     text_model: str | None = None  # text-only rows; defaults to `model`
     format: str | None = None  # jsonl | parquet; None = from the extension
     defaults: GenParams = field(default_factory=GenParams)
-    media: MediaLimits = field(default_factory=MediaLimits)
+    media: MediaConfig = field(default_factory=MediaConfig)
     limit: int | None = None
     overwrite: bool = False
     fail_fast: bool = False
@@ -119,12 +129,14 @@ def build_config(
     unknown = set(data) - allowed
     if unknown:
         raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
-    media_fields = {f.name for f in dataclasses.fields(MediaLimits)}
+    media_fields = {f.name for f in dataclasses.fields(MediaConfig)}
     if set(med) - media_fields:
         raise ConfigError(f"unknown media setting(s): {', '.join(sorted(set(med) - media_fields))}")
-    limits = MediaLimits(**med)
+    limits = MediaConfig(**med)
     if not 1 <= limits.video_min_frames <= limits.video_max_frames or limits.video_fps <= 0:
         raise ConfigError("video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames")
+    if min(limits.retries, limits.fetch_workers, limits.decode_workers, limits.prefetch_rows) < 1:
+        raise ConfigError("retries, fetch_workers, decode_workers and prefetch_rows must be >= 1")
     if data.get("limit") is not None and int(data["limit"]) < 0:
         raise ConfigError("--limit must be >= 0")
     return RunConfig(

@@ -19,19 +19,19 @@ def decode_image(item: Fetched, max_pixels: int) -> Image.Image:
     The pixel bound is checked from the header, before any pixel is decoded, so a
     decompression bomb costs nothing but its header.
     """
-    assert item.data is not None
     name = describe(item.ref.source)
+    data = item.read()
     with warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
         try:
-            with Image.open(io.BytesIO(item.data)) as probe:
+            with Image.open(io.BytesIO(data)) as probe:
                 width, height = probe.size
                 if width * height > max_pixels:
                     raise RowError(
                         "decode", f"{name}: {width}x{height} image is over the {max_pixels}-pixel bound"
                     )
                 probe.verify()
-            with Image.open(io.BytesIO(item.data)) as img:
+            with Image.open(io.BytesIO(data)) as img:
                 img.seek(0)  # animated GIF/WebP/PNG: the first frame
                 upright = ImageOps.exif_transpose(img)
                 rgb = upright.convert("RGB")

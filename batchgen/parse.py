@@ -10,7 +10,7 @@ from typing import Any
 from .read import RawRow
 from .records import GenParams, Job, MediaRef
 
-__all__ = ["parse_row", "check_params", "MEDIA_COLUMNS", "RESERVED_COLUMNS"]
+__all__ = ["parse_row", "check_params", "MEDIA_COLUMNS"]
 
 Problem = tuple[str, str]  # (field, message)
 
@@ -26,7 +26,6 @@ _PART_TYPES = {
     "audio": ("audio", "audio"),
 }
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
-RESERVED_COLUMNS = {"id", "prompt", "system", "messages", *MEDIA_COLUMNS}
 
 
 def _is_int(v: Any) -> bool:
@@ -171,6 +170,15 @@ def parse_row(row: RawRow, defaults: GenParams) -> tuple[Job, list[Problem]]:
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
     param_problems, job.params = check_params(value, defaults)
     problems += param_problems
+    fps, max_frames = value.get("video_fps"), value.get("video_max_frames")
+    if fps is not None and not (_is_num(fps) and fps > 0):
+        problems.append(("video_fps", f"expected a number > 0, got {fps!r:.60}"))
+    elif fps is not None:
+        job.video_fps = float(fps)
+    if max_frames is not None and not (_is_int(max_frames) and max_frames >= 2):
+        problems.append(("video_max_frames", f"expected an integer >= 2, got {max_frames!r:.60}"))
+    elif max_frames is not None:
+        job.video_max_frames = max_frames
 
     prompt, messages = value.get("prompt"), value.get("messages")
     media: list[MediaRef] = []

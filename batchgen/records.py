@@ -50,6 +50,8 @@ class Job:
     messages: list[dict[str, Any]] = field(default_factory=list)
     media: list[MediaRef] = field(default_factory=list)
     params: GenParams = field(default_factory=GenParams)
+    video_fps: float | None = None  # per-row overrides of the run's frame sampling
+    video_max_frames: int | None = None
     error: str | None = None
 
     @property

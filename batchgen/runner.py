@@ -6,6 +6,9 @@ import json
 import sys
 import tempfile
 import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,9 +18,9 @@ from tqdm import tqdm
 from .config import RunConfig
 from .engine import Engines
 from .errors import FailFastError, RowError
-from .media import StageTimes, resolve_media
+from .media import MediaStage, Prepared
 from .parse import parse_row
-from .read import JobIndex, RawRow, id_key, iter_rows, scan
+from .read import JobIndex, id_key, iter_rows, scan
 from .records import Job, Result
 from .write import ResultWriter, _atomic_write
 
@@ -41,6 +44,7 @@ class RunSummary:
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
     errors_by_stage: dict[str, int] = field(default_factory=dict)
+    media: dict[str, int] = field(default_factory=dict)  # downloads, reuses, decodes (MediaStage.stats)
 
     @property
     def exit_code(self) -> int:
@@ -54,31 +58,30 @@ class RunSummary:
         )
 
 
-def process_row(job: Job, engines: Engines, config: RunConfig, tmp_dir: Path) -> Result:
-    """One row through media and generation; any failure becomes the row's error."""
+def process_row(job: Job, prepared: Prepared | None, engines: Engines) -> Result:
+    """One row's generation, given its resolved media; any failure becomes the row's error."""
     result = Result(id=job.id)
     if job.error:
         result.status, result.error, result.error_stage = "error", job.error, "read"
         return result
-    times = StageTimes()
+    prepared = prepared or Prepared()
+    t = prepared.times
+    result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
+    t0 = time.perf_counter()
     try:
-        media = resolve_media(job, config.input.parent, config.media, tmp_dir, times)
+        if prepared.error:
+            raise prepared.error
         result.model = engines.model_for(job)
-        t0 = time.perf_counter()
-        try:
-            gen = engines.generate(job, media)
-        finally:
-            result.generate_ms = (time.perf_counter() - t0) * 1000
-        result.generated_text = gen.text
-        result.finish_reason = gen.finish_reason
-        result.prompt_tokens = gen.prompt_tokens
-        result.completion_tokens = gen.completion_tokens
+        gen = engines.generate(job, prepared.media)
+        result.generated_text, result.finish_reason = gen.text, gen.finish_reason
+        result.prompt_tokens, result.completion_tokens = gen.prompt_tokens, gen.completion_tokens
         result.cached_tokens = gen.cached_tokens
-        result.mtp_drafts = gen.mtp_drafts
-        result.mtp_accepted = gen.mtp_accepted
+        result.mtp_drafts, result.mtp_accepted = gen.mtp_drafts, gen.mtp_accepted
+        result.generate_ms = (time.perf_counter() - t0) * 1000
     except RowError as e:
         result.status, result.error, result.error_stage = "error", e.message, e.stage
-    result.fetch_ms, result.decode_ms, result.frames_ms = times.fetch_ms, times.decode_ms, times.frames_ms
+        if e.stage == "generate":
+            result.generate_ms = (time.perf_counter() - t0) * 1000
     return result
 
 
@@ -98,12 +101,27 @@ def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     return s
 
 
-def _todo(config: RunConfig, index: JobIndex, done: dict[str, str]):
+def _todo(config: RunConfig, index: JobIndex, done: dict[str, str]) -> Iterator[Job]:
     for raw in iter_rows(config.input, index.format):
         if raw.index >= len(index):
             return
         if id_key(raw.id) not in done:
-            yield raw
+            yield parse_row(raw, config.defaults)[0]
+
+
+def _prefetched(jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int):
+    """Jobs in order with their media resolving `depth` rows ahead, so I/O hides behind
+    generation while at most `depth` rows of media sit in memory."""
+    window: deque[tuple[Job, Future | None]] = deque()
+    for job in jobs:
+        needs_media = job.media and not job.error
+        window.append((job, pool.submit(stage.resolve, job) if needs_media else None))
+        if len(window) >= depth:
+            head, future = window.popleft()
+            yield head, future.result() if future else None
+    while window:
+        head, future = window.popleft()
+        yield head, future.result() if future else None
 
 
 def run(config: RunConfig) -> RunSummary:
@@ -121,24 +139,35 @@ def run(config: RunConfig) -> RunSummary:
     todo = sum(id_key(i) not in done for i in index.ids)
     summary = RunSummary(output=str(config.output))
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
-    with bar, tempfile.TemporaryDirectory(prefix="batchgen-") as tmp:
-        raw: RawRow
-        for raw in _todo(config, index, done):
-            job, _ = parse_row(raw, config.defaults)
-            result = process_row(job, engines, config, Path(tmp))
-            if result.status == "error" and config.fail_fast:
-                writer.flush()
-                raise FailFastError(f"{job.where}: {result.error_stage}: {result.error} (--fail-fast; "
-                                    f"finished rows kept in {writer.partial}, rerun to resume)")  # fmt: skip
-            writer.add(job.raw, result)
-            summary.generated += 1
-            summary.prompt_tokens += result.prompt_tokens
-            summary.completion_tokens += result.completion_tokens
-            summary.cached_tokens += result.cached_tokens
-            bar.update()
-            elapsed = time.perf_counter() - started
-            bar.set_postfix_str(f"{summary.completion_tokens / elapsed:.0f} tok/s", refresh=False)
+    with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
+        stage = MediaStage(
+            config.media, config.input.parent, Path(tmp), audio_from_video=engines.vision_info.audio
+        )
+        pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
+        try:
+            for job, prepared in _prefetched(
+                _todo(config, index, done), stage, pool, config.media.prefetch_rows
+            ):
+                result = process_row(job, prepared, engines)
+                if result.status == "error" and config.fail_fast:
+                    writer.flush()
+                    raise FailFastError(
+                        f"{job.where}: {result.error_stage}: {result.error} (--fail-fast; "
+                        f"finished rows kept in {writer.partial}, rerun to resume)"
+                    )
+                writer.add(job.raw, result)
+                summary.generated += 1
+                summary.prompt_tokens += result.prompt_tokens
+                summary.completion_tokens += result.completion_tokens
+                summary.cached_tokens += result.cached_tokens
+                bar.update()
+                elapsed = time.perf_counter() - started
+                bar.set_postfix_str(f"{summary.completion_tokens / elapsed:.0f} tok/s", refresh=False)
+        finally:
+            # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
+            pool.shutdown(wait=False, cancel_futures=True)
         table = writer.finalize()
+        summary.media = stage.stats()
     _finish(summary, table, time.perf_counter() - started)
     stats_path = config.output.with_name(config.output.name + ".stats.json")
     _atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))

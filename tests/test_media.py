@@ -1,8 +1,7 @@
-"""Decode and frames stages on real files."""
+"""Decode and frames stages on real files; the fetch stage has test_fetch.py."""
 
 from __future__ import annotations
 
-import base64
 import io
 
 import numpy as np
@@ -10,10 +9,10 @@ import pytest
 from conftest import MEDIA
 from PIL import Image
 
-from batchgen.config import MediaLimits
+from batchgen.config import MediaConfig
 from batchgen.decode import decode_image
 from batchgen.errors import RowError
-from batchgen.fetch import Fetched, fetch
+from batchgen.fetch import Fetched, Fetcher
 from batchgen.frames import extract_frames, frame_indices
 from batchgen.records import MediaRef
 
@@ -29,8 +28,8 @@ def _item(data: bytes) -> Fetched:
 
 
 def test_exif_rotated_jpeg_comes_out_upright():
-    item = fetch(MediaRef("image", "green_triangle_rotated.jpg"), MEDIA, MediaLimits())
-    stored = Image.open(io.BytesIO(item.data))
+    item = Fetcher(MediaConfig(), MEDIA, MEDIA).fetch(MediaRef("image", "green_triangle_rotated.jpg"))
+    stored = Image.open(io.BytesIO(item.read()))
     img = decode_image(item, 10**8)
     assert stored.getexif().get(0x0112) == 6
     # Upright, the triangle's apex points up: its green pixels centre on the vertical
@@ -64,18 +63,6 @@ def test_animated_gif_gives_its_first_frame_in_rgb():
     data = _image_bytes(frames[0], "GIF", save_all=True, append_images=frames[1:])
     img = decode_image(_item(data), 10**8)
     assert img.mode == "RGB" and img.size == (8, 8)
-
-
-def test_data_url_and_its_errors(tmp_path):
-    png = _image_bytes(Image.new("RGB", (4, 4), "blue"))
-    url = "data:image/png;base64," + base64.b64encode(png).decode()
-    assert fetch(MediaRef("image", url), tmp_path, MediaLimits()).data == png
-    with pytest.raises(RowError, match="invalid base64"):
-        fetch(MediaRef("image", "data:image/png;base64,@@@"), tmp_path, MediaLimits())
-    with pytest.raises(RowError, match="cap"):
-        fetch(MediaRef("image", url), tmp_path, MediaLimits(image_bytes=10))
-    with pytest.raises(RowError, match="unsupported scheme 'ftp'"):
-        fetch(MediaRef("image", "ftp://example.com/a.png"), tmp_path, MediaLimits())
 
 
 def test_frame_indices_of_the_sample_video():

@@ -51,6 +51,11 @@ def main() -> None:
 @click.option("--system", help="Default system prompt.")
 @click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0].")
 @click.option("--video-max-frames", type=int, help="Most frames per video [128].")
+@click.option("--allow-private-urls", is_flag=True, default=None, help="Let URLs reach loopback/private hosts.")
+@click.option("--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs.")
+@click.option("--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it.")
+@click.option("--fetch-workers", type=int, help="Downloads in flight [16].")
+@click.option("--decode-workers", type=int, help="Image/video decodes at once [2].")
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar.")
 def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None, **flags) -> None:
     """Generate for every row of JOB_FILE; rerun the same command to resume."""
@@ -59,7 +64,9 @@ def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None
 
     generation = {k: flags.pop(k) for k in GEN_FIELDS if k in flags}
     generation["stop"] = list(generation["stop"]) or None
-    media = {"video_fps": flags.pop("video_fps"), "video_max_frames": flags.pop("video_max_frames")}
+    media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
+                   "fetch_workers", "decode_workers")  # fmt: skip
+    media = {k: flags.pop(k) for k in media_flags}
     output = output or job_file.with_name(job_file.name.split(".")[0] + ".results.parquet")
     try:
         config = build_config(job_file, output, preset, generation, media, format=fmt, **flags)

@@ -287,7 +287,7 @@ class Fetcher:
             except requests.RequestException as e:
                 raise RowError("fetch", f"{describe(ref.source)}: {_short(e)}") from e
             with response:
-                if response.is_redirect:
+                if response.status_code in (301, 302, 303, 307, 308):
                     location = response.headers.get("Location")
                     if not location:
                         raise RowError("fetch", f"{describe(ref.source)}: redirect without a Location header")

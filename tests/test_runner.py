@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 
 import pyarrow as pa
@@ -240,3 +241,50 @@ def test_the_bundled_sample_runs_with_the_default_config(tmp_path, monkeypatch):
     assert len(rows) == sum(1 for line in (SAMPLE / "jobs.jsonl").read_text().splitlines() if line.strip())
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
     assert {r["model"] for r in rows} == {"sample_data/models/tiny-lm", "sample_data/models/tiny-vlm"}
+
+
+def test_image_job_over_http(workdir):
+    from mediaserver import MediaServer
+
+    with MediaServer(workdir / "media") as server:
+        rows = [
+            {"id": "a", "image": f"{server.url}/img/red_circle.png", "prompt": "Shape?"},
+            {"id": "b", "image": f"{server.url}/redirect?to=/img/blue_square.webp", "prompt": "Colour?"},
+            {"id": "c", "video": f"{server.url}/video", "prompt": "What moves?"},
+            {"id": "d", "image": f"{server.url}/img/missing.png", "prompt": "?"},
+        ]
+        job = write_jsonl(workdir / "jobs.jsonl", rows)
+        code, output = batch(job, workdir / "out.parquet", "--allow-private-urls")
+        assert code == 1, output
+        out = {r["id"]: r for r in read(workdir / "out.parquet")}
+        assert [out[k]["status"] for k in "abc"] == ["ok", "ok", "ok"], [out[k]["error"] for k in "abc"]
+        assert out["c"]["frames_ms"] > 0
+        assert out["d"]["error_stage"] == "fetch" and "HTTP 404" in out["d"]["error"]
+        assert "/img/missing.png" in out["d"]["error"]
+
+        # Without the opt-in, loopback is refused with a clear row error and never contacted.
+        hits = sum(server.hits.values())
+        code, _ = batch(job, workdir / "refused.parquet")
+        assert code == 1 and sum(server.hits.values()) == hits
+        for r in read(workdir / "refused.parquet"):
+            assert r["status"] == "error" and r["error_stage"] == "fetch"
+            assert "refused" in r["error"] and "--allow-private-urls" in r["error"]
+
+
+def test_shared_image_is_fetched_once_per_url_and_decoded_once(workdir):
+    from mediaserver import MediaServer
+
+    png = (workdir / "media" / "red_circle.png").read_bytes()
+    data_url = "data:image/png;base64," + base64.b64encode(png).decode()
+    with MediaServer(workdir / "media") as server:
+        url = f"{server.url}/img/red_circle.png"
+        refs = [url, "media/red_circle.png", data_url, f"{server.url}/redirect?to=/img/red_circle.png"]
+        rows = [{"id": i, "image": refs[i % 4], "prompt": f"Question {i}?"} for i in range(20)]
+        job = write_jsonl(workdir / "jobs.jsonl", rows)
+        code, output = batch(job, workdir / "out.parquet", "--allow-private-urls", "--max-tokens", "2")
+        assert code == 0, output
+        assert server.hits["/img/red_circle.png"] == 2  # once per URL: direct, and via the redirect
+        assert server.hits["/redirect"] == 1
+    media = json.loads((workdir / "out.parquet.stats.json").read_text())["media"]
+    assert media["downloads"] == 2 and media["url_reuses"] == 8
+    assert media["image_decodes"] == 1 and media["image_decode_reuses"] == 19

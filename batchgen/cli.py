@@ -51,7 +51,7 @@ def main() -> None:
 @click.option("--system", help="Default system prompt.")
 @click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0].")
 @click.option("--video-max-frames", type=int, help="Most frames per video [128].")
-@click.option("--allow-private-urls", is_flag=True, default=None, help="Let URLs reach loopback/private hosts.")
+@click.option("--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts.")
 @click.option("--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs.")
 @click.option("--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it.")
 @click.option("--fetch-workers", type=int, help="Downloads in flight [16].")

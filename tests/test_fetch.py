@@ -142,8 +142,9 @@ def test_a_redirect_to_a_private_address_is_refused(server, tmp_path, monkeypatc
     monkeypatch.setattr(
         fetch_module, "_resolve", lambda h, p: ["93.184.216.34"] if h == "public.test" else real_resolve(h, p)
     )
+    loopback = {"public.test": "127.0.0.1"}
     monkeypatch.setattr(
-        socket, "getaddrinfo", lambda h, *a, **k: real_getaddrinfo("127.0.0.1" if h == "public.test" else h, *a, **k)
+        socket, "getaddrinfo", lambda h, *a, **k: real_getaddrinfo(loopback.get(h, h), *a, **k)
     )
     f = fetcher(tmp_path, allow_private_urls=False)
     public = f"http://public.test:{server.server_port}"

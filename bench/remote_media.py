@@ -1,0 +1,76 @@
+"""Is fetching hidden behind generation? 64 distinct images, served with 100 ms latency by a
+local server, against the same images as local paths, on the tiny VLM.
+
+    python bench/remote_media.py            # last line: remote/local wall ratio: X.XX
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from mediaserver import MediaServer  # noqa: E402
+
+import batchgen  # noqa: E402
+
+ROWS = 64
+LATENCY = 0.1
+
+
+def make_images(folder: Path) -> list[str]:
+    rng = np.random.default_rng(0)
+    names = []
+    for i in range(ROWS):
+        pixels = rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / f"img{i:02d}.png")
+        names.append(f"img{i:02d}.png")
+    return names
+
+
+def timed_run(job: Path, out: Path) -> float:
+    config = batchgen.build_config(
+        job, out, "greedy", {"max_tokens": 16}, {"allow_private_urls": True}, overwrite=True, quiet=True
+    )
+    t0 = time.perf_counter()
+    summary = batchgen.run(config)
+    assert summary.failed == 0, summary
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "media").mkdir()
+        names = make_images(folder / "media")
+        with MediaServer(folder / "media") as server:
+            server.delay = LATENCY
+            jobs = {}
+            refs = {"local": "media/{}", "remote": server.url + "/img/{}"}
+            for kind, ref in refs.items():
+                jobs[kind] = folder / f"{kind}.jsonl"
+                rows = [
+                    {"id": i, "image": ref.format(n), "prompt": "Describe it."} for i, n in enumerate(names)
+                ]
+                jobs[kind].write_text("".join(json.dumps(r) + "\n" for r in rows))
+            timed_run(jobs["local"], folder / "warmup.parquet")  # page in models and kernels
+            best = {"local": float("inf"), "remote": float("inf")}
+            for _ in range(2):
+                for kind in ("local", "remote"):
+                    best[kind] = min(best[kind], timed_run(jobs[kind], folder / f"{kind}.parquet"))
+            serial = ROWS * LATENCY
+        print(f"rows: {ROWS}, latency per image: {LATENCY * 1000:.0f} ms (serially: +{serial:.1f} s)")
+        print(f"local paths: {best['local']:.2f} s, remote URLs: {best['remote']:.2f} s (best of 2)")
+        print(f"remote/local wall ratio: {best['remote'] / best['local']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -288,3 +288,26 @@ def test_shared_image_is_fetched_once_per_url_and_decoded_once(workdir):
     media = json.loads((workdir / "out.parquet.stats.json").read_text())["media"]
     assert media["downloads"] == 2 and media["url_reuses"] == 8
     assert media["image_decodes"] == 1 and media["image_decode_reuses"] == 19
+
+
+def test_audio_needs_an_audio_model_and_temp_files_are_removed(workdir, monkeypatch):
+    import tempfile
+    import wave
+
+    with wave.open(str(workdir / "tone.wav"), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes(b"\0\0" * 1600)
+    video = base64.b64encode((workdir / "media" / "moving_dot.mp4").read_bytes()).decode()
+    job = write_jsonl(workdir / "jobs.jsonl", [
+        {"id": "a", "audio": "tone.wav", "prompt": "What do you hear?"},
+        {"id": "v", "video": f"data:video/mp4;base64,{video}", "prompt": "What moves?"},
+    ])  # fmt: skip
+    scratch = workdir / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    code, _ = batch(job, workdir / "out.parquet")
+    assert code == 1
+    audio, video_row = read(workdir / "out.parquet")
+    assert audio["error_stage"] == "generate" and "no audio encoder" in audio["error"]
+    assert video_row["status"] == "ok" and video_row["frames_ms"] > 0
+    assert list(scratch.iterdir()) == []  # the spilled data-URL video is gone

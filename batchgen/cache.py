@@ -1,14 +1,15 @@
-"""A content-keyed LRU that computes each key once, even when several threads ask at once."""
+"""Content-keyed caches: `Memo` for media work across threads, `PrefixCache` for KV prefixes."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Memo"]
+__all__ = ["Memo", "PrefixCache"]
 
 V = TypeVar("V")
 
@@ -79,3 +80,58 @@ class Memo(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._done)
+
+
+class PrefixCache:
+    """Prompt-prefix KV snapshots keyed by content (prefix token ids + media digests).
+
+    `get` hands out a deep copy, so decoding from it never touches the stored entry.
+    Bounded LRU by entries and bytes; counts hits, misses, evictions and tokens saved.
+    """
+
+    def __init__(self, capacity: int = 50, max_bytes: int = 2 * 2**30):
+        self.capacity = capacity
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self.hits = self.misses = self.evictions = self.tokens_saved = 0
+
+    @staticmethod
+    def _nbytes(cache: list[Any]) -> int:
+        return sum(getattr(c, "nbytes", 0) for c in cache)
+
+    def longest(self, candidates: list[tuple[int, str]]) -> tuple[int, list[Any] | None]:
+        """The longest stored prefix among `(length, key)` candidates, as a copy; one hit or
+        one miss per call."""
+        for length, key in sorted(candidates, reverse=True):
+            if key in self._entries:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                self.tokens_saved += length
+                return length, copy.deepcopy(self._entries[key][0])
+        self.misses += 1
+        return 0, None
+
+    def put(self, key: str, cache: list[Any]) -> None:
+        if key in self._entries:
+            return
+        size = self._nbytes(cache)
+        self._entries[key] = (cache, size)
+        self._bytes += size
+        while len(self._entries) > 1 and (len(self._entries) > self.capacity or self._bytes > self.max_bytes):
+            _, (_, dropped) = self._entries.popitem(last=False)
+            self._bytes -= dropped
+            self.evictions += 1
+
+    def stats(self) -> dict[str, float]:
+        lookups = self.hits + self.misses
+        return {
+            "prefix_hits": self.hits,
+            "prefix_misses": self.misses,
+            "prefix_hit_rate": round(self.hits / lookups, 4) if lookups else 0.0,
+            "prefix_evictions": self.evictions,
+            "prompt_tokens_saved": self.tokens_saved,
+        }
+
+    def __len__(self) -> int:
+        return len(self._entries)

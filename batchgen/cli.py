@@ -56,6 +56,11 @@ def main() -> None:
 @click.option("--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it.")
 @click.option("--fetch-workers", type=int, help="Downloads in flight [16].")
 @click.option("--decode-workers", type=int, help="Image/video decodes at once [2].")
+@click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [16].")
+@click.option("--window", type=int, help="Rows looked ahead to group shared images [256].")
+@click.option(
+    "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
+)
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar.")
 def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None, **flags) -> None:
     """Generate for every row of JOB_FILE; rerun the same command to resume."""

@@ -56,6 +56,11 @@ class RunConfig:
     limit: int | None = None
     overwrite: bool = False
     fail_fast: bool = False
+    cache: bool = True  # reuse prompt-prefix KV state across rows (--no-cache to compare)
+    cache_entries: int = 50  # prefix snapshots kept (LRU)
+    cache_bytes: int = 2 * 2**30  # ... and their memory
+    batch_size: int = 16  # rows decoded together; 1 turns batching off
+    window: int = 256  # rows looked ahead to group those sharing images and prefixes
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first
     quiet: bool = False
@@ -137,6 +142,9 @@ def build_config(
         raise ConfigError("video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames")
     if min(limits.retries, limits.fetch_workers, limits.decode_workers, limits.prefetch_rows) < 1:
         raise ConfigError("retries, fetch_workers, decode_workers and prefetch_rows must be >= 1")
+    for key in ("batch_size", "window", "cache_entries"):
+        if data.get(key) is not None and int(data[key]) < 1:
+            raise ConfigError(f"{key} must be >= 1")
     if data.get("limit") is not None and int(data["limit"]) < 0:
         raise ConfigError("--limit must be >= 0")
     return RunConfig(

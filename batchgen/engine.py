@@ -1,7 +1,13 @@
-"""Generate stage: the one module that talks to MLX (mlx-lm for text rows, mlx-vlm for media)."""
+"""Generate stage: loads models, builds prompts, and runs rows (mlx-lm for text, mlx-vlm for media).
+
+With decoder.py, the only place that talks to MLX. Rows are first planned (tokenized, their
+lane chosen), then run in batches through the decoder, or one by one through mlx-vlm's
+own generate for inputs the decoder does not handle (video, audio, other model families).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from collections.abc import Iterator
@@ -9,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .cache import Memo, PrefixCache
+from .decoder import LMAdapter, Sequence, VLMAdapter, decode_batch
 from .errors import ConfigError, RowError
 from .records import Generation, GenParams, Job
 
-__all__ = ["ModelInfo", "Media", "Engines", "inspect_model", "is_multimodal"]
+__all__ = ["ModelInfo", "Media", "Plan", "Engines", "inspect_model", "is_multimodal"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,7 @@ class Media:
     images: list[Any] = field(default_factory=list)  # PIL images
     videos: list[Any] = field(default_factory=list)  # (T, H, W, 3) uint8 arrays
     audio: list[str] = field(default_factory=list)  # local file paths
+    image_digests: list[str] = field(default_factory=list)  # content digest of each image
 
     def __bool__(self) -> bool:
         return bool(self.images or self.videos or self.audio)
@@ -148,15 +157,34 @@ def _collect(stream: Iterator[Any], params: GenParams) -> tuple[str, str | None,
     return text, None, last
 
 
-class Engines:
-    """Loads each model on first use and runs one row at a time on it."""
+@dataclass(slots=True)
+class Plan:
+    """A row ready for an engine: its lane, the decoder sequence, and the batch grouping key."""
 
-    def __init__(self, model: str, text_model: str | None = None):
+    job: Job
+    media: Media
+    lane: str  # "lm" | "vlm" (batched decoder) | "single" (mlx-vlm's own generate, one row)
+    seq: Sequence | None = None
+    group: tuple = ()  # rows with equal groups share prefixes: run them together
+
+    @property
+    def solo(self) -> bool:
+        """Seeded sampling must not share a batch: its draws would depend on the others."""
+        p = self.job.params
+        return self.lane == "single" or (p.seed is not None and p.temperature > 0)
+
+
+class Engines:
+    """Loads each model on first use; plans rows and runs them in batches."""
+
+    def __init__(self, model: str, text_model: str | None = None, prefix_cache: PrefixCache | None = None):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
+        self.prefixes = prefix_cache
         self._vlm: tuple[Any, Any] | None = None
         self._lm: tuple[Any, Any] | None = None
         self._text_on_vlm = False
+        self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
 
     # -- loading ---------------------------------------------------------------
     def _load_vlm(self) -> tuple[Any, Any]:
@@ -195,15 +223,147 @@ class Engines:
     def model_for(self, job: Job) -> str:
         return self.vision_info.name if job.media or self._text_on_vlm else self.text_info.name
 
-    # -- generation ------------------------------------------------------------
-    def generate(self, job: Job, media: Media) -> Generation:
-        """Run one row; engine failures become a `generate` row error."""
+    # -- planning --------------------------------------------------------------
+    def plan(self, job: Job, media: Media) -> Plan:
+        """Tokenize the row and choose its lane; unsupported media raise a `generate` RowError."""
         if media:
             self._check_supported(media)
-            return self._guard(self._generate_vlm, job, media)
-        if self._load_lm() is None:
-            return self._guard(self._generate_vlm, job, media)
-        return self._guard(self._generate_lm, job)
+        try:
+            if not media and self._load_lm() is not None:
+                return self._plan_lm(job, media)
+            model, _ = self._load_vlm()
+            batchable = model.config.model_type in _DECODER_FAMILIES and not media.videos and not media.audio
+            return self._plan_vlm(job, media) if batchable else Plan(job, media, "single")
+        except RowError:
+            raise
+        except Exception as e:  # a template or processor that rejects this row
+            raise _row_error(e) from e
+
+    def _plan_lm(self, job: Job, media: Media) -> Plan:
+        model, tokenizer = self._lm  # type: ignore[misc]
+        p = job.params
+        messages = _text_only(job.messages)
+        if getattr(tokenizer, "chat_template", None):
+            prompt = _apply_template(tokenizer, messages, p.chat_template_kwargs)
+        else:  # base models: the turns' text, one per line
+            prompt = "\n".join(m["content"] for m in messages)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        bounds = _message_bounds(tokenizer, messages, p.chat_template_kwargs, ids)
+        seq = Sequence(ids=ids, params=p, boundaries=self._keys("lm", ids, bounds, []))
+        return Plan(job, media, "lm", seq, group=("lm", tuple(ids[: bounds[-1]]) if bounds else ()))
+
+    def _plan_vlm(self, job: Job, media: Media) -> Plan:
+        import mlx.core as mx
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+        model, processor = self._vlm  # type: ignore[misc]
+        p = job.params
+        messages = _template_parts(job.messages) if media else _text_only(job.messages)
+        prompt = _apply_template(processor, messages, p.chat_template_kwargs)
+        inputs = prepare_inputs(
+            processor,
+            images=media.images or None,
+            prompts=prompt,
+            image_token_index=getattr(model.config, "image_token_index", None),
+            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+        )
+        input_ids = inputs["input_ids"]
+        ids = input_ids[0].tolist()
+        lm = model.language_model
+        grid = inputs.get("image_grid_thw")
+        if media.images:
+            positions, delta = lm.get_rope_index(input_ids, grid, None, inputs.get("attention_mask"))
+            delta = int(delta.reshape(-1)[0].item())
+        else:
+            positions, delta = mx.broadcast_to(mx.arange(len(ids)).reshape(1, 1, -1), (3, 1, len(ids))), 0
+        start_id = getattr(model.config, "vision_start_token_id", None)
+        media_starts = [i for i, t in enumerate(ids) if t == start_id]
+        bounds = sorted({*media_starts, *(_after_media(ids, model.config) if media.images else [])})
+        digests = list(media.image_digests)
+        embed = self._embedder(model, inputs, ids, digests) if media.images else None
+        keyed = self._keys("vlm", ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
+        seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
+        return Plan(
+            job,
+            media,
+            "vlm",
+            seq,
+            group=("vlm", tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ()),
+        )
+
+    def _embedder(self, model: Any, inputs: dict, ids: list[int], digests: list[str]):
+        """Embeddings of any slice of the prompt; the vision tower runs only when a slice
+        holds image tokens, and once per set of images."""
+        full: list[Any] = []
+        image_id = model.config.image_token_id
+        lm = model.language_model
+
+        def embed(a: int, b: int):
+            import mlx.core as mx
+
+            if image_id not in ids[a:b]:
+                return lm.model.embed_tokens(mx.array(ids[a:b])[None])
+            if not full:
+                pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+                features = self._features.get(
+                    tuple(digests), lambda: model.vision_tower(pixel_values.astype(_dtype(model)), grid)
+                )
+                out = model.get_input_embeddings(
+                    inputs["input_ids"], pixel_values, image_grid_thw=grid,
+                    mask=inputs.get("attention_mask"), cached_image_features=features,
+                )  # fmt: skip
+                full.append(out.inputs_embeds)
+            return full[0][:, a:b]
+
+        return embed
+
+    def _keys(self, lane: str, ids: list[int], bounds: list[int], media: list[tuple[int, str]]):
+        """Content keys of each prefix: the model, the prefix's token ids, and the digest of
+        every image that starts inside it (image tokens alone are the same for all images)."""
+        name = self.vision_info.name if lane == "vlm" else self.text_info.name
+        keys = []
+        for pos in bounds:
+            h = hashlib.sha256(f"{lane}:{name}".encode())
+            h.update(",".join(map(str, ids[:pos])).encode())
+            for start, digest in media:
+                if start < pos:
+                    h.update(digest.encode())
+            keys.append((pos, h.hexdigest()))
+        return keys
+
+    # -- generation ------------------------------------------------------------
+    def run(self, plans: list[Plan]) -> list[Generation | RowError]:
+        """One batch of plans of one lane; each row gets its Generation or its RowError."""
+        lane = plans[0].lane
+        if lane == "single":
+            return [self._guard_single(plan) for plan in plans]
+        if lane == "lm":
+            model, tokenizer = self._lm  # type: ignore[misc]
+            adapter, eos = LMAdapter(model), set(tokenizer.eos_token_ids)
+        else:
+            model, processor = self._vlm  # type: ignore[misc]
+            tokenizer = getattr(processor, "tokenizer", processor)
+            tokenizer.stopping_criteria.reset(model.config.eos_token_id)
+            adapter, eos = VLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids)
+        seqs = [plan.seq for plan in plans]
+        try:
+            decode_batch(adapter, seqs, eos, tokenizer.decode, self.prefixes)  # type: ignore[arg-type]
+        except Exception as e:  # an engine error fails these rows, not the run
+            if len(plans) == 1:
+                return [_row_error(e)]
+            return [r for plan in plans for r in self.run([_fresh(plan)])]  # find the culprit
+        return [
+            Generation(s.text, s.finish_reason, len(s.ids), len(s.tokens), s.cached_tokens)
+            for s in seqs  # type: ignore[union-attr]
+        ]
+
+    def _guard_single(self, plan: Plan) -> Generation | RowError:
+        try:
+            return self._generate_vlm(plan.job, plan.media)
+        except RowError as e:
+            return e
+        except Exception as e:
+            return _row_error(e)
 
     def _check_supported(self, media: Media) -> None:
         info = self.vision_info
@@ -218,45 +378,8 @@ class Engines:
                 "generate", f"model {info.name!r} has no vision tower; the row has images or video"
             )
 
-    @staticmethod
-    def _guard(fn, *args) -> Generation:
-        try:
-            return fn(*args)
-        except RowError:
-            raise
-        except Exception as e:  # an engine error fails the row, not the run
-            message = " ".join(str(e).split()) or type(e).__name__
-            raise RowError("generate", f"{type(e).__name__}: {message[:300]}") from e
-
-    def _generate_lm(self, job: Job) -> Generation:
-        import mlx.core as mx
-        from mlx_lm import stream_generate
-        from mlx_lm.sample_utils import make_logits_processors, make_sampler
-
-        model, tokenizer = self._load_lm()  # type: ignore[misc]
-        p = job.params
-        if getattr(tokenizer, "chat_template", None):
-            prompt = _apply_template(tokenizer, _text_only(job.messages), p.chat_template_kwargs)
-        else:  # base models: the turns' text, one per line
-            prompt = "\n".join(m["content"] for m in _text_only(job.messages))
-        ids = tokenizer.encode(prompt, add_special_tokens=False)
-        if p.seed is not None:
-            mx.random.seed(p.seed)
-        stream = stream_generate(
-            model,
-            tokenizer,
-            ids,
-            max_tokens=p.max_tokens,
-            sampler=make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k),
-            logits_processors=make_logits_processors(
-                repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
-                presence_penalty=p.presence_penalty or None,
-            ),
-        )
-        text, reason, last = _collect(stream, p)
-        return _finish(text, reason, last, p, prompt_tokens=len(ids))
-
     def _generate_vlm(self, job: Job, media: Media) -> Generation:
+        """mlx-vlm's own generate, one row: video, audio and families the decoder does not know."""
         from mlx_vlm import stream_generate
 
         model, processor = self._load_vlm()
@@ -273,6 +396,10 @@ class Engines:
 
             images += [Image.fromarray(f) for v in videos for f in v]
             videos = []
+        if p.seed is not None:
+            import mlx.core as mx
+
+            mx.random.seed(p.seed)
         stream = stream_generate(
             model,
             processor,
@@ -290,13 +417,58 @@ class Engines:
             seed=p.seed,
         )
         text, reason, last = _collect(stream, p)
-        return _finish(text, reason, last, p, prompt_tokens=None)
+        return _finish(text, reason, last, p)
 
 
-def _finish(text: str, reason: str | None, last: Any, p: GenParams, prompt_tokens: int | None) -> Generation:
+_DECODER_FAMILIES = {"qwen2_vl", "qwen2_5_vl"}  # mRoPE models whose language model takes position ids
+
+
+def _dtype(model: Any):
+    return model.vision_tower.patch_embed.proj.weight.dtype
+
+
+def _after_media(ids: list[int], config: Any) -> list[int]:
+    """Positions just past each media block: the prefix every question on that image shares."""
+    end_id = getattr(config, "vision_end_token_id", None)
+    if end_id is None:
+        end_id = getattr(config, "vision_start_token_id", -2) + 1
+    return [i + 1 for i, t in enumerate(ids) if t == end_id]
+
+
+def _message_bounds(tokenizer: Any, messages: list[dict], kwargs: dict, ids: list[int]) -> list[int]:
+    """Where each turn but the last ends in the prompt's tokens: a shared system prompt or
+    few-shot turns are a prefix that other rows reuse. Turns whose rendering is not a clean
+    token prefix of the whole (a template that rewrites history) give no boundary."""
+    bounds = []
+    for k in range(1, len(messages)):
+        try:
+            head = tokenizer.apply_chat_template(
+                messages[:k], tokenize=False, add_generation_prompt=False, **kwargs
+            )
+        except Exception:
+            break
+        head_ids = tokenizer.encode(head, add_special_tokens=False)
+        if 0 < len(head_ids) < len(ids) and ids[: len(head_ids)] == head_ids:
+            bounds.append(len(head_ids))
+    return bounds
+
+
+def _fresh(plan: Plan) -> Plan:
+    """The same plan with cleared outputs, to run again on its own."""
+    s = plan.seq
+    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta)  # type: ignore[union-attr]
+    return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
+
+
+def _row_error(e: Exception) -> RowError:
+    message = " ".join(str(e).split()) or type(e).__name__
+    return RowError("generate", f"{type(e).__name__}: {message[:300]}")
+
+
+def _finish(text: str, reason: str | None, last: Any, p: GenParams) -> Generation:
     """Counts come from the engine's last response; `length` only when the budget ran out."""
     if last is None:
-        return Generation("", "length", prompt_tokens or 0, 0)
+        return Generation("", "length", 0, 0)
     completion = int(last.generation_tokens)
     if reason is None:
         engine_reason = getattr(last, "finish_reason", None)
@@ -304,7 +476,7 @@ def _finish(text: str, reason: str | None, last: Any, p: GenParams, prompt_token
     return Generation(
         text=text,
         finish_reason=reason,
-        prompt_tokens=int(prompt_tokens if prompt_tokens is not None else last.prompt_tokens),
+        prompt_tokens=int(last.prompt_tokens),
         completion_tokens=completion,
         cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
     )

@@ -93,6 +93,7 @@ class MediaStage:
             times.fetch_ms += (t1 - t0) * 1000
             if ref.kind == "image":
                 out.media.images.append(self.images.get(item.digest, lambda i=item: self._decode(i)))
+                out.media.image_digests.append(item.digest)
                 times.decode_ms += (time.perf_counter() - t1) * 1000
             elif ref.kind == "video":
                 key = (item.digest, fps, c.video_min_frames, max_frames)

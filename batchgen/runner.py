@@ -15,16 +15,18 @@ from pathlib import Path
 import pyarrow as pa
 from tqdm import tqdm
 
+from .cache import PrefixCache
 from .config import RunConfig
-from .engine import Engines
+from .engine import Engines, Media, Plan
 from .errors import FailFastError, RowError
 from .media import MediaStage, Prepared
 from .parse import parse_row
 from .read import JobIndex, id_key, iter_rows, scan
-from .records import Job, Result
+from .records import Generation, Job, Result
+from .schedule import schedule
 from .write import ResultWriter, _atomic_write
 
-__all__ = ["RunSummary", "run", "process_row"]
+__all__ = ["RunSummary", "run", "generate_window"]
 
 
 @dataclass(slots=True)
@@ -45,44 +47,76 @@ class RunSummary:
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
     errors_by_stage: dict[str, int] = field(default_factory=dict)
     media: dict[str, int] = field(default_factory=dict)  # downloads, reuses, decodes (MediaStage.stats)
+    cache: dict[str, float] = field(default_factory=dict)  # prefix hits, misses, tokens saved
 
     @property
     def exit_code(self) -> int:
         return 1 if self.failed else 0
 
     def line(self) -> str:
+        cache = ""
+        if self.cache:
+            cache = (
+                f" · cache {self.cache['prefix_hits']} hits / {self.cache['prefix_misses']} misses "
+                f"({self.cache['prefix_hit_rate']:.0%}), "
+                f"{self.cache['prompt_tokens_saved']} prompt tokens saved"
+            )
         return (
             f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed) · "
-            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion · "
+            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache} · "
             f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
 
 
-def process_row(job: Job, prepared: Prepared | None, engines: Engines) -> Result:
-    """One row's generation, given its resolved media; any failure becomes the row's error."""
-    result = Result(id=job.id)
-    if job.error:
-        result.status, result.error, result.error_stage = "error", job.error, "read"
-        return result
-    prepared = prepared or Prepared()
-    t = prepared.times
-    result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
-    t0 = time.perf_counter()
-    try:
-        if prepared.error:
-            raise prepared.error
-        result.model = engines.model_for(job)
-        gen = engines.generate(job, prepared.media)
-        result.generated_text, result.finish_reason = gen.text, gen.finish_reason
-        result.prompt_tokens, result.completion_tokens = gen.prompt_tokens, gen.completion_tokens
-        result.cached_tokens = gen.cached_tokens
-        result.mtp_drafts, result.mtp_accepted = gen.mtp_drafts, gen.mtp_accepted
-        result.generate_ms = (time.perf_counter() - t0) * 1000
-    except RowError as e:
-        result.status, result.error, result.error_stage = "error", e.message, e.stage
-        if e.stage == "generate":
-            result.generate_ms = (time.perf_counter() - t0) * 1000
+def _result(
+    job: Job,
+    prepared: Prepared | None,
+    outcome: Generation | RowError,
+    model: str | None,
+    generate_ms: float = 0.0,
+) -> Result:
+    """One output row from a job, its media stage times and what generation made of it."""
+    result = Result(id=job.id, model=model, generate_ms=generate_ms)
+    if prepared is not None:
+        t = prepared.times
+        result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
+    if isinstance(outcome, RowError):
+        result.status, result.error, result.error_stage = "error", outcome.message, outcome.stage
+    else:
+        result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
+        result.prompt_tokens, result.completion_tokens = outcome.prompt_tokens, outcome.completion_tokens
+        result.cached_tokens = outcome.cached_tokens
+        result.mtp_drafts, result.mtp_accepted = outcome.mtp_drafts, outcome.mtp_accepted
     return result
+
+
+def generate_window(
+    window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int
+) -> Iterator[tuple[Job, Result]]:
+    """Results for a window of rows: failed rows first, then batch by batch in scheduled
+    order. A batched row's `generate_ms` is its share of the batch's time."""
+    plans: list[Plan] = []
+    for job, prepared in window:
+        if job.error:
+            yield job, _result(job, prepared, RowError("read", job.error), None)
+        elif prepared is not None and prepared.error:
+            yield job, _result(job, prepared, prepared.error, None)
+        else:
+            t0 = time.perf_counter()
+            try:
+                plans.append(engines.plan(job, prepared.media if prepared else Media()))
+            except RowError as e:
+                ms = (time.perf_counter() - t0) * 1000
+                yield job, _result(job, prepared, e, engines.model_for(job), ms)
+    prepared_of = {id(job): prepared for job, prepared in window}
+    for batch in schedule(plans, batch_size):
+        members = [plans[i] for i in batch]
+        t0 = time.perf_counter()
+        outcomes = engines.run(members)
+        share = (time.perf_counter() - t0) * 1000 / len(members)
+        for plan, outcome in zip(members, outcomes, strict=True):
+            job = plan.job
+            yield job, _result(job, prepared_of[id(job)], outcome, engines.model_for(job), share)
 
 
 def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
@@ -109,19 +143,51 @@ def _todo(config: RunConfig, index: JobIndex, done: dict[str, str]) -> Iterator[
             yield parse_row(raw, config.defaults)[0]
 
 
-def _prefetched(jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int):
-    """Jobs in order with their media resolving `depth` rows ahead, so I/O hides behind
-    generation while at most `depth` rows of media sit in memory."""
-    window: deque[tuple[Job, Future | None]] = deque()
-    for job in jobs:
-        needs_media = job.media and not job.error
-        window.append((job, pool.submit(stage.resolve, job) if needs_media else None))
-        if len(window) >= depth:
-            head, future = window.popleft()
-            yield head, future.result() if future else None
-    while window:
-        head, future = window.popleft()
-        yield head, future.result() if future else None
+class _Prefetcher:
+    """Jobs in order with their media resolving up to `depth` rows ahead in the pool, so I/O
+    hides behind generation while at most `depth` rows of media sit in memory."""
+
+    def __init__(self, jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int):
+        self.jobs, self.stage, self.pool, self.depth = jobs, stage, pool, depth
+        self.ahead: deque[tuple[Job, Future | None]] = deque()
+        self.exhausted = False
+
+    def _fill(self) -> None:
+        while not self.exhausted and len(self.ahead) < self.depth:
+            job = next(self.jobs, None)
+            if job is None:
+                self.exhausted = True
+                return
+            needs_media = job.media and not job.error
+            self.ahead.append((job, self.pool.submit(self.stage.resolve, job) if needs_media else None))
+
+    def take(self, most: int, least: int) -> list[tuple[Job, Prepared | None]]:
+        """Up to `most` rows; past `least`, stop at the first row whose media are not ready,
+        so generation starts instead of waiting on the network."""
+        window: list[tuple[Job, Prepared | None]] = []
+        self._fill()
+        while self.ahead and len(window) < most:
+            job, future = self.ahead[0]
+            if len(window) >= least and future is not None and not future.done():
+                break
+            self.ahead.popleft()
+            window.append((job, future.result() if future else None))
+            self._fill()
+        return window
+
+
+def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
+    if result.status == "error" and config.fail_fast:
+        writer.flush()
+        raise FailFastError(
+            f"{job.where}: {result.error_stage}: {result.error} (--fail-fast; "
+            f"finished rows kept in {writer.partial}, rerun to resume)"
+        )
+    writer.add(job.raw, result)
+    summary.generated += 1
+    summary.prompt_tokens += result.prompt_tokens
+    summary.completion_tokens += result.completion_tokens
+    summary.cached_tokens += result.cached_tokens
 
 
 def run(config: RunConfig) -> RunSummary:
@@ -130,7 +196,8 @@ def run(config: RunConfig) -> RunSummary:
     index = scan(config.input, config.format)
     if config.limit is not None:
         index.ids = index.ids[: config.limit]
-    engines = Engines(config.model, config.text_model)
+    prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
+    engines = Engines(config.model, config.text_model, prefixes)
     manifest = {"input": str(config.input), "model": config.model, "text_model": config.text_model}
     writer = ResultWriter(
         config.output, index, manifest, config.overwrite, config.flush_rows, config.flush_seconds
@@ -144,30 +211,21 @@ def run(config: RunConfig) -> RunSummary:
             config.media, config.input.parent, Path(tmp), audio_from_video=engines.vision_info.audio
         )
         pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
+        depth = max(config.media.prefetch_rows, config.window)
+        prefetcher = _Prefetcher(_todo(config, index, done), stage, pool, depth)
         try:
-            for job, prepared in _prefetched(
-                _todo(config, index, done), stage, pool, config.media.prefetch_rows
-            ):
-                result = process_row(job, prepared, engines)
-                if result.status == "error" and config.fail_fast:
-                    writer.flush()
-                    raise FailFastError(
-                        f"{job.where}: {result.error_stage}: {result.error} (--fail-fast; "
-                        f"finished rows kept in {writer.partial}, rerun to resume)"
-                    )
-                writer.add(job.raw, result)
-                summary.generated += 1
-                summary.prompt_tokens += result.prompt_tokens
-                summary.completion_tokens += result.completion_tokens
-                summary.cached_tokens += result.cached_tokens
-                bar.update()
-                elapsed = time.perf_counter() - started
-                bar.set_postfix_str(f"{summary.completion_tokens / elapsed:.0f} tok/s", refresh=False)
+            while window := prefetcher.take(config.window, config.batch_size):
+                for job, result in generate_window(window, engines, config.batch_size):
+                    _record(job, result, writer, summary, config)
+                    bar.update()
+                    elapsed = time.perf_counter() - started
+                    bar.set_postfix_str(f"{summary.completion_tokens / elapsed:.0f} tok/s", refresh=False)
         finally:
             # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
             pool.shutdown(wait=False, cancel_futures=True)
         table = writer.finalize()
         summary.media = stage.stats()
+        summary.cache = prefixes.stats() if prefixes else {}
     _finish(summary, table, time.perf_counter() - started)
     stats_path = config.output.with_name(config.output.name + ".stats.json")
     _atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))

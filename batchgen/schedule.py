@@ -1,0 +1,39 @@
+"""Schedule stage: order a window of planned rows into batches that share work."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+__all__ = ["Schedulable", "schedule"]
+
+
+class Schedulable(Protocol):
+    lane: str
+    group: Hashable
+
+    @property
+    def solo(self) -> bool: ...
+
+
+def schedule(rows: Sequence[Schedulable], batch_size: int) -> list[list[int]]:
+    """Batches of row indices. Rows of one group (same prompt prefix, same images) run
+    back to back so the first one's prefill serves the rest; lanes never mix; solo rows
+    run alone. Groups keep the order in which they first appear in the window."""
+    groups: dict[tuple[str, Hashable], list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault((row.lane, row.group), []).append(i)
+    batches: list[list[int]] = []
+    open_batch: dict[str, list[int]] = {}
+    for (lane, _), members in groups.items():
+        for i in members:
+            if rows[i].solo:
+                batches.append([i])
+                continue
+            batch = open_batch.setdefault(lane, [])
+            batch.append(i)
+            if len(batch) >= batch_size:
+                batches.append(batch)
+                open_batch[lane] = []
+    batches += [b for b in open_batch.values() if b]
+    return batches

@@ -56,7 +56,7 @@ def main() -> None:
 @click.option("--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it.")
 @click.option("--fetch-workers", type=int, help="Downloads in flight [16].")
 @click.option("--decode-workers", type=int, help="Image/video decodes at once [2].")
-@click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [16].")
+@click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32].")
 @click.option("--window", type=int, help="Rows looked ahead to group shared images [256].")
 @click.option(
     "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."

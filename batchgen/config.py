@@ -59,7 +59,7 @@ class RunConfig:
     cache: bool = True  # reuse prompt-prefix KV state across rows (--no-cache to compare)
     cache_entries: int = 50  # prefix snapshots kept (LRU)
     cache_bytes: int = 2 * 2**30  # ... and their memory
-    batch_size: int = 16  # rows decoded together; 1 turns batching off
+    batch_size: int = 32  # rows decoded together; 1 turns batching off
     window: int = 256  # rows looked ahead to group those sharing images and prefixes
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first

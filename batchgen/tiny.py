@@ -147,12 +147,16 @@ def make_tiny_model(
     kind: Literal["lm", "vlm"] = "vlm",
     seed: int = 0,
     image_size: int = 56,
+    hidden: int | None = None,
+    layers: int | None = None,
+    vision_embed: int = 64,
 ) -> Path:
     """Write a loadable tiny checkpoint to `out_dir`, deterministic for a given seed.
 
     `kind="lm"` is a qwen2 text model (hidden 128, 4 layers) for mlx-lm;
     `kind="vlm"` is a qwen2_vl model (hidden 64, 2 layers, vision depth 2) for mlx-vlm,
     whose processor sees `image_size`² pixels (so 4 image tokens at the default 56).
+    Benchmarks pass larger `hidden`, `layers` and `vision_embed` so prefill costs something.
     """
     import mlx.core as mx
 
@@ -164,12 +168,12 @@ def make_tiny_model(
         from mlx_lm.models import qwen2
 
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
-        config.update(_text_config(vocab, ids, hidden=128, layers=4, heads=4))
+        config.update(_text_config(vocab, ids, hidden=hidden or 128, layers=layers or 4, heads=4))
         model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     elif kind == "vlm":
         from mlx_vlm.models import qwen2_vl
 
-        text = _text_config(vocab, ids, hidden=64, layers=2, heads=4)
+        text = _text_config(vocab, ids, hidden=hidden or 64, layers=layers or 2, heads=4)
         head_dim = text["hidden_size"] // text["num_attention_heads"]
         # mRoPE sections must add up to half the head dim.
         section = [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]
@@ -185,7 +189,7 @@ def make_tiny_model(
             "vision_config": {
                 "model_type": "qwen2_vl",
                 "depth": 2,
-                "embed_dim": 64,
+                "embed_dim": vision_embed,
                 "hidden_size": text["hidden_size"],
                 "num_heads": 2,
                 # transformers validates config.json strictly: an int, not 2.0.

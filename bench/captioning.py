@@ -142,9 +142,8 @@ def main() -> None:
         same_ab = loop == expert
         same_ac = decoded == texts
         print(f"identical outputs: loop = expert: {same_ab}, loop = batchgen: {same_ac}")
-        print(
-            f"batchgen speedup vs per-row loop: {t_loop / t_batchgen:.2f}; vs expert script: {t_expert / t_batchgen:.2f}"
-        )
+        x, y = t_loop / t_batchgen, t_expert / t_batchgen
+        print(f"batchgen speedup vs per-row loop: {x:.2f}; vs expert script: {y:.2f}")
 
 
 if __name__ == "__main__":

@@ -220,6 +220,13 @@ class Engines:
             self._lm = (model, tokenizer)
         return self._lm
 
+    def load(self, vision: bool, text: bool) -> None:
+        """Load up front what the first rows need (so it overlaps their downloads)."""
+        if text and self._load_lm() is None:
+            vision = True
+        if vision and self.vision_info.multimodal or (vision and self._text_on_vlm):
+            self._load_vlm()
+
     def model_for(self, job: Job) -> str:
         return self.vision_info.name if job.media or self._text_on_vlm else self.text_info.name
 

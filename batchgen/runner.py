@@ -152,6 +152,9 @@ class _Prefetcher:
         self.ahead: deque[tuple[Job, Future | None]] = deque()
         self.exhausted = False
 
+    def start(self) -> None:
+        self._fill()
+
     def _fill(self) -> None:
         while not self.exhausted and len(self.ahead) < self.depth:
             job = next(self.jobs, None)
@@ -214,7 +217,13 @@ def run(config: RunConfig) -> RunSummary:
         depth = max(config.media.prefetch_rows, config.window)
         prefetcher = _Prefetcher(_todo(config, index, done), stage, pool, depth)
         try:
-            while window := prefetcher.take(config.window, config.batch_size):
+            prefetcher.start()
+            # Load the models the first rows need while their media download.
+            queued = [job for job, _ in prefetcher.ahead if not job.error]
+            engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
+            least = max(1, config.batch_size // 4)  # the first batch starts early, then fills up
+            while window := prefetcher.take(config.window, least):
+                least = config.batch_size
                 for job, result in generate_window(window, engines, config.batch_size):
                     _record(job, result, writer, summary, config)
                     bar.update()

@@ -7,7 +7,9 @@ local server, against the same images as local paths, on the tiny VLM.
 from __future__ import annotations
 
 import json
+import multiprocessing
 import sys
+import threading
 import tempfile
 import time
 from pathlib import Path
@@ -36,6 +38,15 @@ def make_images(folder: Path) -> list[str]:
     return names
 
 
+def serve(folder: Path, delay: float, ports) -> None:
+    """The media server lives in its own process, as a real one would: it must not take the
+    GIL from the run being measured."""
+    with MediaServer(folder) as server:
+        server.delay = delay
+        ports.put(server.server_port)
+        threading.Event().wait()
+
+
 def timed_run(job: Path, out: Path) -> float:
     config = batchgen.build_config(
         job, out, "greedy", {"max_tokens": 16}, {"allow_private_urls": True}, overwrite=True, quiet=True
@@ -51,10 +62,13 @@ def main() -> None:
         folder = Path(tmp)
         (folder / "media").mkdir()
         names = make_images(folder / "media")
-        with MediaServer(folder / "media") as server:
-            server.delay = LATENCY
+        ports: multiprocessing.Queue = multiprocessing.Queue()
+        server = multiprocessing.Process(target=serve, args=(folder / "media", LATENCY, ports), daemon=True)
+        server.start()
+        try:
+            url = f"http://127.0.0.1:{ports.get(timeout=30)}"
             jobs = {}
-            refs = {"local": "media/{}", "remote": server.url + "/img/{}"}
+            refs = {"local": "media/{}", "remote": url + "/img/{}"}
             for kind, ref in refs.items():
                 jobs[kind] = folder / f"{kind}.jsonl"
                 rows = [
@@ -67,6 +81,8 @@ def main() -> None:
                 for kind in ("local", "remote"):
                     best[kind] = min(best[kind], timed_run(jobs[kind], folder / f"{kind}.parquet"))
             serial = ROWS * LATENCY
+        finally:
+            server.terminate()
         print(f"rows: {ROWS}, latency per image: {LATENCY * 1000:.0f} ms (serially: +{serial:.1f} s)")
         print(f"local paths: {best['local']:.2f} s, remote URLs: {best['remote']:.2f} s (best of 2)")
         print(f"remote/local wall ratio: {best['remote'] / best['local']:.2f}")

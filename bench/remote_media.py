@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sys
-import threading
 import tempfile
+import threading
 import time
 from pathlib import Path
 

@@ -56,6 +56,12 @@ def main() -> None:
 @click.option("--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it.")
 @click.option("--fetch-workers", type=int, help="Downloads in flight [16].")
 @click.option("--decode-workers", type=int, help="Image/video decodes at once [2].")
+@click.option("--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding.")
+@click.option("--num-draft-tokens", type=int, help="Text drafts per round [3].")
+@click.option(
+    "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
+)
+@click.option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's].")
 @click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32].")
 @click.option("--window", type=int, help="Rows looked ahead to group shared images [256].")
 @click.option(
@@ -107,10 +113,15 @@ def validate(job_file: Path, fmt: str | None) -> None:
 
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option("--kind", type=click.Choice(["lm", "vlm"]), default="vlm", show_default=True)
+@click.option(
+    "--kind", type=click.Choice(["lm", "vlm", "text-draft", "mtp-pair"]), default="vlm", show_default=True
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 def make_tiny_model(out_dir: Path, kind: str, seed: int) -> None:
-    """Build a tiny random checkpoint (qwen2 or qwen2_vl) that mlx-lm / mlx-vlm load offline."""
+    """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
+
+    lm: qwen2 text model; vlm: qwen2_vl; text-draft: a smaller qwen2 draft for lm;
+    mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp drafter)."""
     from .tiny import make_tiny_model as build
 
     build(out_dir, kind=kind, seed=seed)  # type: ignore[arg-type]

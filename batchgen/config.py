@@ -56,6 +56,10 @@ class RunConfig:
     limit: int | None = None
     overwrite: bool = False
     fail_fast: bool = False
+    draft_model: str | None = None  # speculative decoding: a text draft model or an mlx-vlm drafter
+    num_draft_tokens: int = 3  # text drafts per round
+    draft_kind: str | None = None  # mtp | dflash | eagle3 (vision drafters); None = from the checkpoint
+    draft_block_size: int | None = None  # vision drafters; None = the drafter's own
     cache: bool = True  # reuse prompt-prefix KV state across rows (--no-cache to compare)
     cache_entries: int = 50  # prefix snapshots kept (LRU)
     cache_bytes: int = 2 * 2**30  # ... and their memory
@@ -127,6 +131,8 @@ def build_config(
     gen.update({k: v for k, v in (generation or {}).items() if v is not None})
     med = dict(data.pop("media", None) or {})
     med.update({k: v for k, v in (media or {}).items() if v is not None})
+    if overrides.get("model") is not None and overrides.get("text_model") is None:
+        data.pop("text_model", None)  # --model alone means that model for every row
     data.update({k: v for k, v in overrides.items() if v is not None})
     if not data.get("model"):
         raise ConfigError("no model: pass --model PATH_OR_ID or set `model` in a config")

@@ -19,7 +19,7 @@ import mlx.core as mx
 from .cache import PrefixCache
 from .records import GenParams
 
-__all__ = ["Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch"]
+__all__ = ["Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch", "hit_stop", "final_text"]
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
 _HISTORY = 256  # tokens handed to logits processors; their own context windows are shorter
@@ -142,15 +142,19 @@ def _processors(p: GenParams) -> list[Callable]:
     )
 
 
-def _hit_stop(seq: Sequence, decode: Callable[[list[int]], str]) -> bool:
+def hit_stop(tokens: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> bool:
     """Stop strings are looked for in a bounded tail of the text, not the whole of it."""
-    longest = max(len(s) for s in seq.params.stop)
-    tail = decode(seq.tokens[-(longest + 8) :])
-    return any(s in tail for s in seq.params.stop)
+    longest = max(len(s) for s in stop)
+    tail = decode(tokens[-(longest + 8) :])
+    return any(s in tail for s in stop)
 
 
-def _cut_at_stop(seq: Sequence, text: str) -> str:
-    hits = [i for s in seq.params.stop if (i := text.find(s)) >= 0]
+def final_text(
+    tokens: list[int], eos: set[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
+) -> str:
+    """The completion as text: without its end-of-turn token, cut before the first stop string."""
+    text = decode(tokens[:-1] if tokens and tokens[-1] in eos else tokens)
+    hits = [i for s in stop if (i := text.find(s)) >= 0]
     return text[: min(hits)] if hits else text
 
 
@@ -200,7 +204,7 @@ def decode_batch(
             seq.tokens.append(token)
             if token in eos:
                 seq.finish_reason = "stop"
-            elif seq.params.stop and _hit_stop(seq, decode):
+            elif seq.params.stop and hit_stop(seq.tokens, seq.params.stop, decode):
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= seq.params.max_tokens:
                 seq.finish_reason = "length"
@@ -221,9 +225,7 @@ def decode_batch(
         mx.eval(batch_logits)
         step += 1
     for seq in seqs:
-        body = seq.tokens[:-1] if seq.tokens and seq.tokens[-1] in eos else seq.tokens
-        text = decode(body)
-        seq.text = _cut_at_stop(seq, text) if seq.params.stop else text
+        seq.text = final_text(seq.tokens, eos, seq.params.stop, decode)
 
 
 def _merge(caches: list[list[Any]]) -> list[Any]:

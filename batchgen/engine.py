@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from .cache import Memo, PrefixCache
-from .decoder import LMAdapter, Sequence, VLMAdapter, decode_batch
+from .decoder import LMAdapter, Sequence, VLMAdapter, decode_batch, final_text, hit_stop
+from .draft import Drafter, drafted_from_flags, load_text_drafter, load_vision_drafter
 from .errors import ConfigError, RowError
 from .records import Generation, GenParams, Job
 
@@ -140,21 +141,35 @@ def _template_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _collect(stream: Iterator[Any], params: GenParams) -> tuple[str, str | None, Any]:
-    """Drain an engine's token stream, applying stop strings on a bounded tail of the text."""
-    text = ""
-    longest = max((len(s) for s in params.stop), default=0)
+def _collect(stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int]) -> Generation:
+    """Drain an engine's stream of responses into a Generation: text decoded from the tokens
+    (as the batched decoder does), stop strings checked on a bounded tail, counts from the
+    engine's last response; `length` only when the token budget ran out."""
+    tokens: list[int] = []
     last = None
+    stopped = False
     for last in stream:
-        segment = last.text
-        text += segment
-        if not longest or not segment:
+        final_ids = getattr(last, "token_ids", None)
+        if final_ids is not None:  # mlx-vlm's closing response lists them all (and repeats the last)
+            tokens = [int(t) for t in final_ids]
             continue
-        window_start = max(0, len(text) - len(segment) - longest + 1)
-        hits = [i for s in params.stop if (i := text.find(s, window_start)) >= 0]
-        if hits:
-            return text[: min(hits)], "stop", last
-    return text, None, last
+        if last.token is None:
+            continue
+        tokens.append(int(last.token.item() if hasattr(last.token, "item") else last.token))
+        if p.stop and hit_stop(tokens, p.stop, tokenizer.decode):
+            stopped = True
+            break
+    if last is None:
+        return Generation("", "length", 0, 0)
+    completion = len(tokens)
+    ended = stopped or (tokens and tokens[-1] in eos) or completion < p.max_tokens
+    return Generation(
+        text=final_text(tokens, eos, p.stop, tokenizer.decode),
+        finish_reason="stop" if ended else "length",
+        prompt_tokens=int(last.prompt_tokens),
+        completion_tokens=completion,
+        cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
+    )
 
 
 @dataclass(slots=True)
@@ -163,7 +178,7 @@ class Plan:
 
     job: Job
     media: Media
-    lane: str  # "lm" | "vlm" (batched decoder) | "single" (mlx-vlm's own generate, one row)
+    lane: str  # "lm" | "vlm": batched decoder; "single": mlx-vlm's own generate; "draft": mlx-lm speculative
     seq: Sequence | None = None
     group: tuple = ()  # rows with equal groups share prefixes: run them together
 
@@ -171,16 +186,23 @@ class Plan:
     def solo(self) -> bool:
         """Seeded sampling must not share a batch: its draws would depend on the others."""
         p = self.job.params
-        return self.lane == "single" or (p.seed is not None and p.temperature > 0)
+        return self.lane in ("single", "draft") or (p.seed is not None and p.temperature > 0)
 
 
 class Engines:
     """Loads each model on first use; plans rows and runs them in batches."""
 
-    def __init__(self, model: str, text_model: str | None = None, prefix_cache: PrefixCache | None = None):
+    def __init__(
+        self,
+        model: str,
+        text_model: str | None = None,
+        prefix_cache: PrefixCache | None = None,
+        drafter: Drafter | None = None,
+    ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
         self.prefixes = prefix_cache
+        self.drafter = drafter
         self._vlm: tuple[Any, Any] | None = None
         self._lm: tuple[Any, Any] | None = None
         self._text_on_vlm = False
@@ -222,13 +244,34 @@ class Engines:
 
     def load(self, vision: bool, text: bool) -> None:
         """Load up front what the first rows need (so it overlaps their downloads)."""
-        if text and self._load_lm() is None:
+        if text and not self._text_via_vlm() and self._load_lm() is None:
             vision = True
-        if vision and self.vision_info.multimodal or (vision and self._text_on_vlm):
+        if vision and self.vision_info.multimodal or (vision and self._text_on_vlm) or self._text_via_vlm():
             self._load_vlm()
 
+    def load_drafter(self) -> None:
+        """Load the target and the drafter now: a drafter that cannot pair with the target is a
+        configuration error before any row runs."""
+        d = self.drafter
+        if d is None or d.model is not None:
+            return
+        if d.lane == "vlm":
+            model, _ = self._load_vlm()
+            load_vision_drafter(d, model)
+        else:
+            if self._load_lm() is None:
+                raise ConfigError(
+                    f"draft model {str(d.path)!r} is a text model, but mlx-lm cannot load the target"
+                )
+            load_text_drafter(d, self._lm[0])  # type: ignore[index]
+
+    def _text_via_vlm(self) -> bool:
+        """A vision drafter serves text rows too when they share its target."""
+        return self.drafter is not None and self.drafter.lane == "vlm" and self.text_info is self.vision_info
+
     def model_for(self, job: Job) -> str:
-        return self.vision_info.name if job.media or self._text_on_vlm else self.text_info.name
+        on_vlm = job.media or self._text_on_vlm or self._text_via_vlm()
+        return self.vision_info.name if on_vlm else self.text_info.name
 
     # -- planning --------------------------------------------------------------
     def plan(self, job: Job, media: Media) -> Plan:
@@ -236,10 +279,14 @@ class Engines:
         if media:
             self._check_supported(media)
         try:
-            if not media and self._load_lm() is not None:
+            if not media and not self._text_via_vlm() and self._load_lm() is not None:
+                if self.drafter is not None and self.drafter.lane == "lm":
+                    return Plan(job, media, "draft")
                 return self._plan_lm(job, media)
             model, _ = self._load_vlm()
             batchable = model.config.model_type in _DECODER_FAMILIES and not media.videos and not media.audio
+            if self.drafter is not None and self.drafter.lane == "vlm":
+                batchable = False  # the drafter runs inside mlx-vlm's generate, one row at a time
             return self._plan_vlm(job, media) if batchable else Plan(job, media, "single")
         except RowError:
             raise
@@ -343,7 +390,9 @@ class Engines:
         """One batch of plans of one lane; each row gets its Generation or its RowError."""
         lane = plans[0].lane
         if lane == "single":
-            return [self._guard_single(plan) for plan in plans]
+            return [self._guard(self._generate_vlm, plan) for plan in plans]
+        if lane == "draft":
+            return [self._guard(self._generate_draft_lm, plan) for plan in plans]
         if lane == "lm":
             model, tokenizer = self._lm  # type: ignore[misc]
             adapter, eos = LMAdapter(model), set(tokenizer.eos_token_ids)
@@ -364,13 +413,46 @@ class Engines:
             for s in seqs  # type: ignore[union-attr]
         ]
 
-    def _guard_single(self, plan: Plan) -> Generation | RowError:
+    @staticmethod
+    def _guard(fn, plan: Plan) -> Generation | RowError:
         try:
-            return self._generate_vlm(plan.job, plan.media)
+            return fn(plan.job, plan.media)
         except RowError as e:
             return e
         except Exception as e:
             return _row_error(e)
+
+    def _generate_draft_lm(self, job: Job, media: Media) -> Generation:
+        """mlx-lm's speculative loop with the text draft model; counts replayed from its flags."""
+        import mlx.core as mx
+        from mlx_lm import stream_generate
+        from mlx_lm.sample_utils import make_logits_processors, make_sampler
+
+        model, tokenizer = self._lm  # type: ignore[misc]
+        d, p = self.drafter, job.params
+        plan = self._plan_lm(job, media)
+        if p.seed is not None:
+            mx.random.seed(p.seed)
+        flags: list[bool] = []
+
+        def stream():
+            for response in stream_generate(
+                model, tokenizer, plan.seq.ids, max_tokens=p.max_tokens,  # type: ignore[union-attr]
+                draft_model=d.model, num_draft_tokens=d.num_draft_tokens,  # type: ignore[union-attr]
+                sampler=make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k),
+                logits_processors=make_logits_processors(
+                    repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+                    presence_penalty=p.presence_penalty or None,
+                ),
+            ):  # fmt: skip
+                flags.append(bool(response.from_draft))
+                yield response
+
+        gen = _collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids))
+        gen.prompt_tokens = len(plan.seq.ids)  # type: ignore[union-attr]
+        gen.mtp_accepted = sum(flags)
+        gen.mtp_drafts = drafted_from_flags(flags, p.max_tokens, d.num_draft_tokens)  # type: ignore[union-attr]
+        return gen
 
     def _check_supported(self, media: Media) -> None:
         info = self.vision_info
@@ -385,7 +467,7 @@ class Engines:
                 "generate", f"model {info.name!r} has no vision tower; the row has images or video"
             )
 
-    def _generate_vlm(self, job: Job, media: Media) -> Generation:
+    def _generate_vlm(self, job: Job, media: Media) -> Generation:  # noqa: C901
         """mlx-vlm's own generate, one row: video, audio and families the decoder does not know."""
         from mlx_vlm import stream_generate
 
@@ -407,6 +489,16 @@ class Engines:
             import mlx.core as mx
 
             mx.random.seed(p.seed)
+        draft: dict[str, Any] = {}
+        d = self.drafter
+        if d is not None and d.lane == "vlm":
+            from mlx_vlm.speculative.common import speculative_stats_since, speculative_stats_snapshot
+
+            self.load_drafter()
+            draft = {"draft_model": d.model, "draft_kind": d.kind}
+            if d.block_size is not None:
+                draft["draft_block_size"] = d.block_size
+            snapshot = speculative_stats_snapshot(d.model)
         stream = stream_generate(
             model,
             processor,
@@ -422,9 +514,14 @@ class Engines:
             repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
             presence_penalty=p.presence_penalty or None,
             seed=p.seed,
+            **draft,
         )
-        text, reason, last = _collect(stream, p)
-        return _finish(text, reason, last, p)
+        gen = _collect(stream, p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))
+        if draft:
+            stream.close()  # a stop string ends the stream early: let it settle its counters
+            _, accepted, drafted = speculative_stats_since(d.model, snapshot)  # type: ignore[union-attr]
+            gen.mtp_accepted, gen.mtp_drafts = accepted or 0, drafted or 0
+        return gen
 
 
 _DECODER_FAMILIES = {"qwen2_vl", "qwen2_5_vl"}  # mRoPE models whose language model takes position ids
@@ -470,20 +567,3 @@ def _fresh(plan: Plan) -> Plan:
 def _row_error(e: Exception) -> RowError:
     message = " ".join(str(e).split()) or type(e).__name__
     return RowError("generate", f"{type(e).__name__}: {message[:300]}")
-
-
-def _finish(text: str, reason: str | None, last: Any, p: GenParams) -> Generation:
-    """Counts come from the engine's last response; `length` only when the budget ran out."""
-    if last is None:
-        return Generation("", "length", 0, 0)
-    completion = int(last.generation_tokens)
-    if reason is None:
-        engine_reason = getattr(last, "finish_reason", None)
-        reason = "length" if completion >= p.max_tokens and engine_reason != "stop" else "stop"
-    return Generation(
-        text=text,
-        finish_reason=reason,
-        prompt_tokens=int(last.prompt_tokens),
-        completion_tokens=completion,
-        cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
-    )

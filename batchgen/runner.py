@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from .cache import PrefixCache
 from .config import RunConfig
+from .draft import inspect_drafter
 from .engine import Engines, Media, Plan
 from .errors import FailFastError, RowError
 from .media import MediaStage, Prepared
@@ -42,6 +43,9 @@ class RunSummary:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    mtp_drafts: int = 0  # tokens proposed by the drafter
+    mtp_accepted: int = 0
+    acceptance_rate: float = 0.0  # accepted / drafted
     wall_s: float = 0.0
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
@@ -61,9 +65,12 @@ class RunSummary:
                 f"({self.cache['prefix_hit_rate']:.0%}), "
                 f"{self.cache['prompt_tokens_saved']} prompt tokens saved"
             )
+        drafts = ""
+        if self.mtp_drafts:
+            drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
         return (
             f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed) · "
-            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache} · "
+            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
             f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
 
@@ -129,6 +136,7 @@ def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     for stage in table.column("error_stage").to_pylist():
         if stage:
             s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
+    s.acceptance_rate = round(s.mtp_accepted / s.mtp_drafts, 4) if s.mtp_drafts else 0.0
     s.wall_s = round(wall, 3)
     s.rows_per_s = round(s.generated / wall, 3) if wall > 0 else 0.0
     s.tokens_per_s = round(s.completion_tokens / wall, 1) if wall > 0 else 0.0
@@ -191,6 +199,8 @@ def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary,
     summary.prompt_tokens += result.prompt_tokens
     summary.completion_tokens += result.completion_tokens
     summary.cached_tokens += result.cached_tokens
+    summary.mtp_drafts += result.mtp_drafts
+    summary.mtp_accepted += result.mtp_accepted
 
 
 def run(config: RunConfig) -> RunSummary:
@@ -200,7 +210,13 @@ def run(config: RunConfig) -> RunSummary:
     if config.limit is not None:
         index.ids = index.ids[: config.limit]
     prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
-    engines = Engines(config.model, config.text_model, prefixes)
+    drafter = None
+    if config.draft_model:
+        drafter = inspect_drafter(
+            config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
+        )
+    engines = Engines(config.model, config.text_model, prefixes, drafter)
+    engines.load_drafter()
     manifest = {"input": str(config.input), "model": config.model, "text_model": config.text_model}
     writer = ResultWriter(
         config.output, index, manifest, config.overwrite, config.flush_rows, config.flush_seconds

@@ -142,9 +142,12 @@ def _save_weights(model, out_dir: Path) -> None:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
+KINDS = ("lm", "vlm", "text-draft", "mtp-pair")
+
+
 def make_tiny_model(
     out_dir: str | Path,
-    kind: Literal["lm", "vlm"] = "vlm",
+    kind: Literal["lm", "vlm", "text-draft", "mtp-pair"] = "vlm",
     seed: int = 0,
     image_size: int = 56,
     hidden: int | None = None,
@@ -157,13 +160,20 @@ def make_tiny_model(
     `kind="vlm"` is a qwen2_vl model (hidden 64, 2 layers, vision depth 2) for mlx-vlm,
     whose processor sees `image_size`² pixels (so 4 image tokens at the default 56).
     Benchmarks pass larger `hidden`, `layers` and `vision_embed` so prefill costs something.
+    `kind="text-draft"` is a smaller qwen2 with the same tokenizer, a draft model for "lm";
+    `kind="mtp-pair"` writes `out_dir/target` (a tiny qwen3_5 VLM whose weights also embed
+    its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
     """
     import mlx.core as mx
 
     out = Path(out_dir)
-    vocab = build_tokenizer(out, seed=seed)
+    if kind == "mtp-pair":
+        return _make_mtp_pair(out, seed)
+    vocab = build_tokenizer(out)  # one tokenizer for every kind, so drafts can pair with targets
     ids = _token_ids(out)
     mx.random.seed(seed)
+    if kind == "text-draft":
+        kind, hidden, layers = "lm", hidden or 64, layers or 2
     if kind == "lm":
         from mlx_lm.models import qwen2
 
@@ -223,12 +233,86 @@ def make_tiny_model(
         )
         _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     else:
-        raise ValueError(f"unknown tiny model kind {kind!r} (expected 'lm' or 'vlm')")
+        raise ValueError(f"unknown tiny model kind {kind!r} (expected one of {', '.join(KINDS)})")
     mx.eval(model.parameters())
     _save_weights(model, out)
     _write_json(out / "config.json", config)
+    _write_generation_config(out, ids)
+    return out
+
+
+def _write_generation_config(out: Path, ids: dict[str, int]) -> None:
     _write_json(
         out / "generation_config.json",
         {"eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]},
     )
+
+
+def _build_vlm(config: dict):
+    """A model object built the way mlx_vlm.load builds it, from a config dict."""
+    from mlx_vlm.utils import get_model_and_args, update_module_configs
+
+    config = json.loads(json.dumps(config))
+    model_class, _ = get_model_and_args(config=config)
+    for key in ("text_config", "vision_config", "audio_config"):
+        config.setdefault(key, {})
+    model_config = model_class.ModelConfig.from_dict(config)
+    model_config = update_module_configs(model_config, model_class, config, ["text", "vision", "audio"])
+    return model_class.Model(model_config)
+
+
+def _make_mtp_pair(out: Path, seed: int) -> Path:
+    """A tiny qwen3_5 target (text hidden 64, 2 layers, one full-attention and one linear-
+    attention layer, a 1-layer vision tower) and its qwen3_5_mtp drafter (one MTP layer,
+    borrowing the target's embeddings and head)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp.config import Qwen3_5MTPConfig
+    from mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp import Qwen3_5MTPDraftModel
+
+    target, drafter = out / "target", out / "drafter"
+    vocab = build_tokenizer(target)
+    build_tokenizer(drafter)
+    ids = _token_ids(target)
+    text = {
+        "model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "full_attention_interval": 2,
+        "linear_num_value_heads": 2, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "vocab_size": vocab,
+        "max_position_embeddings": 4096, "tie_word_embeddings": True, "eos_token_id": ids["<|im_end|>"],
+        "mtp_num_hidden_layers": 1,
+        # mRoPE sections add up to half the rotary dims (head_dim x partial_rotary_factor).
+        "rope_parameters": {"type": "default", "mrope_section": [2, 1, 1], "rope_theta": 10000.0,
+                            "partial_rotary_factor": 0.5},
+    }  # fmt: skip
+    config = {
+        "model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
+        "vision_config": {"model_type": "qwen3_5", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                          "out_hidden_size": 64, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
+                          "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3},
+        "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+        "eos_token_id": ids["<|im_end|>"], "tie_word_embeddings": True,
+    }  # fmt: skip
+    mx.random.seed(seed)
+    model = _build_vlm(config)
+    head_config = {"model_type": "qwen3_5_mtp", "text_config": text, "block_size": 3}
+    head = Qwen3_5MTPDraftModel(Qwen3_5MTPConfig.from_dict(json.loads(json.dumps(head_config))))
+    mx.eval(model.parameters(), head.parameters())
+    head_weights = dict(tree_flatten(head.parameters()))
+    # Saved in MLX layout (metadata "mlx"), which mlx-vlm's MTP splitter reads as is.
+    weights = {**dict(tree_flatten(model.parameters())), **{f"mtp.{k}": v for k, v in head_weights.items()}}
+    mx.save_safetensors(str(target / "model.safetensors"), weights, metadata={"format": "mlx"})
+    mx.save_safetensors(str(drafter / "model.safetensors"), head_weights, metadata={"format": "mlx"})
+    _write_json(target / "config.json", config)
+    _write_json(drafter / "config.json", head_config)
+    side = 64  # 16-pixel patches, 2x2 merge: 4 image tokens
+    _write_json(
+        target / "preprocessor_config.json",
+        {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
+         "min_pixels": side * side, "max_pixels": side * side, "patch_size": 16, "temporal_patch_size": 2,
+         "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+    )  # fmt: skip
+    _write_json(target / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    _write_generation_config(target, ids)
     return out

@@ -1,0 +1,160 @@
+"""Speculative decoding: greedy output unchanged, draft counts exact where acceptance is known."""
+
+from __future__ import annotations
+
+import shutil
+
+import mlx.core as mx
+import pytest
+from conftest import MEDIA, MODELS, read, run_cli, write_jsonl
+
+from batchgen.draft import drafted_from_flags
+from batchgen.tiny import make_tiny_model
+
+
+def _variant(src, dst, zero: tuple[str, ...]):
+    """A copy of a checkpoint with some tensors zeroed: a final norm of 0 makes every logit 0
+    (greedy picks token 0); zeroed output projections make a model echo its last token."""
+    shutil.copytree(src, dst)
+    weights = mx.load(str(dst / "model.safetensors"))
+    for key in weights:
+        if any(key.endswith(z) for z in zero):
+            weights[key] = mx.zeros_like(weights[key])
+    mx.save_safetensors(str(dst / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return dst
+
+
+ECHO = ("o_proj.weight", "out_proj.weight", "down_proj.weight")
+
+
+@pytest.fixture(scope="module")
+def text_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("text")
+    make_tiny_model(root / "draft", "text-draft")
+    return {
+        "draft": root / "draft",
+        "zero": _variant(MODELS / "tiny-lm", root / "zero", ("model.norm.weight",)),
+        "echo": _variant(MODELS / "tiny-lm", root / "echo", ECHO),
+    }
+
+
+@pytest.fixture(scope="module")
+def mtp_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mtp")
+    make_tiny_model(root / "pair", "mtp-pair")
+    return {
+        "target": root / "pair" / "target",
+        "drafter": root / "pair" / "drafter",
+        "zero_target": _variant(
+            root / "pair" / "target", root / "zero_target", ("language_model.model.norm.weight",)
+        ),
+        "echo_target": _variant(root / "pair" / "target", root / "echo_target", ECHO),
+        "zero_drafter": _variant(root / "pair" / "drafter", root / "zero_drafter", ("norm.weight",)),
+    }
+
+
+def _run(tmp_path, name, rows, *flags):
+    job = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    out = tmp_path / f"{name}.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--temperature", "0", "-q", *flags)
+    assert code == 0, output
+    return read(out), output
+
+
+TEXT_ROWS = [
+    {"id": i, "prompt": p} for i, p in enumerate(["Tell me about the sea.", "Name a colour.", "Hi!"])
+]
+
+
+def test_text_draft_keeps_greedy_output(tmp_path, text_pair):
+    plain, _ = _run(tmp_path, "plain", TEXT_ROWS, "--model", str(MODELS / "tiny-lm"), "--max-tokens", "16")
+    drafted, output = _run(
+        tmp_path, "drafted", TEXT_ROWS, "--model", str(MODELS / "tiny-lm"), "--max-tokens", "16",
+        "--draft-model", str(text_pair["draft"]), "--num-draft-tokens", "2",
+    )  # fmt: skip
+    assert [r["generated_text"] for r in drafted] == [r["generated_text"] for r in plain]
+    assert [r["completion_tokens"] for r in drafted] == [r["completion_tokens"] for r in plain]
+    assert all(0 <= r["mtp_accepted"] <= r["mtp_drafts"] and r["mtp_drafts"] > 0 for r in drafted)
+    assert all(r["mtp_drafts"] == r["mtp_accepted"] == 0 for r in plain)
+    assert "drafts" in output and "accepted" in output
+
+
+@pytest.mark.parametrize("m, k", [(8, 2), (11, 3)])
+def test_text_draft_counts_are_exact(tmp_path, text_pair, m, k):
+    flags = ("--max-tokens", str(m), "--num-draft-tokens", str(k))
+    # Full acceptance: a target drafting for itself, both always choosing token 0.
+    rows, _ = _run(tmp_path, "full", TEXT_ROWS, "--model", str(text_pair["zero"]),
+                   "--draft-model", str(text_pair["zero"]), *flags)  # fmt: skip
+    for r in rows:
+        assert r["completion_tokens"] == m
+        assert r["mtp_drafts"] == r["mtp_accepted"] == m - m // (k + 1)
+    # Zero acceptance: the draft proposes token 0, the target echoes its last token.
+    rows, _ = _run(tmp_path, "none", TEXT_ROWS, "--model", str(text_pair["echo"]),
+                   "--draft-model", str(text_pair["zero"]), *flags)  # fmt: skip
+    for r in rows:
+        assert r["mtp_accepted"] == 0
+        assert r["mtp_drafts"] == sum(min(k, m - e) for e in range(m))
+
+
+def test_drafted_from_flags_replays_rounds():
+    assert drafted_from_flags([True, True, False, True, False], 5, 2) == 2 + 2
+    assert drafted_from_flags([False] * 4, 4, 3) == 3 + 3 + 2 + 1
+    assert drafted_from_flags([True, True, True, False, True, True], 6, 3) == 3 + 2
+    assert drafted_from_flags([], 5, 3) == 0
+
+
+def _vision_rows():
+    return [
+        {"id": "img", "image": str(MEDIA / "red_circle.png"), "prompt": "What is it?"},
+        {"id": "txt", "prompt": "Say something."},
+    ]
+
+
+def test_mtp_keeps_greedy_output_with_and_without_an_image(tmp_path, mtp_pair):
+    base = ("--model", str(mtp_pair["target"]), "--max-tokens", "10")
+    plain, _ = _run(tmp_path, "plain", _vision_rows(), *base)
+    drafted, _ = _run(tmp_path, "mtp", _vision_rows(), *base, "--draft-model", str(mtp_pair["drafter"]))
+    embedded, _ = _run(tmp_path, "embedded", _vision_rows(), *base, "--draft-model", str(mtp_pair["target"]),
+                       "--draft-kind", "mtp")  # fmt: skip
+    texts = [r["generated_text"] for r in plain]
+    assert [r["generated_text"] for r in drafted] == texts == [r["generated_text"] for r in embedded]
+    assert [r["mtp_drafts"] for r in drafted] == [r["mtp_drafts"] for r in embedded]
+    assert all(0 <= r["mtp_accepted"] <= r["mtp_drafts"] and r["mtp_drafts"] > 0 for r in drafted)
+
+
+@pytest.mark.parametrize("m, block", [(9, 2), (12, 3)])
+def test_mtp_counts_are_exact(tmp_path, mtp_pair, m, block):
+    flags = (
+        "--max-tokens",
+        str(m),
+        "--draft-model",
+        str(mtp_pair["zero_drafter"]),
+        "--draft-block-size",
+        str(block),
+    )
+    rows, output = _run(tmp_path, "full", _vision_rows(), "--model", str(mtp_pair["zero_target"]), *flags)
+    for r in rows:
+        assert r["completion_tokens"] == m
+        assert r["mtp_drafts"] == r["mtp_accepted"] == (m - 1) - (m - 1) // block
+    assert "(100%)" in output
+    rows, _ = _run(tmp_path, "none", _vision_rows(), "--model", str(mtp_pair["echo_target"]), *flags)
+    for r in rows:
+        assert r["mtp_accepted"] == 0
+        assert r["mtp_drafts"] == sum(min(block - 1, r_) for r_ in range(1, m))
+
+
+def test_invalid_drafter_settings_stop_the_run_before_any_row(tmp_path, mtp_pair, text_pair):
+    job = write_jsonl(tmp_path / "jobs.jsonl", TEXT_ROWS)
+    out = tmp_path / "out.parquet"
+    target, drafter = str(mtp_pair["target"]), str(mtp_pair["drafter"])
+    lm, draft = str(MODELS / "tiny-lm"), str(text_pair["draft"])
+    cases = [
+        (("--model", target, "--draft-model", drafter, "--draft-block-size", "1"), "must be >= 2"),
+        (("--model", target, "--draft-model", drafter, "--draft-kind", "dflash"), "draft model"),
+        (("--model", lm, "--draft-model", draft, "--num-draft-tokens", "0"), "must be >= 1"),
+        (("--model", lm, "--draft-model", str(tmp_path / "missing")), "cannot read"),
+    ]
+    for flags, message in cases:
+        code, output = run_cli("run", str(job), "-o", str(out), "-q", *flags)
+        assert code == 2 and message in output, output
+        assert not out.exists()

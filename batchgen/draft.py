@@ -70,7 +70,13 @@ def load_vision_drafter(drafter: Drafter, target: Any) -> None:
 
 def load_text_drafter(drafter: Drafter, target: Any) -> None:
     import mlx_lm
+    from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
+    if not can_trim_prompt_cache(make_prompt_cache(target)):
+        raise ConfigError(
+            f"draft model {str(drafter.path)!r}: the target's cache cannot be rewound (linear attention or "
+            "a sliding window), which mlx-lm's speculative decoding needs"
+        )
     try:
         model, _ = mlx_lm.load(str(drafter.path))
     except (ValueError, FileNotFoundError) as e:
@@ -84,8 +90,14 @@ def load_text_drafter(drafter: Drafter, target: Any) -> None:
 
 
 def _vocab(model: Any) -> int | None:
-    args = getattr(model, "args", None)
-    return getattr(args, "vocab_size", None)
+    """Vocabulary size from the model's args, else from its token embedding's rows."""
+    from mlx.utils import tree_flatten
+
+    size = getattr(getattr(model, "args", None), "vocab_size", None)
+    if size is None:
+        embeddings = [w for k, w in tree_flatten(model.parameters()) if k.endswith("embed_tokens.weight")]
+        size = embeddings[0].shape[0] if embeddings else None
+    return size
 
 
 def drafted_from_flags(flags: list[bool], max_tokens: int, k: int) -> int:

@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-__all__ = ["BatchgenError", "ConfigError", "JobFileError", "FailFastError", "RowError"]
+__all__ = [
+    "BatchgenError",
+    "ConfigError",
+    "JobFileError",
+    "FailFastError",
+    "Interrupted",
+    "OutputLockedError",
+    "RowError",
+]
 
 
 class BatchgenError(Exception):
@@ -17,6 +25,18 @@ class ConfigError(BatchgenError):
 
 class JobFileError(BatchgenError):
     """A job file that cannot be read at all, or whose ids collide."""
+
+
+class OutputLockedError(BatchgenError):
+    """Another run holds the output."""
+
+
+class Interrupted(BatchgenError):
+    """SIGINT or SIGTERM: finished rows are on disk; exit 130 or 143."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class FailFastError(BatchgenError):

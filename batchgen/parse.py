@@ -155,7 +155,7 @@ def _attach_flat_media(messages: list[dict[str, Any]], flat: list[MediaRef], med
 
 def parse_row(row: RawRow, defaults: GenParams) -> tuple[Job, list[Problem]]:
     """A Job for every row; the problems found, if any, are also in `job.error`."""
-    job = Job(index=row.index, id=row.id, line=row.line)
+    job = Job(index=row.index, id=row.id, line=row.line, digest=row.digest)
     if row.error:
         job.error = row.error
         return job, [("row", row.error)]

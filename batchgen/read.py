@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,6 +47,12 @@ class RawRow:
     def where(self) -> str:
         return f"line {self.line}" if self.line is not None else f"row {self.index}"
 
+    @property
+    def digest(self) -> str:
+        """A fingerprint of the row's content, independent of key order and formatting."""
+        body = self.error if self.value is None else json.dumps(self.value, sort_keys=True, default=str)
+        return hashlib.sha256(str(body).encode()).hexdigest()[:32]
+
 
 def id_key(value: Any) -> str:
     """Ids compare as text, so 7 and "7" are the same row in a job file and its output."""
@@ -59,6 +66,8 @@ class JobIndex:
     format: str
     ids: list[Any]
     schema: pa.Schema | None  # Parquet input keeps its column types in the output
+    digests: list[str] | None = None  # RawRow.digest of each row, aligned with ids
+    wheres: list[str] | None = None  # how messages name each row (line N / row N)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -126,6 +135,8 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
     fmt = detect_format(path, fmt)
     schema = _open_parquet(path).schema_arrow if fmt == "parquet" else None
     ids: list[Any] = []
+    digests: list[str] = []
+    wheres: list[str] = []
     first_seen: dict[str, str] = {}
     parsed = 0
     try:
@@ -139,10 +150,12 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
                 )
             first_seen[key] = row.where
             ids.append(row.id)
+            digests.append(row.digest)
+            wheres.append(row.where)
     except OSError as e:
         raise JobFileError(f"{path}: cannot read ({e})") from e
     except pa.ArrowException as e:
         raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
     if ids and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
-    return JobIndex(format=fmt, ids=ids, schema=schema)
+    return JobIndex(format=fmt, ids=ids, schema=schema, digests=digests, wheres=wheres)

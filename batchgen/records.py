@@ -52,6 +52,7 @@ class Job:
     params: GenParams = field(default_factory=GenParams)
     video_fps: float | None = None  # per-row overrides of the run's frame sampling
     video_max_frames: int | None = None
+    digest: str | None = None  # fingerprint of the input row (RawRow.digest)
     error: str | None = None
 
     @property
@@ -94,6 +95,7 @@ class Result:
     frames_ms: float = 0.0
     generate_ms: float = 0.0
     model: str | None = None
+    input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
 
 
 RESULT_COLUMNS = tuple(Result.__slots__)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 from tqdm import tqdm
@@ -19,13 +23,13 @@ from .cache import PrefixCache
 from .config import RunConfig
 from .draft import inspect_drafter
 from .engine import Engines, Media, Plan
-from .errors import FailFastError, RowError
+from .errors import ConfigError, FailFastError, Interrupted, RowError
 from .media import MediaStage, Prepared
 from .parse import parse_row
 from .read import JobIndex, id_key, iter_rows, scan
 from .records import Generation, Job, Result
 from .schedule import schedule
-from .write import ResultWriter, _atomic_write
+from .write import OutputLock, ResultWriter, _atomic_write
 
 __all__ = ["RunSummary", "run", "generate_window"]
 
@@ -83,7 +87,7 @@ def _result(
     generate_ms: float = 0.0,
 ) -> Result:
     """One output row from a job, its media stage times and what generation made of it."""
-    result = Result(id=job.id, model=model, generate_ms=generate_ms)
+    result = Result(id=job.id, model=model, generate_ms=generate_ms, input_hash=job.digest)
     if prepared is not None:
         t = prepared.times
         result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
@@ -99,31 +103,39 @@ def _result(
 
 def generate_window(
     window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int
-) -> Iterator[tuple[Job, Result]]:
-    """Results for a window of rows: failed rows first, then batch by batch in scheduled
-    order. A batched row's `generate_ms` is its share of the batch's time."""
+) -> Iterator[list[tuple[Job, Result]]]:
+    """Results for a window of rows, a list at a time: the rows that failed before generation,
+    then batch by batch in scheduled order. A batched row's `generate_ms` is its share of the
+    batch's time."""
     plans: list[Plan] = []
+    failed: list[tuple[Job, Result]] = []
     for job, prepared in window:
         if job.error:
-            yield job, _result(job, prepared, RowError("read", job.error), None)
+            failed.append((job, _result(job, prepared, RowError("read", job.error), None)))
         elif prepared is not None and prepared.error:
-            yield job, _result(job, prepared, prepared.error, None)
+            failed.append((job, _result(job, prepared, prepared.error, None)))
         else:
             t0 = time.perf_counter()
             try:
                 plans.append(engines.plan(job, prepared.media if prepared else Media()))
             except RowError as e:
                 ms = (time.perf_counter() - t0) * 1000
-                yield job, _result(job, prepared, e, engines.model_for(job), ms)
+                failed.append((job, _result(job, prepared, e, engines.model_for(job), ms)))
+    if failed:
+        yield failed
     prepared_of = {id(job): prepared for job, prepared in window}
     for batch in schedule(plans, batch_size):
         members = [plans[i] for i in batch]
         t0 = time.perf_counter()
         outcomes = engines.run(members)
         share = (time.perf_counter() - t0) * 1000 / len(members)
-        for plan, outcome in zip(members, outcomes, strict=True):
-            job = plan.job
-            yield job, _result(job, prepared_of[id(job)], outcome, engines.model_for(job), share)
+        yield [
+            (
+                plan.job,
+                _result(plan.job, prepared_of[id(plan.job)], outcome, engines.model_for(plan.job), share),
+            )
+            for plan, outcome in zip(members, outcomes, strict=True)
+        ]
 
 
 def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
@@ -203,8 +215,72 @@ def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary,
     summary.mtp_accepted += result.mtp_accepted
 
 
+def _settings(config: RunConfig) -> dict:
+    """What decides the content of the output: resuming under other settings is refused."""
+    m = config.media
+    return {
+        "model": config.model,
+        "text_model": config.text_model,
+        "draft_model": config.draft_model,
+        "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
+        "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
+        "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
+    }
+
+
+def _check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
+    changed = [
+        f"{index.wheres[i]} (id {index.ids[i]!r})"  # type: ignore[index]
+        for i, key in enumerate(map(id_key, index.ids))
+        if done.get(key) not in (None, index.digests[i])  # type: ignore[index]
+    ]
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(
+            f"{len(changed)} row(s) changed since their results were written: {shown}; "
+            "pass --overwrite to start over"
+        )
+
+
+class _Signals:
+    """SIGINT/SIGTERM: the first asks the run to stop after the rows in flight (they are
+    written), the second exits at once."""
+
+    CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+    def __init__(self):
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            os._exit(self.CODES.get(signum, 1))
+        self.received = signum
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.CODES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def check(self, writer: ResultWriter) -> None:
+        if self.received is not None:
+            writer.flush()
+            name = signal.Signals(self.received).name
+            raise Interrupted(
+                f"stopped by {name}; finished rows are kept in {writer.partial}, rerun to resume",
+                self.CODES[self.received],
+            )
+
+
 def run(config: RunConfig) -> RunSummary:
-    """Run a job file to completion; rows already in the output or its parts are skipped."""
+    """Run a job file to completion; rows already in the output or its parts are skipped.
+
+    The job file and the models are checked before the output is locked or touched."""
     started = time.perf_counter()
     index = scan(config.input, config.format)
     if config.limit is not None:
@@ -216,14 +292,27 @@ def run(config: RunConfig) -> RunSummary:
             config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
         )
     engines = Engines(config.model, config.text_model, prefixes, drafter)
-    engines.load_drafter()
-    manifest = {"input": str(config.input), "model": config.model, "text_model": config.text_model}
+    with OutputLock(config.output), _Signals() as signals:
+        return _run(config, index, engines, prefixes, signals, started)
+
+
+def _run(
+    config: RunConfig,
+    index: JobIndex,
+    engines: Engines,
+    prefixes: PrefixCache | None,
+    signals: _Signals,
+    started: float,
+) -> RunSummary:
     writer = ResultWriter(
-        config.output, index, manifest, config.overwrite, config.flush_rows, config.flush_seconds
+        config.output, index, _settings(config), config.overwrite, config.flush_rows, config.flush_seconds
     )
     done = writer.done()
+    _check_unchanged(index, done)
+    engines.load_drafter()
     todo = sum(id_key(i) not in done for i in index.ids)
     summary = RunSummary(output=str(config.output))
+    delay = float(os.environ.get("BATCHGEN_TEST_ROW_DELAY", 0))  # tests: make kill timing deterministic
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         stage = MediaStage(
@@ -238,13 +327,19 @@ def run(config: RunConfig) -> RunSummary:
             queued = [job for job, _ in prefetcher.ahead if not job.error]
             engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
             least = max(1, config.batch_size // 4)  # the first batch starts early, then fills up
-            while window := prefetcher.take(config.window, least):
+            while not signals.received and (window := prefetcher.take(config.window, least)):
                 least = config.batch_size
-                for job, result in generate_window(window, engines, config.batch_size):
-                    _record(job, result, writer, summary, config)
-                    bar.update()
+                for results in generate_window(window, engines, config.batch_size):
+                    for job, result in results:
+                        _record(job, result, writer, summary, config)
+                        bar.update()
+                        if delay:
+                            time.sleep(delay)
+                    writer.flush()  # a finished batch is on disk before the next one starts
                     elapsed = time.perf_counter() - started
                     bar.set_postfix_str(f"{summary.completion_tokens / elapsed:.0f} tok/s", refresh=False)
+                    signals.check(writer)
+            signals.check(writer)
         finally:
             # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
             pool.shutdown(wait=False, cancel_futures=True)

@@ -20,10 +20,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .errors import ConfigError, OutputLockedError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
 
-__all__ = ["ResultWriter", "partial_dir", "RESULT_SCHEMA"]
+__all__ = ["ResultWriter", "OutputLock", "partial_dir", "RESULT_SCHEMA", "SETTINGS_KEY"]
 
 _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
@@ -44,8 +45,10 @@ RESULT_SCHEMA = pa.schema(
         ("frames_ms", pa.float64()),
         ("generate_ms", pa.float64()),
         ("model", pa.string()),
+        ("input_hash", pa.string()),
     ]
 )
+SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
 
 
 def partial_dir(output: Path) -> Path:
@@ -113,13 +116,23 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
         return pa.concat_tables(fixed, promote_options="permissive")
 
 
-class ResultWriter:
-    """Buffers finished rows, flushes them as part files, and assembles the final output."""
+def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
+    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
+    return ", ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in keys)
 
-    def __init__(self, output: Path, index: JobIndex, manifest: dict[str, Any], overwrite: bool,
+
+class ResultWriter:
+    """Buffers finished rows, flushes them as part files, and assembles the final output.
+
+    `settings` are what decides the output's content (models, generation defaults, frame
+    sampling): resuming under other settings would mix incompatible rows, so it is refused.
+    """
+
+    def __init__(self, output: Path, index: JobIndex, settings: dict[str, Any], overwrite: bool,
                  flush_rows: int = 64, flush_seconds: float = 10.0):  # fmt: skip
         self.output = output
         self.index = index
+        self.settings = settings
         self.partial = partial_dir(output)
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
@@ -127,13 +140,24 @@ class ResultWriter:
         self._last_flush = time.monotonic()
         if overwrite and self.partial.exists():
             shutil.rmtree(self.partial)
-        self.partial.mkdir(parents=True, exist_ok=True)
         manifest_path = self.partial / "manifest.json"
+        previous = None
         if manifest_path.exists():
-            old = json.loads(manifest_path.read_text())
-            overwrite = overwrite or old.get("overwrite", False)  # an interrupted --overwrite stays one
+            manifest = json.loads(manifest_path.read_text())
+            overwrite = overwrite or manifest.get("overwrite", False)  # an interrupted --overwrite stays one
+            previous = ("partial results in " + str(self.partial), manifest.get("settings"))
+        if not overwrite and previous is None and output.exists():
+            meta = pq.read_schema(output).metadata or {}
+            if SETTINGS_KEY in meta:
+                previous = (str(output), json.loads(meta[SETTINGS_KEY]))
+        if previous is not None and previous[1] != settings:
+            raise ConfigError(
+                f"{previous[0]} were made with other settings ({_differences(previous[1] or {}, settings)}); "
+                "pass --overwrite to start over"
+            )
+        self.partial.mkdir(parents=True, exist_ok=True)
         self.use_previous_output = not overwrite
-        manifest = {**manifest, "overwrite": overwrite}
+        manifest = {"settings": settings, "overwrite": overwrite}
         _atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
         self._parts = len(self._part_files())
 
@@ -144,14 +168,14 @@ class ResultWriter:
         previous = [self.output] if self.use_previous_output and self.output.exists() else []
         return previous + self._part_files()
 
-    def done(self) -> dict[str, str]:
-        """Status by id key of every row already on disk (previous output and parts)."""
-        status: dict[str, str] = {}
+    def done(self) -> dict[str, str | None]:
+        """The input hash, by id key, of every row already on disk (previous output and parts)."""
+        hashes: dict[str, str | None] = {}
         for path in self._sources():
-            t = pq.read_table(path, columns=["id", "status"])
-            for i, s in zip(t.column("id").to_pylist(), t.column("status").to_pylist(), strict=True):
-                status[id_key(i)] = s
-        return status
+            t = pq.read_table(path, columns=["id", "input_hash"])
+            for i, h in zip(t.column("id").to_pylist(), t.column("input_hash").to_pylist(), strict=True):
+                hashes[id_key(i)] = h
+        return hashes
 
     def add(self, raw: dict[str, Any], result: Result) -> None:
         self._buffer.append((raw, result))
@@ -191,7 +215,53 @@ class ResultWriter:
         table = table.take(pa.array([latest[k] for k in order], pa.int64()))
         ours = list(RESULT_SCHEMA.names)
         table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
+        meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True)}
+        table = table.replace_schema_metadata(meta)
         self.output.parent.mkdir(parents=True, exist_ok=True)
         _atomic_write(self.output, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
         shutil.rmtree(self.partial)
         return table
+
+
+class OutputLock:
+    """One run per output: an exclusive `flock` on `<output>.lock`. The kernel drops it when
+    the holder dies, so a killed run never blocks the next one. A clean exit removes the
+    file; a lock taken on a file that was removed meanwhile is retried on the new one."""
+
+    def __init__(self, output: Path):
+        self.path = output.with_name(output.name + ".lock")
+        self._file = None
+
+    def __enter__(self) -> OutputLock:
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise OutputLockedError(
+                    f"{self.path.name[: -len('.lock')]} is being written by another batchgen run "
+                    f"(pid {holder}); its lock is {self.path}"
+                ) from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()  # the previous holder removed this file as we locked it: take the new one
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self.path.unlink(missing_ok=True)  # still held: nobody can lock it in between
+            self._file.close()

@@ -8,8 +8,10 @@ from batchgen.records import Result
 from batchgen.write import ResultWriter, partial_dir
 
 
-def _writer(out, ids, flush_rows=2, overwrite=False, schema=None):
-    return ResultWriter(out, JobIndex("jsonl", ids, schema), {"model": "m"}, overwrite, flush_rows, 3600)
+def _writer(out, ids, flush_rows=2, overwrite=False, schema=None, settings=None):
+    return ResultWriter(
+        out, JobIndex("jsonl", ids, schema), settings or {"model": "m"}, overwrite, flush_rows, 3600
+    )
 
 
 def test_parts_reach_disk_every_flush_rows_and_merge_in_job_order(tmp_path):
@@ -31,10 +33,10 @@ def test_parts_reach_disk_every_flush_rows_and_merge_in_job_order(tmp_path):
 def test_interrupted_parts_are_found_by_the_next_writer(tmp_path):
     out = tmp_path / "out.parquet"
     w = _writer(out, ["a", "b"], flush_rows=1)
-    w.add({"id": "a"}, Result(id="a", status="error", error="boom", error_stage="fetch"))
+    w.add({"id": "a"}, Result(id="a", status="error", error="boom", error_stage="fetch", input_hash="h1"))
     # The process dies here; a new run sees the part.
     w2 = _writer(out, ["a", "b"])
-    assert w2.done() == {"a": "error"}
+    assert w2.done() == {"a": "h1"}
     w2.add({"id": "b"}, Result(id="b"))
     assert w2.finalize().column("status").to_pylist() == ["error", "ok"]
 
@@ -63,3 +65,19 @@ def test_input_columns_named_like_ours_are_kept_aside(tmp_path):
         "ok",
         "tiny",
     )
+
+
+def test_resuming_under_other_settings_is_refused(tmp_path):
+    import pytest
+
+    from batchgen.errors import ConfigError
+
+    out = tmp_path / "out.parquet"
+    w = _writer(out, ["a"], flush_rows=1, settings={"model": "m1"})
+    w.add({"id": "a"}, Result(id="a"))  # interrupted here, parts on disk
+    with pytest.raises(ConfigError, match="model: 'm1' then, 'm2' now"):
+        _writer(out, ["a"], settings={"model": "m2"})
+    _writer(out, ["a"], settings={"model": "m1"}).finalize()
+    with pytest.raises(ConfigError, match="other settings"):  # the finished output remembers them
+        _writer(out, ["a"], settings={"model": "m2"})
+    assert _writer(out, ["a"], settings={"model": "m2"}, overwrite=True).done() == {}

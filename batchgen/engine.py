@@ -51,6 +51,7 @@ class ModelInfo:
     vision: bool
     audio: bool
     video: bool  # frames go in as a video (temporal grid) rather than as images
+    context: int | None = None  # max_position_embeddings, where the config says
 
     @property
     def multimodal(self) -> bool:
@@ -105,7 +106,11 @@ def inspect_model(name: str) -> ModelInfo:
         raise ConfigError(f"model {name!r}: cannot read {path / 'config.json'} ({e})") from e
     audio = _has(config, _AUDIO_KEYS)
     vision = _has(config, _VISION_KEYS) or (not audio and is_multimodal(config, name))
-    return ModelInfo(name, path, vision=vision, audio=audio, video=vision and _has(config, _VIDEO_KEYS))
+    text = config.get("text_config") or {}
+    context = config.get("max_position_embeddings") or text.get("max_position_embeddings")
+    return ModelInfo(
+        name, path, vision=vision, audio=audio, video=vision and _has(config, _VIDEO_KEYS), context=context
+    )
 
 
 def _apply_template(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
@@ -301,7 +306,9 @@ class Engines:
             prompt = _apply_template(tokenizer, messages, p.chat_template_kwargs)
         else:  # base models: the turns' text, one per line
             prompt = "\n".join(m["content"] for m in messages)
+        _check_length(prompt, None, self.text_info)
         ids = tokenizer.encode(prompt, add_special_tokens=False)
+        _check_length(prompt, ids, self.text_info)
         bounds = _message_bounds(tokenizer, messages, p.chat_template_kwargs, ids)
         seq = Sequence(ids=ids, params=p, boundaries=self._keys("lm", ids, bounds, []))
         return Plan(job, media, "lm", seq, group=("lm", tuple(ids[: bounds[-1]]) if bounds else ()))
@@ -314,6 +321,7 @@ class Engines:
         p = job.params
         messages = _template_parts(job.messages) if media else _text_only(job.messages)
         prompt = _apply_template(processor, messages, p.chat_template_kwargs)
+        _check_length(prompt, None, self.vision_info)
         inputs = prepare_inputs(
             processor,
             images=media.images or None,
@@ -323,6 +331,7 @@ class Engines:
         )
         input_ids = inputs["input_ids"]
         ids = input_ids[0].tolist()
+        _check_length(prompt, ids, self.vision_info)
         lm = model.language_model
         grid = inputs.get("image_grid_thw")
         if media.images:
@@ -525,6 +534,20 @@ class Engines:
 
 
 _DECODER_FAMILIES = {"qwen2_vl", "qwen2_5_vl"}  # mRoPE models whose language model takes position ids
+
+
+def _check_length(prompt: str, ids: list[int] | None, info: ModelInfo) -> None:
+    """A prompt longer than the model's context is a row error; an absurdly long one is
+    refused from its characters, before it costs a tokenization."""
+    limit = info.context
+    if not limit:
+        return
+    if ids is None and len(prompt) > limit * 16:  # no tokenizer averages 16 characters a token
+        raise RowError(
+            "generate", f"prompt of {len(prompt)} characters cannot fit the model's context of {limit} tokens"
+        )
+    if ids is not None and len(ids) >= limit:
+        raise RowError("generate", f"prompt of {len(ids)} tokens does not fit the model's context of {limit}")
 
 
 def _dtype(model: Any):

@@ -90,8 +90,8 @@ class _Handler(BaseHTTPRequestHandler):
                     return
                 time.sleep(0.05)
             return
-        if path == "/big":  # 4000 bytes against the tests' 1000-byte cap
-            body = b"\x89PNG" + b"0" * 3996
+        if path == "/big":  # 4000 bytes (or ?size=N) against the tests' caps
+            body = b"\x89PNG" + b"0" * (int(query.get("size", ["4000"])[0]) - 4)
             mode = query.get("cl", ["true"])[0]
             if mode == "true":
                 return self._send(200, body, "image/png")

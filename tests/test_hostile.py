@@ -73,7 +73,8 @@ def _corpus(server, folder):
         ({"prompt": "x", "images": 5}, "read", "images: expected a non-empty string"),
         ({"prompt": "x", "image": ""}, "read", "image: expected a non-empty string"),
         ({"source": "no prompt"}, "read", "prompt: missing"),
-        ({"messages": [{"role": "user", "content": [{"type": "sticker"}]}]}, "read", "unknown content part type"),
+        ({"messages": [{"role": "user", "content": [{"type": "sticker"}]}]}, "read",
+         "unknown content part type"),
         ({"messages": "hello"}, "read", "messages: expected a non-empty list"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "read", "role in"),
         ({"prompt": "x", "id": 1.5}, "read", "id: expected a string or an integer"),
@@ -96,9 +97,11 @@ def _corpus(server, folder):
         ({"image": f"{local}/img/red_circle.png", **q}, "fetch", "non-public address 127.0.0.1"),
         ({"image": f"http://localhost:{port}/img/red_circle.png", **q}, "fetch", "localhost is local"),
         ({"image": f"http://[::1]:{port}/img/red_circle.png", **q}, "fetch", "non-public address ::1"),
-        ({"image": f"http://[::ffff:127.0.0.1]:{port}/x.png", **q}, "fetch", "non-public address ::ffff:127.0.0.1"),
+        ({"image": f"http://[::ffff:127.0.0.1]:{port}/x.png", **q}, "fetch",
+         "non-public address ::ffff:127.0.0.1"),
         ({"image": "http://10.0.0.1/a.png", **q}, "fetch", "non-public address 10.0.0.1"),
-        ({"image": "http://169.254.169.254/latest/meta-data", **q}, "fetch", "non-public address 169.254.169.254"),
+        ({"image": "http://169.254.169.254/latest/meta-data", **q}, "fetch",
+         "non-public address 169.254.169.254"),
         ({"image": f"http://0.0.0.0:{port}/a.png", **q}, "fetch", "non-public address 0.0.0.0"),
         ({"image": "http://private.test/a.png", **q}, "fetch", "non-public address 10.1.2.3"),
         ({"image": f"http://public.test:{port}/redirect?to={local}/img/red_circle.png", **q}, "fetch",
@@ -110,7 +113,11 @@ def _corpus(server, folder):
     ]  # fmt: skip
     remote = f"http://public.test:{port}"  # looks public, lands on the loopback server
     cases += [
-        ({"image": f"{remote}/big?cl=true&size=300000", **q}, "fetch", "Content-Length 300000 is over the image cap"),
+        (
+            {"image": f"{remote}/big?cl=true&size=300000", **q},
+            "fetch",
+            "Content-Length 300000 is over the image cap",
+        ),
         ({"image": f"{remote}/big?cl=false&size=300000", **q}, "fetch", "body over the image cap"),
         ({"image": f"{remote}/big?cl=lie", **q}, "decode", "big?cl=lie"),
         ({"image": f"{remote}/slow", **q}, "fetch", "ReadTimeout"),

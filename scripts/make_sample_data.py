@@ -8,12 +8,17 @@ from __future__ import annotations
 import base64
 import io
 import json
+import random
+import sys
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from batchgen.tiny import make_tiny_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_shapes_captioner import QUESTIONS, draw  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "sample_data"
 
@@ -62,6 +67,25 @@ def data_url(img: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+SHAPES_SEED = 1234  # the training draws with seeds 0-2: these images are new to the model
+
+
+def shape_rows() -> list[dict]:
+    """Six unseen shapes, three questions each, with the right answer in `expected`."""
+    rng = random.Random(SHAPES_SEED)
+    (ROOT / "shapes").mkdir(exist_ok=True)
+    picks = [("circle", "red"), ("square", "blue"), ("triangle", "green"), ("star", "yellow"),
+             ("circle", "white"), ("star", "blue")]  # fmt: skip
+    rows = []
+    for shape, colour in picks:
+        name = f"shapes/{colour}_{shape}.png"
+        draw(shape, colour, rng).save(ROOT / name)
+        for question, answer in QUESTIONS.items():
+            rows.append({"id": f"{colour}-{shape}-{len(rows) % 3}", "image": name, "prompt": question,
+                         "expected": answer(shape, colour)})  # fmt: skip
+    return rows
+
+
 def write_jobs() -> None:
     rows = [
         {"id": "text-1", "prompt": "Write a short poem about the sea.", "source": "demo"},
@@ -85,12 +109,20 @@ def write_jobs() -> None:
         {"id": "img-5", "image": data_url(shape_image("circle", "blue")), "prompt": "What shape is this?"},
         {"id": "video-1", "video": "media/moving_dot.mp4", "prompt": "Where does the dot move?"},
     ]
+    shapes = shape_rows()
+    rows = rows[:3] + shapes + rows[3:]
+    # The shapes job on its own, its rows shuffled so that no two rows on one image are adjacent.
+    order = [k * 3 + q for q in range(3) for k in range(len(shapes) // 3)]
+    with (ROOT / "shapes.jsonl").open("w") as f:
+        for i in order:
+            f.write(json.dumps(shapes[i]) + "\n")
     with (ROOT / "jobs.jsonl").open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":
+    # sample_data/models/shapes-vlm comes from scripts/train_shapes_captioner.py (15 minutes).
     make_tiny_model(ROOT / "models" / "tiny-vlm", kind="vlm")
     make_tiny_model(ROOT / "models" / "tiny-lm", kind="lm")
     write_media(ROOT / "media")

@@ -235,12 +235,15 @@ def test_empty_job_file_gives_an_empty_output_with_the_schema(workdir):
 def test_the_bundled_sample_runs_with_the_default_config(tmp_path, monkeypatch):
     monkeypatch.chdir(SAMPLE.parent)
     out = tmp_path / "results.parquet"
-    code, output = run_cli("run", "sample_data/jobs.jsonl", "-o", str(out), "--max-tokens", "4", "-q")
+    code, output = run_cli("run", "sample_data/jobs.jsonl", "-o", str(out), "--max-tokens", "8", "-q")
     assert code == 0, output
     rows = read(out)
     assert len(rows) == sum(1 for line in (SAMPLE / "jobs.jsonl").read_text().splitlines() if line.strip())
     assert all(r["status"] == "ok" for r in rows), [r["error"] for r in rows]
-    assert {r["model"] for r in rows} == {"sample_data/models/tiny-lm", "sample_data/models/tiny-vlm"}
+    assert {r["model"] for r in rows} == {"sample_data/models/tiny-lm", "sample_data/models/shapes-vlm"}
+    # The trained captioner answers the sample's shapes rows right.
+    shapes = [r for r in rows if r.get("expected")]
+    assert len(shapes) == 18 and all(r["generated_text"].strip() == r["expected"] for r in shapes)
 
 
 def test_image_job_over_http(workdir):

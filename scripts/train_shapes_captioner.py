@@ -218,7 +218,8 @@ def train(out_dir: Path, minutes: float, seed: int = 0, log=print, warm_steps: i
     inputs = Inputs(model, processor)
     warm_vision(model, processor, rng, warm_steps, batch, log)
 
-    schedule = optim.join_schedules([optim.linear_schedule(1e-5, 1e-3, 100), optim.linear_schedule(1e-3, 1e-3, 1)], [100])
+    warmup, constant = optim.linear_schedule(1e-5, 1e-3, 100), optim.linear_schedule(1e-3, 1e-3, 1)
+    schedule = optim.join_schedules([warmup, constant], [100])  # constant beat cosine decay
     opt = optim.Adam(learning_rate=schedule)
     grad_fn = nn.value_and_grad(model, answer_loss)
 
@@ -240,7 +241,8 @@ def train(out_dir: Path, minutes: float, seed: int = 0, log=print, warm_steps: i
         step += 1
         if step % eval_every == 0:
             accuracy = evaluate(model, processor, inputs, eval_rng, 150)
-            log(f"step {step}: loss {np.mean(losses[-eval_every:]):.3f}, accuracy on 150 fresh questions {accuracy:.1%}")
+            recent = np.mean(losses[-eval_every:])
+            log(f"step {step}: loss {recent:.3f}, accuracy on 150 fresh questions {accuracy:.1%}")
             if accuracy >= target:
                 break
     final = evaluate(model, processor, inputs, random.Random(seed + 2), 300)
@@ -249,14 +251,19 @@ def train(out_dir: Path, minutes: float, seed: int = 0, log=print, warm_steps: i
     shutil.rmtree(init)
     mx.save_safetensors(str(out_dir / "model.safetensors"), dict(tree_flatten(model.parameters())),
                         metadata={"format": "mlx"})  # fmt: skip
-    figures = {"steps": step, "minutes": round((time.perf_counter() - started) / 60, 2),
-               "accuracy_300": final, "last_loss": round(float(np.mean(losses[-50:])), 4) if losses else None}  # fmt: skip
+    figures = {
+        "steps": step,
+        "minutes": round((time.perf_counter() - started) / 60, 2),
+        "accuracy_300": final,
+        "last_loss": round(float(np.mean(losses[-50:])), 4) if losses else None,
+    }
     (out_dir / "training.json").write_text(json.dumps(figures, indent=2) + "\n")
     return figures
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--out", type=Path, default=ROOT / "sample_data" / "models" / "shapes-vlm")
     parser.add_argument("--minutes", type=float, default=16.0, help="training budget, warm-up included")
     parser.add_argument("--seed", type=int, default=0)

@@ -19,7 +19,10 @@ import mlx.core as mx
 from .cache import PrefixCache
 from .records import GenParams
 
-__all__ = ["Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch", "hit_stop", "final_text"]
+__all__ = [
+    "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch", "hit_stop", "final_text", "sampler_for",
+    "logits_processors_for",
+]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
 _HISTORY = 256  # tokens handed to logits processors; their own context windows are shorter
@@ -125,7 +128,7 @@ def _prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None) -> t
     return logits, cache
 
 
-def _sampler(p: GenParams) -> Callable[[mx.array], mx.array] | None:
+def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
     if p.temperature == 0:
         return None
     from mlx_lm.sample_utils import make_sampler
@@ -133,7 +136,7 @@ def _sampler(p: GenParams) -> Callable[[mx.array], mx.array] | None:
     return make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k)
 
 
-def _processors(p: GenParams) -> list[Callable]:
+def logits_processors_for(p: GenParams) -> list[Callable]:
     from mlx_lm.sample_utils import make_logits_processors
 
     return make_logits_processors(
@@ -174,8 +177,8 @@ def decode_batch(
     caches = [c for _, c in prefilled]
     if len(seqs) == 1 and seqs[0].params.seed is not None:
         mx.random.seed(seqs[0].params.seed)
-    samplers = [_sampler(s.params) for s in seqs]
-    processors = [_processors(s.params) for s in seqs]
+    samplers = [sampler_for(s.params) for s in seqs]
+    processors = [logits_processors_for(s.params) for s in seqs]
     batch_logits = mx.concatenate([logits for logits, _ in prefilled], axis=0)
     active = list(range(len(seqs)))
     merged = None

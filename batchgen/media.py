@@ -18,11 +18,10 @@ from typing import Any
 from .cache import Memo
 from .config import MediaConfig
 from .decode import decode_image
-from .engine import Media
 from .errors import RowError
 from .fetch import Fetched, Fetcher, describe
 from .frames import extract_frames
-from .records import Job
+from .records import Job, Media
 
 __all__ = ["StageTimes", "Prepared", "MediaStage"]
 

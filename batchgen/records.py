@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["STAGES", "RESULT_COLUMNS", "GenParams", "MediaRef", "Job", "Generation", "Result"]
+__all__ = ["STAGES", "RESULT_COLUMNS", "GenParams", "MediaRef", "Job", "Media", "Generation", "Result"]
 
 MediaKind = Literal["image", "video", "audio"]
 
@@ -60,6 +60,19 @@ class Job:
         """How error messages name this row."""
         at = f"line {self.line}" if self.line is not None else f"row {self.index}"
         return f"{at} (id {self.id!r})"
+
+
+@dataclass(slots=True)
+class Media:
+    """A row's decoded media, in part order per kind."""
+
+    images: list[Any] = field(default_factory=list)  # PIL images
+    videos: list[Any] = field(default_factory=list)  # (T, H, W, 3) uint8 arrays
+    audio: list[str] = field(default_factory=list)  # local file paths
+    image_digests: list[str] = field(default_factory=list)  # content digest of each image
+
+    def __bool__(self) -> bool:
+        return bool(self.images or self.videos or self.audio)
 
 
 @dataclass(slots=True)

@@ -22,12 +22,12 @@ from tqdm import tqdm
 from .cache import PrefixCache
 from .config import RunConfig
 from .draft import inspect_drafter
-from .engine import Engines, Media, Plan
+from .engine import Engines, Plan
 from .errors import ConfigError, FailFastError, Interrupted, RowError
 from .media import MediaStage, Prepared
 from .parse import parse_row
 from .read import JobIndex, id_key, iter_rows, scan
-from .records import Generation, Job, Result
+from .records import Generation, Job, Media, Result
 from .schedule import schedule
 from .write import OutputLock, ResultWriter, _atomic_write
 

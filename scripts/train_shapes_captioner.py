@@ -79,8 +79,8 @@ class Inputs:
     """Prompts built the way batchgen builds them at inference, tokenized by mlx-vlm."""
 
     def __init__(self, model, processor):
-        from batchgen.engine import _apply_template, _template_parts
         from batchgen.parse import parse_row
+        from batchgen.prompts import apply_template, template_parts
         from batchgen.read import RawRow
         from batchgen.records import GenParams
 
@@ -91,7 +91,7 @@ class Inputs:
         self.prompts = {}
         for q in QUESTIONS:
             job, _ = parse_row(RawRow(0, 1, {"image": "x.png", "prompt": q}), GenParams())
-            self.prompts[q] = _apply_template(processor, _template_parts(job.messages), {})
+            self.prompts[q] = apply_template(processor, template_parts(job.messages), {})
         self.answers = {}
 
     def answer_ids(self, text: str) -> list[int]:

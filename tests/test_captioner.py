@@ -86,10 +86,10 @@ def test_the_training_prompt_is_the_inference_prompt(question):
     """Trained image-first on batchgen's own template: the prompt the model sees at run time."""
     import mlx_vlm
 
-    from batchgen.engine import Engines, Media
+    from batchgen.engine import Engines
     from batchgen.parse import parse_row
     from batchgen.read import RawRow
-    from batchgen.records import GenParams
+    from batchgen.records import GenParams, Media
 
     model, processor = mlx_vlm.load(str(CAPTIONER))
     inputs = shapes.Inputs(model, processor)

@@ -1,0 +1,129 @@
+"""One row at a time through the engines' own generate: mlx-vlm for video, audio and model
+families the batched decoder does not know, and both engines' speculative loops."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from .decoder import final_text, hit_stop, logits_processors_for, sampler_for
+from .draft import Drafter, drafted_from_flags
+from .models import ModelInfo
+from .prompts import apply_template, template_parts, text_only
+from .records import Generation, GenParams, Job, Media
+
+__all__ = ["collect", "generate_vlm", "generate_draft_lm"]
+
+
+def collect(stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int]) -> Generation:
+    """Drain an engine's stream of responses into a Generation: text decoded from the tokens
+    (as the batched decoder does), stop strings checked on a bounded tail, counts from the
+    engine's last response; `length` only when the token budget ran out."""
+    tokens: list[int] = []
+    last = None
+    stopped = False
+    for last in stream:
+        final_ids = getattr(last, "token_ids", None)
+        if final_ids is not None:  # mlx-vlm's closing response lists them all (and repeats the last)
+            tokens = [int(t) for t in final_ids]
+            continue
+        if last.token is None:
+            continue
+        tokens.append(int(last.token.item() if hasattr(last.token, "item") else last.token))
+        if p.stop and hit_stop(tokens, p.stop, tokenizer.decode):
+            stopped = True
+            break
+    if last is None:
+        return Generation("", "length", 0, 0)
+    completion = len(tokens)
+    ended = stopped or (tokens and tokens[-1] in eos) or completion < p.max_tokens
+    return Generation(
+        text=final_text(tokens, eos, p.stop, tokenizer.decode),
+        finish_reason="stop" if ended else "length",
+        prompt_tokens=int(last.prompt_tokens),
+        completion_tokens=completion,
+        cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
+    )
+
+
+def generate_draft_lm(
+    model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter
+) -> Generation:
+    """mlx-lm's speculative loop with a text draft model; draft counts replayed from its flags."""
+    import mlx.core as mx
+    from mlx_lm import stream_generate
+
+    if p.seed is not None:
+        mx.random.seed(p.seed)
+    flags: list[bool] = []
+
+    def stream():
+        for response in stream_generate(
+            model, tokenizer, ids, max_tokens=p.max_tokens, draft_model=drafter.model,
+            num_draft_tokens=drafter.num_draft_tokens, sampler=sampler_for(p),
+            logits_processors=logits_processors_for(p),
+        ):  # fmt: skip
+            flags.append(bool(response.from_draft))
+            yield response
+
+    gen = collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids))
+    gen.prompt_tokens = len(ids)
+    gen.mtp_accepted = sum(flags)
+    gen.mtp_drafts = drafted_from_flags(flags, p.max_tokens, drafter.num_draft_tokens)
+    return gen
+
+
+def generate_vlm(
+    model: Any, processor: Any, info: ModelInfo, job: Job, media: Media, drafter: Drafter | None = None
+) -> Generation:
+    """mlx-vlm's own generate for one row; with an mlx-vlm drafter, its counts come from the
+    drafter's lifetime counters, read before and after."""
+    from mlx_vlm import stream_generate
+
+    p = job.params
+    messages = template_parts(job.messages) if media else text_only(job.messages)
+    prompt = apply_template(processor, messages, p.chat_template_kwargs)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    tokenizer.stopping_criteria.reset(model.config.eos_token_id)
+    images = list(media.images)
+    videos = list(media.videos)
+    if videos and not info.video:  # models without a video token see frames as images
+        from PIL import Image
+
+        images += [Image.fromarray(f) for v in videos for f in v]
+        videos = []
+    if p.seed is not None:
+        import mlx.core as mx
+
+        mx.random.seed(p.seed)
+    draft: dict[str, Any] = {}
+    if drafter is not None:
+        from mlx_vlm.speculative.common import speculative_stats_since, speculative_stats_snapshot
+
+        draft = {"draft_model": drafter.model, "draft_kind": drafter.kind}
+        if drafter.block_size is not None:
+            draft["draft_block_size"] = drafter.block_size
+        snapshot = speculative_stats_snapshot(drafter.model)
+    stream = stream_generate(
+        model,
+        processor,
+        prompt,
+        image=images or None,
+        video=videos or None,
+        audio=list(media.audio) or None,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+        presence_penalty=p.presence_penalty or None,
+        seed=p.seed,
+        **draft,
+    )
+    gen = collect(stream, p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))
+    if drafter is not None:
+        stream.close()  # a stop string ends the stream early: let it settle its counters
+        _, accepted, drafted = speculative_stats_since(drafter.model, snapshot)
+        gen.mtp_accepted, gen.mtp_drafts = accepted or 0, drafted or 0
+    return gen

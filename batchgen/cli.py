@@ -34,7 +34,15 @@ def main() -> None:
 @click.option("--text-model", help="Model for rows without media [--model].")
 @click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default].")
 @click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension]."
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format [by extension]."
+)
+@click.option("--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".')
+@click.option(
+    "--output-format",
+    type=click.Choice(["parquet", "openai", "both"]),
+    default="parquet",
+    show_default=True,
+    help="openai: -o is an OpenAI Batch output JSONL (Parquet beside it); both: Parquet at -o, JSONL beside.",
 )
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
 @click.option("--overwrite", is_flag=True, help="Start over instead of resuming.")
@@ -68,7 +76,8 @@ def main() -> None:
     "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
 )
 @click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar.")
-def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None, **flags) -> None:
+def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None, output_format: str,
+        **flags) -> None:  # fmt: skip
     """Generate for every row of JOB_FILE; rerun the same command to resume."""
     from .config import GEN_FIELDS, build_config
     from .runner import run as run_job
@@ -79,20 +88,35 @@ def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None
                    "fetch_workers", "decode_workers")  # fmt: skip
     media = {k: flags.pop(k) for k in media_flags}
     output = output or job_file.with_name(job_file.name.split(".")[0] + ".results.parquet")
+    output, openai_output = _outputs(output, output_format)
     try:
-        config = build_config(job_file, output, preset, generation, media, format=fmt, **flags)
+        config = build_config(
+            job_file, output, preset, generation, media, format=fmt, openai_output=openai_output, **flags
+        )
         summary = run_job(config)
     except BatchgenError as e:
         _fail(e)
     click.echo(summary.line(), err=True)
-    click.echo(f"wrote {output}", err=True)
+    click.echo(f"wrote {', '.join(str(p) for p in (output, openai_output) if p)}", err=True)
     sys.exit(summary.exit_code)
+
+
+def _outputs(output: Path, output_format: str) -> tuple[Path, Path | None]:
+    """(Parquet path, OpenAI output path). With `openai` the Parquet, which holds the state a
+    rerun resumes from, sits beside the JSONL under the same name."""
+    if output_format == "parquet":
+        return output, None
+    if output_format == "openai":
+        return output.with_suffix(".parquet") if output.suffix != ".parquet" else output.with_suffix(
+            ".results.parquet"
+        ), output
+    return output, output.with_suffix(".openai.jsonl")
 
 
 @main.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet"]), help="Job file format [by extension]."
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format [by extension]."
 )
 def validate(job_file: Path, fmt: str | None) -> None:
     """Check every row of JOB_FILE; print each problem with its line; exit 1 if any."""

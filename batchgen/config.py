@@ -50,7 +50,9 @@ class RunConfig:
     output: Path
     model: str
     text_model: str | None = None  # text-only rows; defaults to `model`
-    format: str | None = None  # jsonl | parquet; None = from the extension
+    format: str | None = None  # jsonl | parquet | csv; None = from the extension
+    prompt_template: str | None = None  # fills each row's prompt from its columns
+    openai_output: Path | None = None  # also write an OpenAI Batch output file here
     defaults: GenParams = field(default_factory=GenParams)
     media: MediaConfig = field(default_factory=MediaConfig)
     limit: int | None = None

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .openai import from_batch_request, is_batch_request
 from .read import RawRow
 from .records import GenParams, Job, MediaRef
 
@@ -153,8 +154,31 @@ def _attach_flat_media(messages: list[dict[str, Any]], flat: list[MediaRef], med
     target["content"] = head + target["content"]
 
 
-def parse_row(row: RawRow, defaults: GenParams) -> tuple[Job, list[Problem]]:
-    """A Job for every row; the problems found, if any, are also in `job.error`."""
+class _Columns(dict):
+    def __missing__(self, key: str) -> str:
+        raise KeyError(key)
+
+
+def _fill_template(template: str, value: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    """The row with `prompt` made from the template and the row's own columns."""
+    if value.get("messages") is not None:
+        problems.append(("prompt_template", "a row with 'messages' cannot take a prompt template"))
+        return value
+    try:
+        prompt = template.format_map(_Columns({k: "" if v is None else v for k, v in value.items()}))
+    except KeyError as e:
+        problems.append(("prompt_template", f"missing column {e.args[0]!r}"))
+        return value
+    except (ValueError, IndexError) as e:
+        problems.append(("prompt_template", f"cannot fill it ({e})"))
+        return value
+    return {**value, "prompt": prompt}
+
+
+def parse_row(row: RawRow, defaults: GenParams, template: str | None = None) -> tuple[Job, list[Problem]]:
+    """A Job for every row; the problems found, if any, are also in `job.error`.
+
+    `template` (`--prompt-template`) fills each row's prompt from its columns."""
     job = Job(index=row.index, id=row.id, line=row.line, digest=row.digest)
     if row.error:
         job.error = row.error
@@ -166,6 +190,11 @@ def parse_row(row: RawRow, defaults: GenParams) -> tuple[Job, list[Problem]]:
         return job, [problem]
     job.raw = value
     problems: list[Problem] = []
+    if is_batch_request(value):
+        value, batch_problems = from_batch_request(value)
+        problems += batch_problems
+    if template is not None:
+        value = _fill_template(template, value, problems)
     if not (value.get("id") is None or _is_int(value["id"]) or isinstance(value["id"], str)):
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
     param_problems, job.params = check_params(value, defaults)

@@ -1,4 +1,4 @@
-"""Read stage: stream the rows of a JSONL or Parquet job file, never the whole file at once."""
+"""Read stage: stream the rows of a JSONL, Parquet or CSV job file, never the whole file at once."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ _EXTENSIONS = {
     ".json": "jsonl",
     ".parquet": "parquet",
     ".pq": "parquet",
+    ".csv": "csv",
 }
+# CSV cells are text: these columns are read as numbers, and `[...]` / `{...}` cells as JSON.
+_CSV_NUMBERS = ("max_tokens", "top_k", "seed", "video_max_frames", "temperature", "top_p", "min_p",
+                "repetition_penalty", "presence_penalty", "video_fps")  # fmt: skip
 _BATCH_ROWS = 1024  # Parquet rows decoded at a time: bounded memory for any file size
 
 
@@ -41,6 +45,8 @@ class RawRow:
         so it can never take the id of a good row."""
         if not isinstance(self.value, dict):
             return f"line-{self.line}" if self.line is not None else self.index
+        if "custom_id" in self.value and isinstance(self.value.get("body"), dict):  # an OpenAI batch line
+            return self.value["custom_id"]
         return self.value["id"] if self.value.get("id") is not None else self.index
 
     @property
@@ -75,15 +81,15 @@ class JobIndex:
 
 def detect_format(path: Path, fmt: str | None = None) -> str:
     if fmt:
-        if fmt not in ("jsonl", "parquet"):
-            raise JobFileError(f"unknown --format {fmt!r} (expected jsonl or parquet)")
+        if fmt not in ("jsonl", "parquet", "csv"):
+            raise JobFileError(f"unknown --format {fmt!r} (expected jsonl, parquet or csv)")
         return fmt
     try:
         return _EXTENSIONS[path.suffix.lower()]
     except KeyError:
         raise JobFileError(
             f"{path}: cannot tell the format from the extension {path.suffix!r}; "
-            "pass --format jsonl or --format parquet"
+            "pass --format jsonl, parquet or csv"
         ) from None
 
 
@@ -123,9 +129,43 @@ def _open_parquet(path: Path) -> pq.ParquetFile:
         raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
 
 
+def _csv_cell(name: str, text: str) -> Any:
+    if text == "":
+        return None
+    if name in _CSV_NUMBERS:
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                return float(text)
+            except ValueError:
+                return text  # left for validation to name
+    if text[:1] in "[{":
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+    return text
+
+
+def _iter_csv(path: Path) -> Iterator[RawRow]:
+    import csv
+
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            for index, record in enumerate(reader):
+                value = {k: _csv_cell(k, v or "") for k, v in record.items() if k is not None}
+                yield RawRow(index=index, line=reader.line_num, value=value)
+    except UnicodeDecodeError as e:
+        raise JobFileError(f"{path}: not a UTF-8 CSV file ({e.reason} at byte {e.start})") from e
+    except csv.Error as e:
+        raise JobFileError(f"{path}: not a readable CSV file ({e})") from e
+
+
 def iter_rows(path: Path, fmt: str) -> Iterator[RawRow]:
     """Every row of the file in order; a row that does not parse carries its `error`."""
-    return _iter_jsonl(path) if fmt == "jsonl" else _iter_parquet(path)
+    return {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](path)
 
 
 def scan(path: Path, fmt: str | None = None) -> JobIndex:

@@ -25,6 +25,7 @@ from .draft import inspect_drafter
 from .engine import Engines, Plan
 from .errors import ConfigError, FailFastError, Interrupted, RowError
 from .media import MediaStage, Prepared
+from .openai import write_batch_output
 from .parse import parse_row
 from .read import JobIndex, id_key, iter_rows, scan
 from .records import Generation, Job, Media, Result
@@ -160,7 +161,7 @@ def _todo(config: RunConfig, index: JobIndex, done: dict[str, str]) -> Iterator[
         if raw.index >= len(index):
             return
         if id_key(raw.id) not in done:
-            yield parse_row(raw, config.defaults)[0]
+            yield parse_row(raw, config.defaults, config.prompt_template)[0]
 
 
 class _Prefetcher:
@@ -199,6 +200,15 @@ class _Prefetcher:
         return window
 
 
+def _progress(s: RunSummary, prefixes: PrefixCache | None, elapsed: float) -> str:
+    """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
+    parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
+    if prefixes is not None and prefixes.hits + prefixes.misses:
+        parts.append(f"cache {prefixes.hits / (prefixes.hits + prefixes.misses):.0%}")
+    parts.append(f"{s.failed} failed")
+    return ", ".join(parts)
+
+
 def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
     if result.status == "error" and config.fail_fast:
         writer.flush()
@@ -208,6 +218,7 @@ def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary,
         )
     writer.add(job.raw, result)
     summary.generated += 1
+    summary.failed += result.status == "error"  # running count for the bar; _finish recounts
     summary.prompt_tokens += result.prompt_tokens
     summary.completion_tokens += result.completion_tokens
     summary.cached_tokens += result.cached_tokens
@@ -336,14 +347,16 @@ def _run(
                         if delay:
                             time.sleep(delay)
                     writer.flush()  # a finished batch is on disk before the next one starts
-                    elapsed = time.perf_counter() - started
-                    bar.set_postfix_str(f"{summary.completion_tokens / elapsed:.0f} tok/s", refresh=False)
+                    tail = _progress(summary, prefixes, time.perf_counter() - started)
+                    bar.set_postfix_str(tail, refresh=False)
                     signals.check(writer)
             signals.check(writer)
         finally:
             # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
             pool.shutdown(wait=False, cancel_futures=True)
         table = writer.finalize()
+        if config.openai_output is not None:
+            write_batch_output(table, config.openai_output)
         summary.media = stage.stats()
         summary.cache = prefixes.stats() if prefixes else {}
     _finish(summary, table, time.perf_counter() - started)

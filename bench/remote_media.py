@@ -49,7 +49,7 @@ def serve(folder: Path, delay: float, ports) -> None:
 
 def timed_run(job: Path, out: Path) -> float:
     config = batchgen.build_config(
-        job, out, "greedy", {"max_tokens": 16}, {"allow_private_urls": True}, overwrite=True, quiet=True
+        job, out, None, {"max_tokens": 16}, {"allow_private_urls": True}, overwrite=True, quiet=True
     )
     t0 = time.perf_counter()
     summary = batchgen.run(config)

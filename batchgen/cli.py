@@ -25,60 +25,108 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
+def _run_options(command):
+    """The options `run` and `caption` share: models, presets, generation, media, output."""
+    options = [
+        click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
+        click.option("--text-model", help="Model for rows without media [--model]."),
+        click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
+        click.option(
+            "--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'
+        ),
+        click.option(
+            "--output-format",
+            type=click.Choice(["parquet", "openai", "both"]),
+            default="parquet",
+            show_default=True,
+            help="openai: -o is an OpenAI Batch JSONL, Parquet beside; both: Parquet at -o, JSONL beside.",
+        ),
+        click.option("--overwrite", is_flag=True, help="Start over instead of resuming."),
+        click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
+        click.option("--max-tokens", type=int, help="Default max new tokens per row [256]."),
+        click.option("--temperature", type=float, help="Default temperature; 0 is greedy [0.7]."),
+        click.option("--top-p", type=float, help="Default nucleus sampling [0.9]."),
+        click.option("--top-k", type=int, help="Default top-k; 0 is off [0]."),
+        click.option("--min-p", type=float, help="Default min-p [0]."),
+        click.option("--repetition-penalty", type=float, help="Default repetition penalty [1.0]."),
+        click.option("--presence-penalty", type=float, help="Default presence penalty [0]."),
+        click.option("--stop", multiple=True, help="Default stop sequence (repeatable)."),
+        click.option("--seed", type=int, help="Default sampling seed."),
+        click.option("--system", help="Default system prompt."),
+        click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
+        click.option("--video-max-frames", type=int, help="Most frames per video [128]."),
+        click.option(
+            "--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts."
+        ),
+        click.option(
+            "--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs."
+        ),
+        click.option(
+            "--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it."
+        ),
+        click.option("--fetch-workers", type=int, help="Downloads in flight [16]."),
+        click.option("--decode-workers", type=int, help="Image/video decodes at once [2]."),
+        click.option(
+            "--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding."
+        ),
+        click.option("--num-draft-tokens", type=int, help="Text drafts per round [3]."),
+        click.option(
+            "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
+        ),
+        click.option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
+        click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
+        click.option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
+        click.option(
+            "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
+        ),
+        click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @main.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), help="Result Parquet [JOB_FILE.results.parquet]."
 )
-@click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config].")
-@click.option("--text-model", help="Model for rows without media [--model].")
-@click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default].")
 @click.option(
     "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format [by extension]."
 )
-@click.option("--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".')
-@click.option(
-    "--output-format",
-    type=click.Choice(["parquet", "openai", "both"]),
-    default="parquet",
-    show_default=True,
-    help="openai: -o is an OpenAI Batch output JSONL (Parquet beside it); both: Parquet at -o, JSONL beside.",
-)
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
-@click.option("--overwrite", is_flag=True, help="Start over instead of resuming.")
-@click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1).")
-@click.option("--max-tokens", type=int, help="Default max new tokens per row [256].")
-@click.option("--temperature", type=float, help="Default temperature; 0 is greedy [0.7].")
-@click.option("--top-p", type=float, help="Default nucleus sampling [0.9].")
-@click.option("--top-k", type=int, help="Default top-k; 0 is off [0].")
-@click.option("--min-p", type=float, help="Default min-p [0].")
-@click.option("--repetition-penalty", type=float, help="Default repetition penalty [1.0].")
-@click.option("--presence-penalty", type=float, help="Default presence penalty [0].")
-@click.option("--stop", multiple=True, help="Default stop sequence (repeatable).")
-@click.option("--seed", type=int, help="Default sampling seed.")
-@click.option("--system", help="Default system prompt.")
-@click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0].")
-@click.option("--video-max-frames", type=int, help="Most frames per video [128].")
-@click.option("--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts.")
-@click.option("--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs.")
-@click.option("--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it.")
-@click.option("--fetch-workers", type=int, help="Downloads in flight [16].")
-@click.option("--decode-workers", type=int, help="Image/video decodes at once [2].")
-@click.option("--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding.")
-@click.option("--num-draft-tokens", type=int, help="Text drafts per round [3].")
-@click.option(
-    "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
-)
-@click.option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's].")
-@click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32].")
-@click.option("--window", type=int, help="Rows looked ahead to group shared images [256].")
-@click.option(
-    "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
-)
-@click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar.")
-def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None, output_format: str,
-        **flags) -> None:  # fmt: skip
+@_run_options
+def run(job_file: Path, output: Path | None, fmt: str | None, **flags) -> None:
     """Generate for every row of JOB_FILE; rerun the same command to resume."""
+    output = output or job_file.with_name(job_file.name.split(".")[0] + ".results.parquet")
+    _run(job_file, output, format=fmt, **flags)
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Result Parquet.")
+@click.option("-p", "--prompt", "prompts", multiple=True, help="A question for every file (repeatable).")
+@click.option(
+    "--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones]."
+)
+@_run_options
+def caption(
+    paths: tuple[str, ...], output: Path, prompts: tuple[str, ...], extensions: tuple[str, ...], **flags
+):
+    """Caption image and video files: PATHS are files, folders (recursive) or globs; one row
+    per file and prompt. A rerun skips files already captioned and takes new ones."""
+    from .caption import write_caption_jobs
+
+    if not prompts and not flags.get("prompt_template"):
+        _fail(BatchgenError("give at least one --prompt (or a --prompt-template)"))
+    try:
+        job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None)
+    except BatchgenError as e:
+        _fail(e)
+    _run(job_file, output, **flags)
+
+
+def _run(job_file: Path, output: Path, preset: str | None, output_format: str, **flags) -> None:
     from .config import GEN_FIELDS, build_config
     from .runner import run as run_job
 
@@ -87,11 +135,10 @@ def run(job_file: Path, output: Path | None, preset: str | None, fmt: str | None
     media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
                    "fetch_workers", "decode_workers")  # fmt: skip
     media = {k: flags.pop(k) for k in media_flags}
-    output = output or job_file.with_name(job_file.name.split(".")[0] + ".results.parquet")
     output, openai_output = _outputs(output, output_format)
     try:
         config = build_config(
-            job_file, output, preset, generation, media, format=fmt, openai_output=openai_output, **flags
+            job_file, output, preset, generation, media, openai_output=openai_output, **flags
         )
         summary = run_job(config)
     except BatchgenError as e:

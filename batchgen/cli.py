@@ -197,3 +197,36 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int) -> None:
 
     build(out_dir, kind=kind, seed=seed)  # type: ignore[arg-type]
     click.echo(f"wrote {kind} checkpoint to {out_dir}", err=True)
+
+
+@main.command("inspect")
+@click.argument("results", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option(
+    "--slowest", type=int, default=5, show_default=True, help="How many of the slowest rows to list."
+)
+def inspect_results(results: Path, slowest: int) -> None:
+    """Summarize a results file: statuses, errors by stage, tokens, reuse, drafts, slowest rows."""
+    from .report import summarize
+
+    try:
+        click.echo(summarize(results, slowest))
+    except BatchgenError as e:
+        _fail(e)
+
+
+@main.command()
+@click.argument("results", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML page to write."
+)
+@click.option("--media-base", type=click.Path(path_type=Path, file_okay=False),
+              help="Folder the job's relative media paths start from [the results file's].")  # fmt: skip
+def report(results: Path, output: Path, media_base: Path | None) -> None:
+    """Write a self-contained HTML gallery of a results file, one card per row."""
+    from .report import write_gallery
+
+    try:
+        cards = write_gallery(results, output, media_base)
+    except BatchgenError as e:
+        _fail(e)
+    click.echo(f"wrote {output} ({cards} cards)", err=True)

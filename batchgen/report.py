@@ -1,0 +1,232 @@
+"""Looking at results: `inspect` (a terminal summary) and `report` (an HTML gallery)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from .errors import JobFileError
+
+__all__ = ["summarize", "write_gallery"]
+
+_THUMB = 160  # pixels on the long side: enough to recognise, small enough for 10,000 rows
+_PAGE = 100  # cards per page
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    try:
+        return pq.read_table(path).to_pylist()
+    except (OSError, ValueError) as e:
+        raise JobFileError(f"{path}: not a batchgen results file ({e})") from e
+
+
+def summarize(path: Path, slowest: int = 5) -> str:
+    """Rows by status, errors by stage with their commonest messages, tokens and speed,
+    prefix reuse, draft acceptance, and the slowest rows."""
+    rows = _read(path)
+    ok = sum(r["status"] == "ok" for r in rows)
+    lines = [f"{path}: {len(rows)} rows, {ok} ok, {len(rows) - ok} failed"]
+    by_stage: dict[str, Counter[str]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            by_stage.setdefault(r["error_stage"] or "?", Counter())[_gist(r["error"] or "")] += 1
+    if by_stage:
+        lines.append("errors by stage:")
+        for stage, messages in sorted(by_stage.items(), key=lambda kv: -sum(kv[1].values())):
+            lines.append(f"  {stage:<9}{sum(messages.values()):>6}")
+            lines += [f"    {n:>5} × {message}" for message, n in messages.most_common(3)]
+    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
+    completion = sum(r["completion_tokens"] or 0 for r in rows)
+    stats_file = path.with_name(path.name + ".stats.json")
+    speed = ""
+    if stats_file.exists():
+        stats = json.loads(stats_file.read_text())
+        speed = (
+            f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
+            f" over {stats['wall_s']:.1f} s"
+        )
+    lines.append(f"tokens: {prompt} prompt, {completion} completion{speed}")
+    cached = [r["cached_tokens"] or 0 for r in rows if r["status"] == "ok"]
+    reused = sum(c > 0 for c in cached)
+    if cached:
+        lines.append(
+            f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%}), "
+            f"{sum(cached)} prompt tokens saved"
+        )
+    drafted = sum(r.get("mtp_drafts") or 0 for r in rows)
+    if drafted:
+        accepted = sum(r.get("mtp_accepted") or 0 for r in rows)
+        lines.append(f"drafts: {accepted}/{drafted} accepted ({accepted / drafted:.0%})")
+    stages = ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")
+    worst = sorted(rows, key=lambda r: sum(r[k] or 0 for k in stages), reverse=True)[:slowest]
+    if worst:
+        lines.append("slowest rows:")
+        for r in worst:
+            parts = ", ".join(f"{k[:-3]} {r[k]:.0f} ms" for k in stages if r[k])
+            lines.append(f"  {r['id']}: {sum(r[k] or 0 for k in stages):.0f} ms ({parts or 'nothing'})")
+    return "\n".join(lines)
+
+
+def _gist(message: str) -> str:
+    """An error without the parts that differ from row to row (the reference before ': ')."""
+    return message.split(": ", 1)[-1][:120]
+
+
+def _thumbnail(img) -> str:
+    img = img.convert("RGB")
+    img.thumbnail((_THUMB, _THUMB))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _media_thumbs(ref: str, kind: str, base: Path) -> list[str]:
+    """Embedded thumbnails (a few frames for a video); remote URLs are linked as they are."""
+    from PIL import Image
+
+    if ref.startswith(("http://", "https://")):
+        return [ref] if kind == "image" else []
+    try:
+        if ref.startswith("data:"):
+            data = base64.b64decode(ref.split(",", 1)[1])
+            if kind == "image":
+                return [_thumbnail(Image.open(io.BytesIO(data)))]
+            return []
+        path = Path(ref) if Path(ref).is_absolute() else base / ref
+        if kind == "image":
+            return [_thumbnail(Image.open(path))]
+        from .frames import extract_frames
+
+        frames = extract_frames(path, ref, 1.0, 2, 4)
+        return [_thumbnail(Image.fromarray(f)) for f in frames[:: max(1, len(frames) // 3)][:3]]
+    except Exception:  # a broken file is shown as missing, as its row says
+        return []
+
+
+def _media_of(row: dict[str, Any]) -> list[tuple[str, str]]:
+    refs = []
+    for column, kind in (("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")):
+        value = row.get(column)
+        if isinstance(value, str) and value.startswith("["):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        for ref in value if isinstance(value, list) else [value] if value else []:
+            if isinstance(ref, str):
+                refs.append((ref, kind))
+    return refs
+
+
+def _question(row: dict[str, Any]) -> str:
+    if row.get("prompt"):
+        return str(row["prompt"])
+    messages = row.get("messages")
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError:
+            return messages
+    texts = []
+    for m in messages or []:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return " ".join(texts)
+
+
+def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> int:
+    """A self-contained page, one card per row, paged in the browser so 10,000 rows stay
+    light; thumbnails are embedded once per distinct media. Returns the number of cards."""
+    rows = _read(path)
+    base = media_base or path.parent
+    thumbs: dict[str, list[str]] = {}
+    cards = []
+    for r in rows:
+        keys = []
+        for ref, kind in _media_of(r):
+            key = f"{kind}:{ref}"
+            if key not in thumbs:
+                thumbs[key] = _media_thumbs(ref, kind, base)
+            keys.append(key)
+        cards.append(
+            {
+                "id": str(r["id"]),
+                "status": r["status"],
+                "question": _question(r),
+                "text": r["generated_text"] or "",
+                "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
+                "expected": str(r["expected"]) if r.get("expected") is not None else None,
+                "metrics": (
+                    f"{r['prompt_tokens']}+{r['completion_tokens']} tokens, {r['cached_tokens']} cached, "
+                    f"{r['generate_ms']:.0f} ms"
+                ),
+                "media": keys,
+            }
+        )
+    data = json.dumps({"cards": cards, "thumbs": thumbs, "page": _PAGE}).replace("</", "<\\/")
+    ok = sum(c["status"] == "ok" for c in cards)
+    page = _PAGE_HTML.replace("__TITLE__", html.escape(path.name)).replace("__DATA__", data)
+    page = page.replace("__COUNTS__", f"{len(cards)} rows · {ok} ok · {len(cards) - ok} failed")
+    out.write_text(page)
+    return len(cards)
+
+
+_PAGE_HTML = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>batchgen · __TITLE__</title>
+<style>
+body{font:14px system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
+header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1em}
+#cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(260px,1fr));gap:12px}
+.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px}
+.card.error{border:2px solid #c62828;background:#fff5f5}
+.card img{max-width:160px;max-height:160px;margin:0 4px 4px 0;border-radius:4px}
+.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
+.err{color:#c62828}.m{color:#888;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
+</style></head><body>
+<header><h2 style="margin:0">__TITLE__</h2><span>__COUNTS__</span>
+<label><input type="checkbox" id="failed"> failed rows only</label>
+<span><button id="prev">&lsaquo;</button> <span id="pos"></span> <button id="next">&rsaquo;</button></span></header>
+<div id="cards"></div>
+<script id="data" type="application/json">__DATA__</script>
+<script>
+const D = JSON.parse(document.getElementById("data").textContent);
+let page = 0;
+function rows() { return document.getElementById("failed").checked ? D.cards.filter(c => c.status !== "ok") : D.cards; }
+function el(tag, cls, text) { const e = document.createElement(tag); if (cls) e.className = cls; if (text) e.textContent = text; return e; }
+function render() {
+  const list = rows(), pages = Math.max(1, Math.ceil(list.length / D.page));
+  page = Math.min(page, pages - 1);
+  const box = document.getElementById("cards"); box.replaceChildren();
+  for (const c of list.slice(page * D.page, (page + 1) * D.page)) {
+    const card = el("div", "card" + (c.status === "ok" ? "" : " error")); card.dataset.status = c.status;
+    for (const key of c.media) for (const src of D.thumbs[key] || []) { const img = el("img"); img.src = src; img.alt = key; card.append(img); }
+    card.append(el("div", "id", c.id), el("div", "q", c.question));
+    if (c.status === "ok") card.append(el("div", "a", c.text)); else card.append(el("div", "err", c.error));
+    if (c.expected !== null) { const ok = c.text.trim() === c.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + c.expected)); }
+    card.append(el("div", "m", c.metrics)); box.append(card);
+  }
+  document.getElementById("pos").textContent = `page ${page + 1} / ${pages}`;
+  const imgs = [...box.querySelectorAll("img")];
+  Promise.all(imgs.map(i => i.complete ? 0 : new Promise(r => { i.onload = i.onerror = r; }))).then(() => {
+    document.body.dataset.cards = box.children.length;
+    document.body.dataset.images = imgs.length;
+    document.body.dataset.loaded = imgs.filter(i => i.naturalWidth > 0).length;
+    document.body.dataset.failed = box.querySelectorAll(".card.error").length;
+  });
+}
+document.getElementById("failed").onchange = () => { page = 0; render(); };
+document.getElementById("prev").onclick = () => { page = Math.max(0, page - 1); render(); };
+document.getElementById("next").onclick = () => { page += 1; render(); };
+render();
+</script></body></html>
+"""

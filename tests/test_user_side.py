@@ -1,0 +1,181 @@
+"""The user's side: caption over folders, CSV and prompt templates, OpenAI Batch files both
+ways, `inspect`, and the HTML gallery in a real headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import MEDIA, MODELS, ROOT, read, run_cli
+
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import random  # noqa: E402
+
+import train_shapes_captioner as shapes  # noqa: E402
+
+CAPTIONER = str(MODELS / "shapes-vlm")
+QUIET = ("--temperature", "0", "--max-tokens", "6", "-q")
+
+
+def _folder(tmp_path):
+    folder = tmp_path / "photos"
+    (folder / "more").mkdir(parents=True)
+    rng = random.Random(5)
+    for shape, colour in [("circle", "red"), ("square", "blue")]:
+        shapes.draw(shape, colour, rng).save(folder / f"{colour}_{shape}.png")
+    shapes.draw("star", "yellow", rng).save(folder / "more" / "yellow_star.jpg")
+    shutil.copy(MEDIA / "moving_dot.mp4", folder / "more" / "clip.mp4")
+    (folder / "notes.txt").write_text("not media")
+    return folder
+
+
+def test_caption_folders_resume_and_pick_up_new_files(tmp_path):
+    folder = _folder(tmp_path)
+    out = tmp_path / "captions.parquet"
+    prompts = ("--prompt", "What shape is this?", "--prompt", "What colour is the shape?")
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *prompts, *QUIET)
+    assert code == 0, output
+    first = read(out)
+    assert len(first) == 4 * 2  # files x prompts; the .txt is not media
+    ids = [r["id"] for r in first]
+    assert ids == sorted(ids) and "photos/more/clip.mp4#1" in ids and "photos/red_circle.png#0" in ids
+    answers = {r["id"]: r["generated_text"].strip() for r in first}
+    assert answers["photos/red_circle.png#0"] == "circle" and answers["photos/blue_square.png#1"] == "blue"
+
+    shapes.draw("triangle", "green", random.Random(6)).save(folder / "green_triangle.png")
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *prompts, *QUIET)
+    assert code == 0 and "(8 resumed)" in output, output
+    again = read(out)
+    assert len(again) == 10 and [r for r in again if r["id"] in ids] == first
+    assert {r["id"] for r in again} - set(ids) == {
+        "photos/green_triangle.png#0",
+        "photos/green_triangle.png#1",
+    }
+
+
+def test_csv_jobs_and_prompt_templates(tmp_path):
+    rng = random.Random(7)
+    shapes.draw("star", "white", rng).save(tmp_path / "star.png")
+    (tmp_path / "jobs.csv").write_text(
+        "id,image,title,max_tokens\n"
+        "a,star.png,a star,6\n"
+        "b,star.png,,6\n"  # an empty title fills in as nothing
+        "c,star.png,the same star,oops\n"
+    )
+    out = tmp_path / "out.parquet"
+    code, _ = run_cli("run", str(tmp_path / "jobs.csv"), "-o", str(out), "--model", CAPTIONER,
+                      "--prompt-template", "What shape is this?{title:.0}", *QUIET)  # fmt: skip
+    assert code == 1
+    a, b, c = read(out)
+    assert a["generated_text"].strip() == b["generated_text"].strip() == "star"
+    assert c["error_stage"] == "read" and "max_tokens" in c["error"]
+    code, _ = run_cli("run", str(tmp_path / "jobs.csv"), "-o", str(tmp_path / "missing.parquet"), "--model",
+                      CAPTIONER, "--prompt-template", "Describe {colour}", *QUIET)  # fmt: skip
+    assert all(
+        "prompt_template: missing column 'colour'" in r["error"] for r in read(tmp_path / "missing.parquet")
+    )
+
+
+def test_openai_batch_round_trip(tmp_path):
+    png = base64.b64encode((MEDIA / "red_circle.png").read_bytes()).decode()
+    requests = [
+        {"custom_id": "req-1", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "gpt-4o-mini", "max_tokens": 5, "messages": [
+             {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello!"}]}},
+        {"custom_id": "req-2", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"model": "gpt-4o-mini", "max_completion_tokens": 5, "temperature": 0, "messages": [
+             {"role": "user", "content": [
+                 {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{png}"}},
+                 {"type": "text", "text": "What shape is this?"}]}]}},
+        {"custom_id": "req-3", "method": "POST", "url": "/v1/embeddings", "body": {"input": "x"}},
+    ]  # fmt: skip
+    job = tmp_path / "batch.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    out = tmp_path / "batch_output.jsonl"
+    code, output = run_cli("run", str(job), "-o", str(out), "--output-format", "openai", "--model", CAPTIONER,
+                           "--text-model", str(MODELS / "tiny-lm"), "-q")  # fmt: skip
+    assert code == 1, output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["custom_id"] for line in lines] == ["req-1", "req-2", "req-3"]
+    for line in lines[:2]:
+        assert set(line) == {"id", "custom_id", "response", "error"} and line["error"] is None
+        response = line["response"]
+        assert response["status_code"] == 200 and response["request_id"]
+        body = response["body"]
+        assert body["object"] == "chat.completion" and len(body["choices"]) == 1
+        assert body["choices"][0]["message"]["role"] == "assistant"
+        usage = body["usage"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+    assert lines[0]["response"]["body"]["usage"]["completion_tokens"] <= 5
+    assert lines[1]["response"]["body"]["choices"][0]["message"]["content"].strip() == "circle"
+    assert lines[2]["response"] is None and lines[2]["error"]["code"] == "read_error"
+    assert "/v1/chat/completions" in lines[2]["error"]["message"]
+    assert (tmp_path / "batch_output.parquet").exists()  # the resumable state beside it
+
+
+def test_inspect_counts(tmp_path):
+    from batchgen.read import JobIndex
+    from batchgen.records import Result
+    from batchgen.write import ResultWriter
+
+    out = tmp_path / "r.parquet"
+    w = ResultWriter(out, JobIndex("jsonl", list("abcde"), None), {}, False, 10, 3600)
+    w.add({}, Result(id="a", prompt_tokens=10, completion_tokens=4, cached_tokens=6, generate_ms=50))
+    w.add(
+        {},
+        Result(id="b", prompt_tokens=10, completion_tokens=4, generate_ms=900, mtp_drafts=8, mtp_accepted=6),
+    )
+    for i in "cd":
+        w.add(
+            {},
+            Result(id=i, status="error", error=f"http://x/{i}.png: HTTP 404 Not Found", error_stage="fetch"),
+        )
+    w.add({}, Result(id="e", status="error", error="corrupt image", error_stage="decode"))
+    w.finalize()
+    code, text = run_cli("inspect", str(out))
+    assert code == 0
+    assert "5 rows, 2 ok, 3 failed" in text
+    assert re.search(r"\n  fetch +2\n +2 × HTTP 404 Not Found\n", text)
+    assert re.search(r"\n  decode +1\n +1 × corrupt image\n", text)
+    assert "tokens: 20 prompt, 8 completion" in text
+    assert "cache: 1 of 2 rows reused a prefix (50%), 6 prompt tokens saved" in text
+    assert "drafts: 6/8 accepted (75%)" in text
+    assert text.index("  b: 900 ms") < text.index("  a: 50 ms")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_gallery_in_headless_chromium(tmp_path):
+    _folder(tmp_path)
+    names = ["red_circle.png", "blue_square.png", "more/yellow_star.jpg"]
+    rows = [
+        {"id": f"r{i}", "image": f"photos/{name}", "prompt": "What shape is this?"}
+        for i, name in enumerate(names)
+    ]
+    rows.append({"id": "v", "video": "photos/more/clip.mp4", "prompt": "What moves?"})
+    rows.append({"id": "bad", "image": "photos/notes.txt", "prompt": "?"})
+    job = tmp_path / "jobs.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    results = tmp_path / "results.parquet"
+    assert run_cli("run", str(job), "-o", str(results), "--model", CAPTIONER, *QUIET)[0] == 1
+    page = tmp_path / "gallery.html"
+    code, output = run_cli("report", str(results), "-o", str(page))
+    assert code == 0 and "5 cards" in output
+    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--no-first-run", "--disable-sync",
+               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]  # fmt: skip
+    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    body = dom.stdout[dom.stdout.index("<body") : dom.stdout.index(">", dom.stdout.index("<body"))]
+    attrs = dict(part.split("=", 1) for part in body.split()[1:])
+    attrs = {k: int(v.strip('"')) for k, v in attrs.items() if k.startswith("data-")}
+    assert attrs["data-cards"] == len(rows)
+    assert attrs["data-images"] >= 4 and attrs["data-loaded"] == attrs["data-images"]
+    assert attrs["data-failed"] == 1
+    shot = [*browser, f"--screenshot={tmp_path / 'gallery.png'}", "--window-size=1200,900", page.as_uri()]
+    subprocess.run(shot, capture_output=True, timeout=120)
+    assert (tmp_path / "gallery.png").stat().st_size > 10_000

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT
+
+from batchgen.config import build_config, find_preset
+from batchgen.errors import ConfigError
+
+
+def test_presets_are_found_by_name_and_by_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the project folder: names fall back to the project's configs/
+    assert find_preset("qwen2.5-vl-captioning") == ROOT / "configs" / "qwen2.5-vl-captioning.yaml"
+    config = build_config("jobs.jsonl", "out.parquet", "qwen2.5-vl-captioning")
+    assert config.model == "mlx-community/Qwen2.5-VL-3B-Instruct-4bit"
+    assert (config.defaults.temperature, config.defaults.max_tokens, config.batch_size) == (0.0, 128, 16)
+    assert config.media.video_fps == 1.0
+    own = tmp_path / "mine.yaml"
+    own.write_text("model: some/model\ngeneration: {top_k: 5}\n")
+    assert build_config("j.jsonl", "o.parquet", str(own)).defaults.top_k == 5
+    with pytest.raises(ConfigError, match="config 'nope' not found"):
+        find_preset("nope")
+
+
+def test_default_preset_and_flags(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config = build_config("j.jsonl", "o.parquet")
+    assert config.model.endswith("shapes-vlm") and config.text_model.endswith("tiny-lm")
+    # --model alone means that model for every row, not the preset's text model beside it.
+    alone = build_config("j.jsonl", "o.parquet", model="other")
+    assert (alone.model, alone.text_model) == ("other", None)
+    flags = build_config("j.jsonl", "o.parquet", generation={"max_tokens": 7, "stop": None})
+    assert flags.defaults.max_tokens == 7 and flags.defaults.temperature == 0.0  # flag over preset
+    for bad, message in [
+        ({"generation": {"temperature": -1}}, "temperature"),
+        ({"batch_size": 0}, "batch_size"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            if "generation" in bad:
+                build_config("j.jsonl", "o.parquet", generation=bad["generation"])
+            else:
+                build_config("j.jsonl", "o.parquet", **bad)

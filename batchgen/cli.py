@@ -42,6 +42,9 @@ def _run_options(command):
             help="openai: -o is an OpenAI Batch JSONL, Parquet beside; both: Parquet at -o, JSONL beside.",
         ),
         click.option("--overwrite", is_flag=True, help="Start over instead of resuming."),
+        click.option(
+            "--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."
+        ),
         click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
         click.option("--max-tokens", type=int, help="Default max new tokens per row [256]."),
         click.option("--temperature", type=float, help="Default temperature; 0 is greedy [0.7]."),
@@ -230,3 +233,29 @@ def report(results: Path, output: Path, media_base: Path | None) -> None:
     except BatchgenError as e:
         _fail(e)
     click.echo(f"wrote {output} ({cards} cards)", err=True)
+
+
+@main.command()
+@click.argument(
+    "parts", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False)
+)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
+@click.option("--job", "job_file", type=click.Path(path_type=Path), required=True,
+              help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format.")
+def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None) -> None:
+    """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing
+    or duplicated."""
+    from .read import scan
+    from .write import merge_outputs
+
+    try:
+        rows, missing, duplicated = merge_outputs(list(parts), scan(job_file, fmt), output)
+    except BatchgenError as e:
+        _fail(e)
+    click.echo(f"wrote {output} ({rows} rows from {len(parts)} parts)", err=True)
+    for label, ids in (("missing", missing), ("duplicated", duplicated)):
+        if ids:
+            shown = ", ".join(map(repr, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            click.echo(f"{len(ids)} id(s) {label}: {shown}", err=True)
+    sys.exit(1 if missing or duplicated else 0)

@@ -56,6 +56,7 @@ class RunConfig:
     defaults: GenParams = field(default_factory=GenParams)
     media: MediaConfig = field(default_factory=MediaConfig)
     limit: int | None = None
+    shard: tuple[int, int] | None = None  # (i, n): only the rows of shard i of n
     overwrite: bool = False
     fail_fast: bool = False
     draft_model: str | None = None  # speculative decoding: a text draft model or an mlx-vlm drafter
@@ -153,6 +154,16 @@ def build_config(
     for key in ("batch_size", "window", "cache_entries"):
         if data.get(key) is not None and int(data[key]) < 1:
             raise ConfigError(f"{key} must be >= 1")
+    shard = data.get("shard")
+    if shard is not None:
+        if isinstance(shard, str):
+            try:
+                shard = tuple(int(x) for x in shard.split("/"))
+            except ValueError:
+                shard = ()
+        if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
+            raise ConfigError(f"--shard {data['shard']!r}: expected i/N with 0 <= i < N, e.g. 0/4")
+        data["shard"] = tuple(shard)
     if data.get("limit") is not None and int(data["limit"]) < 0:
         raise ConfigError("--limit must be >= 0")
     return RunConfig(

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 
 from .errors import JobFileError
 
-__all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key"]
+__all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "shard_of"]
 
 _EXTENSIONS = {
     ".jsonl": "jsonl",
@@ -75,8 +75,26 @@ class JobIndex:
     digests: list[str] | None = None  # RawRow.digest of each row, aligned with ids
     wheres: list[str] | None = None  # how messages name each row (line N / row N)
 
+    rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
+
     def __len__(self) -> int:
         return len(self.ids)
+
+    def narrow(self, shard: tuple[int, int] | None = None, limit: int | None = None) -> None:
+        """Keep shard i of n (by a stable hash of the id), then the first `limit` rows."""
+        keep = [
+            i for i, row_id in enumerate(self.ids) if shard is None or shard_of(row_id, shard[1]) == shard[0]
+        ]
+        keep = keep[:limit] if limit is not None else keep
+        self.rows = [self.rows[i] for i in keep] if self.rows is not None else keep
+        self.ids = [self.ids[i] for i in keep]
+        self.digests = [self.digests[i] for i in keep] if self.digests is not None else None
+        self.wheres = [self.wheres[i] for i in keep] if self.wheres is not None else None
+
+
+def shard_of(row_id: Any, shards: int) -> int:
+    """Which of `shards` shards a row belongs to: the same on every machine and every run."""
+    return int(hashlib.sha256(id_key(row_id).encode()).hexdigest()[:16], 16) % shards
 
 
 def detect_format(path: Path, fmt: str | None = None) -> str:

@@ -157,10 +157,12 @@ def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
 
 
 def _todo(config: RunConfig, index: JobIndex, done: dict[str, str]) -> Iterator[Job]:
+    kept = set(index.rows) if index.rows is not None else None
+    last = index.rows[-1] if index.rows else -1
     for raw in iter_rows(config.input, index.format):
-        if raw.index >= len(index):
+        if kept is not None and raw.index > last:
             return
-        if id_key(raw.id) not in done:
+        if (kept is None or raw.index in kept) and id_key(raw.id) not in done:
             yield parse_row(raw, config.defaults, config.prompt_template)[0]
 
 
@@ -236,6 +238,7 @@ def _settings(config: RunConfig) -> dict:
         "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
         "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
         "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
+        "shard": list(config.shard) if config.shard else None,
     }
 
 
@@ -294,8 +297,8 @@ def run(config: RunConfig) -> RunSummary:
     The job file and the models are checked before the output is locked or touched."""
     started = time.perf_counter()
     index = scan(config.input, config.format)
-    if config.limit is not None:
-        index.ids = index.ids[: config.limit]
+    if config.shard is not None or config.limit is not None:
+        index.narrow(config.shard, config.limit)
     prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
     drafter = None
     if config.draft_model:

@@ -24,7 +24,7 @@ from .errors import ConfigError, OutputLockedError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
 
-__all__ = ["ResultWriter", "OutputLock", "partial_dir", "RESULT_SCHEMA", "SETTINGS_KEY"]
+__all__ = ["ResultWriter", "OutputLock", "merge_outputs", "partial_dir", "RESULT_SCHEMA", "SETTINGS_KEY"]
 
 _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
@@ -221,6 +221,34 @@ class ResultWriter:
         _atomic_write(self.output, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
         shutil.rmtree(self.partial)
         return table
+
+
+def merge_outputs(parts: list[Path], index: JobIndex, out: Path) -> tuple[int, list[Any], list[Any]]:
+    """Shard outputs → one output in job order. Returns (rows written, ids missing from every
+    part, ids found in more than one place); a duplicated id keeps its first occurrence."""
+    tables = []
+    for path in parts:
+        try:
+            tables.append(pq.read_table(path))
+        except (OSError, pa.ArrowException) as e:
+            raise ConfigError(f"{path}: not a readable results file ({e})") from e
+    table = _concat(tables)
+    position = {id_key(i): n for n, i in enumerate(index.ids)}
+    first: dict[str, int] = {}
+    duplicated = []
+    for row, row_id in enumerate(table.column("id").to_pylist()):
+        key = id_key(row_id)
+        if key in first:
+            duplicated.append(row_id)
+        elif key in position:
+            first[key] = row
+    missing = [i for i in index.ids if id_key(i) not in first]
+    order = sorted(first, key=position.__getitem__)
+    table = table.take(pa.array([first[k] for k in order], pa.int64()))
+    meta = dict(tables[0].schema.metadata or {})
+    table = table.replace_schema_metadata(meta)
+    _atomic_write(out, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
+    return table.num_rows, missing, duplicated
 
 
 class OutputLock:

@@ -42,6 +42,9 @@ def _run_options(command):
             help="openai: -o is an OpenAI Batch JSONL, Parquet beside; both: Parquet at -o, JSONL beside.",
         ),
         click.option("--overwrite", is_flag=True, help="Start over instead of resuming."),
+        click.option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
+        click.option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
+        click.option("--workers", type=int, help="Ray actors, one model load each [1]."),
         click.option(
             "--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."
         ),

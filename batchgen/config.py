@@ -63,6 +63,9 @@ class RunConfig:
     num_draft_tokens: int = 3  # text drafts per round
     draft_kind: str | None = None  # mtp | dflash | eagle3 (vision drafters); None = from the checkpoint
     draft_block_size: int | None = None  # vision drafters; None = the drafter's own
+    engine: str = "local"  # local | ray
+    ray_address: str | None = None  # join this Ray cluster; None = start a local instance
+    workers: int = 1  # Ray actors, one model load each
     cache: bool = True  # reuse prompt-prefix KV state across rows (--no-cache to compare)
     cache_entries: int = 50  # prefix snapshots kept (LRU)
     cache_bytes: int = 2 * 2**30  # ... and their memory
@@ -151,7 +154,9 @@ def build_config(
         raise ConfigError("video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames")
     if min(limits.retries, limits.fetch_workers, limits.decode_workers, limits.prefetch_rows) < 1:
         raise ConfigError("retries, fetch_workers, decode_workers and prefetch_rows must be >= 1")
-    for key in ("batch_size", "window", "cache_entries"):
+    if data.get("engine", "local") not in ("local", "ray"):
+        raise ConfigError(f"--engine {data['engine']!r}: expected local or ray")
+    for key in ("batch_size", "window", "cache_entries", "workers"):
         if data.get(key) is not None and int(data[key]) < 1:
             raise ConfigError(f"{key} must be >= 1")
     shard = data.get("shard")

@@ -326,6 +326,8 @@ def _run(
     engines.load_drafter()
     todo = sum(id_key(i) not in done for i in index.ids)
     summary = RunSummary(output=str(config.output))
+    if config.engine == "ray":
+        return _run_ray(config, index, done, writer, summary, prefixes, started)
     delay = float(os.environ.get("BATCHGEN_TEST_ROW_DELAY", 0))  # tests: make kill timing deterministic
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
@@ -362,6 +364,37 @@ def _run(
             write_batch_output(table, config.openai_output)
         summary.media = stage.stats()
         summary.cache = prefixes.stats() if prefixes else {}
+    _finish(summary, table, time.perf_counter() - started)
+    stats_path = config.output.with_name(config.output.name + ".stats.json")
+    _atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))
+    return summary
+
+
+def _run_ray(config, index, done, writer, summary, prefixes, started) -> RunSummary:
+    """The rows not done, through Ray actors; committed here by the same writer."""
+    from .cluster import run_on_ray
+
+    kept = set(index.rows) if index.rows is not None else None
+    rows = [
+        raw
+        for raw in iter_rows(config.input, index.format)
+        if (kept is None or raw.index in kept) and id_key(raw.id) not in done
+    ]
+
+    def commit(packed: dict, result: Result) -> None:
+        value = packed["value"]
+        job = Job(
+            index=packed["index"],
+            id=result.id,
+            line=packed["line"],
+            raw=value if isinstance(value, dict) else {},
+        )
+        _record(job, result, writer, summary, config)
+
+    run_on_ray(config, rows, commit)
+    table = writer.finalize()
+    if config.openai_output is not None:
+        write_batch_output(table, config.openai_output)
     _finish(summary, table, time.perf_counter() - started)
     stats_path = config.output.with_name(config.output.name + ".stats.json")
     _atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))

@@ -1,0 +1,97 @@
+"""Scale-out: Ray Data and --shard give the local engine's output, row for row."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+
+import pytest
+from conftest import MODELS, read, run_cli, write_jsonl
+
+ray = pytest.importorskip("ray")
+
+TIMING = ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def local_ray():
+    """One local Ray instance for these tests: dashboard off, its files in a private folder."""
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    temp = tempfile.mkdtemp(prefix="bg-ray-")
+    ray.init(
+        num_cpus=4, include_dashboard=False, _temp_dir=temp, logging_level="WARNING", log_to_driver=False
+    )
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def hard_timeout():
+    """Ray can hang on starved resources: no test may outlive this."""
+
+    def expired(signum, frame):
+        raise TimeoutError("Ray test timed out")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(240)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _rows(workdir):
+    return [
+        {"id": "t1", "prompt": "Hello there."},
+        {"id": "i1", "image": "media/red_circle.png", "prompt": "What shape is this?"},
+        {"id": "bad", "max_tokens": "ten", "prompt": "x"},
+        {"id": "i2", "image": "media/blue_square.webp", "prompt": "What colour is the shape?"},
+        {"id": "missing", "image": "media/nope.png", "prompt": "?"},
+        {"id": "t2", "messages": [{"role": "user", "content": "Count to three."}]},
+    ]
+
+
+def _run(job, out, *flags):
+    models = ("--model", str(MODELS / "shapes-vlm"), "--text-model", str(MODELS / "tiny-lm"))
+    return run_cli(
+        "run", str(job), "-o", str(out), *models, "--temperature", "0", "--max-tokens", "8", "-q", *flags
+    )
+
+
+def _content(path):
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in read(path)]
+
+
+def test_ray_engine_gives_the_local_output_and_a_rerun_writes_nothing(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", _rows(workdir))
+    code, _ = _run(job, workdir / "local.parquet")
+    assert code == 1
+    code, output = _run(job, workdir / "ray.parquet", "--engine", "ray", "--workers", "2")
+    assert code == 1, output
+    assert _content(workdir / "ray.parquet") == _content(workdir / "local.parquet")
+    before = (workdir / "ray.parquet").read_bytes()
+    code, output = _run(job, workdir / "ray.parquet", "--engine", "ray", "--workers", "2")
+    assert code == 1 and "(6 resumed)" in output
+    assert (workdir / "ray.parquet").read_bytes() == before
+
+
+def test_shards_partition_the_ids_and_merge_rebuilds_the_output(workdir):
+    rows = [{"id": f"r{i}", "prompt": f"Item {i}."} for i in range(12)]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    assert _run(job, workdir / "all.parquet")[0] == 0
+    parts = []
+    for i in range(3):
+        parts.append(workdir / f"shard{i}.parquet")
+        assert _run(job, parts[-1], "--shard", f"{i}/3")[0] == 0
+    ids = [[r["id"] for r in read(p)] for p in parts]
+    assert sorted(sum(ids, [])) == sorted(r["id"] for r in rows)  # a partition: all, once
+    assert all(ids)  # every shard got rows
+    code, output = run_cli(
+        "merge", *map(str, parts), "-o", str(workdir / "merged.parquet"), "--job", str(job)
+    )
+    assert code == 0, output
+    assert _content(workdir / "merged.parquet") == _content(workdir / "all.parquet")
+    again = (str(parts[0]), str(parts[0]), str(parts[1]))
+    code, output = run_cli("merge", *again, "-o", str(workdir / "m2.parquet"), "--job", str(job))
+    assert code == 1 and "missing" in output and "duplicated" in output

@@ -42,9 +42,7 @@ def main() -> None:
         for workers in (1, 2):
             wall = timed(job, Path(tmp) / f"ray{workers}.parquet", model=lm, engine="ray", workers=workers)
             rates[workers] = ROWS / wall
-            print(
-                f"ray, {workers} actor(s):  {rates[workers]:6.1f} rows/s ({wall:.1f} s, Ray start-up included)"
-            )
+            print(f"ray, {workers} actor(s):  {rates[workers]:6.1f} rows/s ({wall:.1f} s with Ray start-up)")
     print(f"2 actors / 1 actor rows/s ratio: {rates[2] / rates[1]:.2f}")
 
 

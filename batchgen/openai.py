@@ -17,6 +17,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .write import atomic_write
+
 __all__ = ["is_batch_request", "from_batch_request", "write_batch_output"]
 
 _BODY_FIELDS = {
@@ -62,43 +64,42 @@ def _request_id(custom_id: Any) -> str:
 def write_batch_output(table: pa.Table, path: Path) -> None:
     """One output line per row, in row order; failed rows carry `error`, not `response`."""
     created = int(time.time())
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w") as f:
-        for row in table.to_pylist():
-            custom_id = row.get("custom_id", row["id"])
-            rid = _request_id(custom_id)
-            line: dict[str, Any] = {
-                "id": f"batch_req_{rid}",
-                "custom_id": custom_id,
-                "response": None,
-                "error": None,
+    lines = []
+    for row in table.to_pylist():
+        custom_id = row.get("custom_id", row["id"])
+        rid = _request_id(custom_id)
+        line: dict[str, Any] = {
+            "id": f"batch_req_{rid}",
+            "custom_id": custom_id,
+            "response": None,
+            "error": None,
+        }
+        if row["status"] == "ok":
+            usage = {
+                "prompt_tokens": row["prompt_tokens"],
+                "completion_tokens": row["completion_tokens"],
+                "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
+                "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
             }
-            if row["status"] == "ok":
-                usage = {
-                    "prompt_tokens": row["prompt_tokens"],
-                    "completion_tokens": row["completion_tokens"],
-                    "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
-                    "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
-                }
-                line["response"] = {
-                    "status_code": 200,
-                    "request_id": rid,
-                    "body": {
-                        "id": f"chatcmpl-{rid}",
-                        "object": "chat.completion",
-                        "created": created,
-                        "model": row["model"],
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": row["generated_text"]},
-                                "finish_reason": row["finish_reason"],
-                            }
-                        ],
-                        "usage": usage,
-                    },
-                }
-            else:
-                line["error"] = {"code": f"{row['error_stage']}_error", "message": row["error"]}
-            f.write(json.dumps(line) + "\n")
-    tmp.replace(path)
+            line["response"] = {
+                "status_code": 200,
+                "request_id": rid,
+                "body": {
+                    "id": f"chatcmpl-{rid}",
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": row["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": row["generated_text"]},
+                            "finish_reason": row["finish_reason"],
+                        }
+                    ],
+                    "usage": usage,
+                },
+            }
+        else:
+            line["error"] = {"code": f"{row['error_stage']}_error", "message": row["error"]}
+        lines.append(json.dumps(line) + "\n")
+    atomic_write(path, lambda p: p.write_text("".join(lines)))

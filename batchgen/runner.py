@@ -27,10 +27,10 @@ from .errors import ConfigError, FailFastError, Interrupted, RowError
 from .media import MediaStage, Prepared
 from .openai import write_batch_output
 from .parse import parse_row
-from .read import JobIndex, id_key, iter_rows, scan
+from .read import JobIndex, RawRow, id_key, iter_rows, scan
 from .records import Generation, Job, Media, Result
 from .schedule import schedule
-from .write import OutputLock, ResultWriter, _atomic_write
+from .write import OutputLock, ResultWriter, atomic_write
 
 __all__ = ["RunSummary", "run", "generate_window"]
 
@@ -156,14 +156,20 @@ def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     return s
 
 
-def _todo(config: RunConfig, index: JobIndex, done: dict[str, str]) -> Iterator[Job]:
+def _pending(config: RunConfig, index: JobIndex, done: dict[str, str | None]) -> Iterator[RawRow]:
+    """The rows of the job (its shard and limit) whose ids are not done yet, in job order."""
     kept = set(index.rows) if index.rows is not None else None
     last = index.rows[-1] if index.rows else -1
     for raw in iter_rows(config.input, index.format):
         if kept is not None and raw.index > last:
             return
         if (kept is None or raw.index in kept) and id_key(raw.id) not in done:
-            yield parse_row(raw, config.defaults, config.prompt_template)[0]
+            yield raw
+
+
+def _todo(config: RunConfig, index: JobIndex, done: dict[str, str | None]) -> Iterator[Job]:
+    for raw in _pending(config, index, done):
+        yield parse_row(raw, config.defaults, config.prompt_template)[0]
 
 
 class _Prefetcher:
@@ -327,7 +333,7 @@ def _run(
     todo = sum(id_key(i) not in done for i in index.ids)
     summary = RunSummary(output=str(config.output))
     if config.engine == "ray":
-        return _run_ray(config, index, done, writer, summary, prefixes, started)
+        return _run_ray(config, index, done, writer, summary, started)
     delay = float(os.environ.get("BATCHGEN_TEST_ROW_DELAY", 0))  # tests: make kill timing deterministic
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
@@ -359,27 +365,27 @@ def _run(
         finally:
             # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
             pool.shutdown(wait=False, cancel_futures=True)
-        table = writer.finalize()
-        if config.openai_output is not None:
-            write_batch_output(table, config.openai_output)
         summary.media = stage.stats()
         summary.cache = prefixes.stats() if prefixes else {}
+        return _conclude(config, writer, summary, started)
+
+
+def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float) -> RunSummary:
+    """The output renamed into place, the OpenAI file if asked, the figures on disk."""
+    table = writer.finalize()
+    if config.openai_output is not None:
+        write_batch_output(table, config.openai_output)
     _finish(summary, table, time.perf_counter() - started)
     stats_path = config.output.with_name(config.output.name + ".stats.json")
-    _atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))
+    atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))
     return summary
 
 
-def _run_ray(config, index, done, writer, summary, prefixes, started) -> RunSummary:
+def _run_ray(config, index, done, writer, summary, started) -> RunSummary:
     """The rows not done, through Ray actors; committed here by the same writer."""
     from .cluster import run_on_ray
 
-    kept = set(index.rows) if index.rows is not None else None
-    rows = [
-        raw
-        for raw in iter_rows(config.input, index.format)
-        if (kept is None or raw.index in kept) and id_key(raw.id) not in done
-    ]
+    rows = list(_pending(config, index, done))
 
     def commit(packed: dict, result: Result) -> None:
         value = packed["value"]
@@ -392,10 +398,4 @@ def _run_ray(config, index, done, writer, summary, prefixes, started) -> RunSumm
         _record(job, result, writer, summary, config)
 
     run_on_ray(config, rows, commit)
-    table = writer.finalize()
-    if config.openai_output is not None:
-        write_batch_output(table, config.openai_output)
-    _finish(summary, table, time.perf_counter() - started)
-    stats_path = config.output.with_name(config.output.name + ".stats.json")
-    _atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))
-    return summary
+    return _conclude(config, writer, summary, started)

@@ -24,7 +24,7 @@ from .errors import ConfigError, OutputLockedError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
 
-__all__ = ["ResultWriter", "OutputLock", "merge_outputs", "partial_dir", "RESULT_SCHEMA", "SETTINGS_KEY"]
+__all__ = ["ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "RESULT_SCHEMA"]
 
 _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
@@ -55,7 +55,7 @@ def partial_dir(output: Path) -> Path:
     return output.with_name(output.name + ".partial")
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         write(tmp)
@@ -158,7 +158,7 @@ class ResultWriter:
         self.partial.mkdir(parents=True, exist_ok=True)
         self.use_previous_output = not overwrite
         manifest = {"settings": settings, "overwrite": overwrite}
-        _atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
+        atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
         self._parts = len(self._part_files())
 
     def _part_files(self) -> list[Path]:
@@ -191,7 +191,7 @@ class ResultWriter:
         table = rows_to_table(self._buffer, self.index.schema)
         self._parts += 1
         path = self.partial / f"part-{self._parts:06d}.parquet"
-        _atomic_write(path, lambda p: pq.write_table(table, p))
+        atomic_write(path, lambda p: pq.write_table(table, p))
         self._buffer.clear()
 
     def finalize(self) -> pa.Table:
@@ -218,7 +218,7 @@ class ResultWriter:
         meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True)}
         table = table.replace_schema_metadata(meta)
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(self.output, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
+        atomic_write(self.output, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
         shutil.rmtree(self.partial)
         return table
 
@@ -247,7 +247,7 @@ def merge_outputs(parts: list[Path], index: JobIndex, out: Path) -> tuple[int, l
     table = table.take(pa.array([first[k] for k in order], pa.int64()))
     meta = dict(tables[0].schema.metadata or {})
     table = table.replace_schema_metadata(meta)
-    _atomic_write(out, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
+    atomic_write(out, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
     return table.num_rows, missing, duplicated
 
 

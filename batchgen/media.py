@@ -11,6 +11,9 @@ import shutil
 import subprocess
 import threading
 import time
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +26,7 @@ from .fetch import Fetched, Fetcher, describe
 from .frames import extract_frames
 from .records import Job, Media
 
-__all__ = ["StageTimes", "Prepared", "MediaStage"]
+__all__ = ["StageTimes", "Prepared", "MediaStage", "Prefetcher"]
 
 _IMAGE_MEMORY = 512 * 2**20  # decoded pixels kept for reuse; a 448² image is 0.6 MB
 _FRAMES_MEMORY = 1024 * 2**20
@@ -133,3 +136,39 @@ class MediaStage:
         with self._cpu:
             done = subprocess.run(cmd, capture_output=True, timeout=self.config.video_timeout)
         return str(out) if done.returncode == 0 and out.exists() and out.stat().st_size > 44 else None
+
+
+class Prefetcher:
+    """Jobs in order with their media resolving up to `depth` rows ahead in the pool, so I/O
+    hides behind generation while at most `depth` rows of media sit in memory."""
+
+    def __init__(self, jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int):
+        self.jobs, self.stage, self.pool, self.depth = jobs, stage, pool, depth
+        self.ahead: deque[tuple[Job, Future | None]] = deque()
+        self.exhausted = False
+
+    def start(self) -> None:
+        self._fill()
+
+    def _fill(self) -> None:
+        while not self.exhausted and len(self.ahead) < self.depth:
+            job = next(self.jobs, None)
+            if job is None:
+                self.exhausted = True
+                return
+            needs_media = job.media and not job.error
+            self.ahead.append((job, self.pool.submit(self.stage.resolve, job) if needs_media else None))
+
+    def take(self, most: int, least: int) -> list[tuple[Job, Prepared | None]]:
+        """Up to `most` rows; past `least`, stop at the first row whose media are not ready,
+        so generation starts instead of waiting on the network."""
+        window: list[tuple[Job, Prepared | None]] = []
+        self._fill()
+        while self.ahead and len(window) < most:
+            job, future = self.ahead[0]
+            if len(window) >= least and future is not None and not future.done():
+                break
+            self.ahead.popleft()
+            window.append((job, future.result() if future else None))
+            self._fill()
+        return window

@@ -9,9 +9,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from .config import RunConfig
 from .draft import inspect_drafter
 from .engine import Engines, Plan
 from .errors import ConfigError, FailFastError, Interrupted, RowError
-from .media import MediaStage, Prepared
+from .media import MediaStage, Prefetcher, Prepared
 from .openai import write_batch_output
 from .parse import parse_row
 from .read import JobIndex, RawRow, id_key, iter_rows, scan
@@ -172,42 +171,6 @@ def _todo(config: RunConfig, index: JobIndex, done: dict[str, str | None]) -> It
         yield parse_row(raw, config.defaults, config.prompt_template)[0]
 
 
-class _Prefetcher:
-    """Jobs in order with their media resolving up to `depth` rows ahead in the pool, so I/O
-    hides behind generation while at most `depth` rows of media sit in memory."""
-
-    def __init__(self, jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int):
-        self.jobs, self.stage, self.pool, self.depth = jobs, stage, pool, depth
-        self.ahead: deque[tuple[Job, Future | None]] = deque()
-        self.exhausted = False
-
-    def start(self) -> None:
-        self._fill()
-
-    def _fill(self) -> None:
-        while not self.exhausted and len(self.ahead) < self.depth:
-            job = next(self.jobs, None)
-            if job is None:
-                self.exhausted = True
-                return
-            needs_media = job.media and not job.error
-            self.ahead.append((job, self.pool.submit(self.stage.resolve, job) if needs_media else None))
-
-    def take(self, most: int, least: int) -> list[tuple[Job, Prepared | None]]:
-        """Up to `most` rows; past `least`, stop at the first row whose media are not ready,
-        so generation starts instead of waiting on the network."""
-        window: list[tuple[Job, Prepared | None]] = []
-        self._fill()
-        while self.ahead and len(window) < most:
-            job, future = self.ahead[0]
-            if len(window) >= least and future is not None and not future.done():
-                break
-            self.ahead.popleft()
-            window.append((job, future.result() if future else None))
-            self._fill()
-        return window
-
-
 def _progress(s: RunSummary, prefixes: PrefixCache | None, elapsed: float) -> str:
     """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
     parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
@@ -342,7 +305,7 @@ def _run(
         )
         pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
         depth = max(config.media.prefetch_rows, config.window)
-        prefetcher = _Prefetcher(_todo(config, index, done), stage, pool, depth)
+        prefetcher = Prefetcher(_todo(config, index, done), stage, pool, depth)
         try:
             prefetcher.start()
             # Load the models the first rows need while their media download.

@@ -78,12 +78,14 @@ class Engines:
 
             hf_logging.set_verbosity_error()  # one kwargs notice per row otherwise
 
-            model, processor = mlx_vlm.load(str(self.vision_info.path))
+            try:
+                model, processor = mlx_vlm.load(str(self.vision_info.path))
+            except Exception as e:  # loaders fail in many ways; all of them stop the run the same way
+                raise ConfigError(f"model {self.vision_info.name!r}: mlx-vlm cannot load it ({e})") from e
             tokenizer = getattr(processor, "tokenizer", processor)
-            if END_OF_TURN in tokenizer.get_vocab():
-                tokenizer.stopping_criteria.additional_eos_token_ids.append(
-                    tokenizer.convert_tokens_to_ids(END_OF_TURN)
-                )
+            criteria = getattr(tokenizer, "stopping_criteria", None)
+            if criteria is not None and END_OF_TURN in tokenizer.get_vocab():
+                criteria.additional_eos_token_ids.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))
             self._vlm = (model, processor)
         return self._vlm
 
@@ -93,8 +95,8 @@ class Engines:
 
             try:
                 model, tokenizer = mlx_lm.load(str(self.text_info.path))
-            except ValueError as e:
-                if not self.text_info.multimodal:
+            except Exception as e:  # an architecture mlx-lm lacks is a ValueError; other failures too
+                if not self.text_info.multimodal or not isinstance(e, ValueError):
                     raise ConfigError(f"model {self.text_info.name!r}: mlx-lm cannot load it ({e})") from e
                 log.info("mlx-lm cannot load %s (%s); text rows use mlx-vlm", self.text_info.name, e)
                 self._text_on_vlm = True

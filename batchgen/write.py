@@ -155,10 +155,8 @@ class ResultWriter:
                 f"{previous[0]} were made with other settings ({_differences(previous[1] or {}, settings)}); "
                 "pass --overwrite to start over"
             )
-        self.partial.mkdir(parents=True, exist_ok=True)
         self.use_previous_output = not overwrite
-        manifest = {"settings": settings, "overwrite": overwrite}
-        atomic_write(manifest_path, lambda p: p.write_text(json.dumps(manifest, indent=2) + "\n"))
+        self._manifest = {"settings": settings, "overwrite": overwrite}
         self._parts = len(self._part_files())
 
     def _part_files(self) -> list[Path]:
@@ -188,6 +186,10 @@ class ResultWriter:
         self._last_flush = time.monotonic()
         if not self._buffer:
             return
+        if not self.partial.exists():  # made with the first rows: a run that fails earlier leaves nothing
+            self.partial.mkdir(parents=True)
+            text = json.dumps(self._manifest, indent=2) + "\n"
+            atomic_write(self.partial / "manifest.json", lambda p: p.write_text(text))
         table = rows_to_table(self._buffer, self.index.schema)
         self._parts += 1
         path = self.partial / f"part-{self._parts:06d}.parquet"
@@ -202,7 +204,7 @@ class ResultWriter:
         if not parts and self.use_previous_output and self.output.exists():
             previous = pq.read_table(self.output)
             if [id_key(i) for i in previous.column("id").to_pylist()] == keys:
-                shutil.rmtree(self.partial)  # nothing new: leave the output byte for byte
+                shutil.rmtree(self.partial, ignore_errors=True)  # nothing new: leave the output byte for byte
                 return previous
         tables = [pq.read_table(p) for p in self._sources()]
         table = _concat(tables) if tables else rows_to_table([], self.index.schema)
@@ -219,7 +221,7 @@ class ResultWriter:
         table = table.replace_schema_metadata(meta)
         self.output.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(self.output, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
-        shutil.rmtree(self.partial)
+        shutil.rmtree(self.partial, ignore_errors=True)
         return table
 
 

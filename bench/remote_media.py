@@ -26,6 +26,7 @@ import batchgen  # noqa: E402
 
 ROWS = 64
 LATENCY = 0.1
+MAX_TOKENS = 32  # the tiny VLM has random weights: every row generates all of them
 
 
 def make_images(folder: Path) -> list[str]:
@@ -49,7 +50,14 @@ def serve(folder: Path, delay: float, ports) -> None:
 
 def timed_run(job: Path, out: Path) -> float:
     config = batchgen.build_config(
-        job, out, None, {"max_tokens": 16}, {"allow_private_urls": True}, overwrite=True, quiet=True
+        job,
+        out,
+        None,
+        {"max_tokens": MAX_TOKENS, "temperature": 0.0},
+        {"allow_private_urls": True},
+        model=str(ROOT / "sample_data" / "models" / "tiny-vlm"),
+        overwrite=True,
+        quiet=True,
     )
     t0 = time.perf_counter()
     summary = batchgen.run(config)

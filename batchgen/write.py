@@ -213,8 +213,9 @@ class ResultWriter:
         for row, i in enumerate(table.column("id").to_pylist()):
             if id_key(i) in position:
                 latest[id_key(i)] = row
-        order = sorted(latest, key=position.__getitem__)
-        table = table.take(pa.array([latest[k] for k in order], pa.int64()))
+        rows = [latest[k] for k in sorted(latest, key=position.__getitem__)]
+        if rows != list(range(table.num_rows)):  # usually already in order: no copy then
+            table = table.take(pa.array(rows, pa.int64()))
         ours = list(RESULT_SCHEMA.names)
         table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
         meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True)}

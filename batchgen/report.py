@@ -6,9 +6,11 @@ import base64
 import html
 import io
 import json
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pyarrow.parquet as pq
 
@@ -87,8 +89,13 @@ def _thumbnail(img) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def _media_thumbs(ref: str, kind: str, base: Path) -> list[str]:
-    """Embedded thumbnails (a few frames for a video); remote URLs are linked as they are."""
+_BROWSER_IMAGES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp"}
+
+
+def _media_thumbs(ref: str, kind: str, base: Path, page_dir: Path) -> list[str]:
+    """What a card shows: local images the browser can read are linked relative to the page
+    (loaded only when their page of cards is shown); data-URL images and a few frames of each
+    video are embedded as small thumbnails; remote URLs are linked as they are."""
     from PIL import Image
 
     if ref.startswith(("http://", "https://")):
@@ -96,12 +103,13 @@ def _media_thumbs(ref: str, kind: str, base: Path) -> list[str]:
     try:
         if ref.startswith("data:"):
             data = base64.b64decode(ref.split(",", 1)[1])
-            if kind == "image":
-                return [_thumbnail(Image.open(io.BytesIO(data)))]
-            return []
+            return [_thumbnail(Image.open(io.BytesIO(data)))] if kind == "image" else []
         path = Path(ref) if Path(ref).is_absolute() else base / ref
         if kind == "image":
-            return [_thumbnail(Image.open(path))]
+            with Image.open(path) as img:  # reads the header only: is it an image at all?
+                if path.suffix.lower() in _BROWSER_IMAGES:
+                    return [quote(Path(os.path.relpath(path.resolve(), page_dir.resolve())).as_posix())]
+                return [_thumbnail(img)]
         from .frames import extract_frames
 
         frames = extract_frames(path, ref, 1.0, 2, 4)
@@ -145,8 +153,9 @@ def _question(row: dict[str, Any]) -> str:
 
 
 def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> int:
-    """A self-contained page, one card per row, paged in the browser so 10,000 rows stay
-    light; thumbnails are embedded once per distinct media. Returns the number of cards."""
+    """One page, one card per row, paged in the browser (100 cards at a time) so 10,000 rows
+    stay light: local images are linked, not copied, and each embedded thumbnail is stored
+    once however many rows share it. Returns the number of cards."""
     rows = _read(path)
     base = media_base or path.parent
     thumbs: dict[str, list[str]] = {}
@@ -156,7 +165,7 @@ def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> int:
         for ref, kind in _media_of(r):
             key = f"{kind}:{ref}"
             if key not in thumbs:
-                thumbs[key] = _media_thumbs(ref, kind, base)
+                thumbs[key] = _media_thumbs(ref, kind, base, out.parent)
             keys.append(key)
         cards.append(
             {

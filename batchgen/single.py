@@ -17,8 +17,8 @@ __all__ = ["collect", "generate_vlm", "generate_draft_lm"]
 
 def collect(stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int]) -> Generation:
     """Drain an engine's stream of responses into a Generation: text decoded from the tokens
-    (as the batched decoder does), stop strings checked on a bounded tail, counts from the
-    engine's last response; `length` only when the token budget ran out."""
+    it produced (as the batched decoder does), stop strings checked on a bounded tail, the
+    prompt count from the engine; `length` only when the token budget ran out."""
     tokens: list[int] = []
     last = None
     stopped = False

@@ -73,11 +73,6 @@ class Memo(Generic[V]):
             self._weight -= weight
             self.evictions += 1
 
-    def clear(self) -> None:
-        with self._lock:
-            self._done.clear()
-            self._weight = 0
-
     def __len__(self) -> int:
         return len(self._done)
 

@@ -35,19 +35,11 @@ class RowWorker:
     """A Ray actor: loads the models once, then turns batches of raw rows into results."""
 
     def __init__(self, config: RunConfig):
-        from .cache import PrefixCache
-        from .draft import inspect_drafter
         from .engine import Engines
         from .media import MediaStage
 
         self.config = config
-        prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
-        drafter = None
-        if config.draft_model:
-            drafter = inspect_drafter(
-                config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
-            )
-        self.engines = Engines(config.model, config.text_model, prefixes, drafter)
+        self.engines = Engines.from_config(config)
         self.engines.load_drafter()
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-")
         self.stage = MediaStage(

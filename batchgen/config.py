@@ -36,7 +36,6 @@ class MediaConfig:
     media_cache: str | None = None  # folder keeping downloads across runs
     fetch_workers: int = 16  # downloads in flight: I/O bound, cheap threads
     decode_workers: int = 2  # decodes at once: CPU bound, leave cores to generation
-    prefetch_rows: int = 64  # rows resolved ahead of generation; bounds memory
     video_fps: float = 2.0  # enough to follow motion without flooding the context
     video_min_frames: int = 4
     video_max_frames: int = 128
@@ -70,7 +69,7 @@ class RunConfig:
     cache_entries: int = 50  # prefix snapshots kept (LRU)
     cache_bytes: int = 2 * 2**30  # ... and their memory
     batch_size: int = 32  # rows decoded together; 1 turns batching off
-    window: int = 256  # rows looked ahead to group those sharing images and prefixes
+    window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first
     quiet: bool = False
@@ -152,8 +151,8 @@ def build_config(
     limits = MediaConfig(**med)
     if not 1 <= limits.video_min_frames <= limits.video_max_frames or limits.video_fps <= 0:
         raise ConfigError("video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames")
-    if min(limits.retries, limits.fetch_workers, limits.decode_workers, limits.prefetch_rows) < 1:
-        raise ConfigError("retries, fetch_workers, decode_workers and prefetch_rows must be >= 1")
+    if min(limits.retries, limits.fetch_workers, limits.decode_workers) < 1:
+        raise ConfigError("retries, fetch_workers and decode_workers must be >= 1")
     if data.get("engine", "local") not in ("local", "ray"):
         raise ConfigError(f"--engine {data['engine']!r}: expected local or ray")
     for key in ("batch_size", "window", "cache_entries", "workers"):

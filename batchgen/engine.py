@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .cache import Memo, PrefixCache
+from .config import RunConfig
 from .decoder import LMAdapter, Sequence, VLMAdapter, decode_batch
-from .draft import Drafter, load_text_drafter, load_vision_drafter
+from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
 from .errors import ConfigError, RowError
 from .models import inspect_model
 from .prompts import (
@@ -69,6 +70,17 @@ class Engines:
         self._lm: tuple[Any, Any] | None = None
         self._text_on_vlm = False
         self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
+
+    @classmethod
+    def from_config(cls, config: RunConfig) -> Engines:
+        """The engines a run asks for: its models, a prefix cache unless --no-cache, its drafter."""
+        prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
+        drafter = None
+        if config.draft_model:
+            drafter = inspect_drafter(
+                config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
+            )
+        return cls(config.model, config.text_model, prefixes, drafter)
 
     # -- loading ---------------------------------------------------------------
     def _load_vlm(self) -> tuple[Any, Any]:

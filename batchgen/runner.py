@@ -20,7 +20,6 @@ from tqdm import tqdm
 
 from .cache import PrefixCache
 from .config import RunConfig
-from .draft import inspect_drafter
 from .engine import Engines, Plan
 from .errors import ConfigError, FailFastError, Interrupted, RowError
 from .media import MediaStage, Prefetcher, Prepared
@@ -268,25 +267,19 @@ def run(config: RunConfig) -> RunSummary:
     index = scan(config.input, config.format)
     if config.shard is not None or config.limit is not None:
         index.narrow(config.shard, config.limit)
-    prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
-    drafter = None
-    if config.draft_model:
-        drafter = inspect_drafter(
-            config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
-        )
-    engines = Engines(config.model, config.text_model, prefixes, drafter)
+    engines = Engines.from_config(config)
     with OutputLock(config.output), _Signals() as signals:
-        return _run(config, index, engines, prefixes, signals, started)
+        return _run(config, index, engines, signals, started)
 
 
 def _run(
     config: RunConfig,
     index: JobIndex,
     engines: Engines,
-    prefixes: PrefixCache | None,
     signals: _Signals,
     started: float,
 ) -> RunSummary:
+    prefixes = engines.prefixes
     writer = ResultWriter(
         config.output, index, _settings(config), config.overwrite, config.flush_rows, config.flush_seconds
     )
@@ -304,8 +297,7 @@ def _run(
             config.media, config.input.parent, Path(tmp), audio_from_video=engines.vision_info.audio
         )
         pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
-        depth = max(config.media.prefetch_rows, config.window)
-        prefetcher = Prefetcher(_todo(config, index, done), stage, pool, depth)
+        prefetcher = Prefetcher(_todo(config, index, done), stage, pool, config.window)
         try:
             prefetcher.start()
             # Load the models the first rows need while their media download.

@@ -141,6 +141,7 @@ class Fetcher:
         self.tmp_dir = tmp_dir
         self._local = threading.local()  # a requests.Session per worker thread
         self._urls: Memo[Fetched] = Memo(capacity=1_000_000)  # url → file on disk: tiny entries
+        self._paths: Memo[Fetched] = Memo(capacity=100_000)  # local path → its Fetched (digest cached)
         self._lock = threading.Lock()
         self._seq = 0
         self.downloads = 0  # HTTP GETs that returned a body
@@ -174,7 +175,8 @@ class Fetcher:
         if scheme in ("http", "https"):
             return self._urls.get((ref.kind, source), lambda: self._from_url(MediaRef(ref.kind, source)))
         if scheme == "" or (len(scheme) == 1 and os.name == "nt"):  # a Windows drive letter
-            return self._from_path(MediaRef(ref.kind, source))
+            # Memoized too: rows sharing a file (a video asked several questions) hash it once.
+            return self._paths.get((ref.kind, source), lambda: self._from_path(MediaRef(ref.kind, source)))
         raise RowError(
             "fetch", f"{describe(source)}: unsupported scheme {scheme!r} (use http(s), data: or a path)"
         )

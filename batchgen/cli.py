@@ -83,6 +83,9 @@ def _run_options(command):
         click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
         click.option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
         click.option(
+            "--row-timeout", type=float, help="Seconds a row may generate; past it, a row error [none]."
+        ),
+        click.option(
             "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
         ),
         click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar."),

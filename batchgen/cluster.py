@@ -42,8 +42,9 @@ class RowWorker:
         self.engines = Engines.from_config(config)
         self.engines.load_drafter()
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-")
+        info = self.engines.vision_info
         self.stage = MediaStage(
-            config.media, config.input.parent, Path(self.tmp), self.engines.vision_info.audio
+            config.media, config.input.parent, Path(self.tmp), info.audio, info.max_pixels
         )
 
     def __call__(self, batch: dict[str, Any]) -> pa.Table:

@@ -24,6 +24,9 @@ class MediaConfig:
     """How media are fetched and bounded; each default carries its reason."""
 
     max_image_pixels: int = 64_000_000  # 8k×8k: past this it is a bomb, not a photo
+    max_row_pixels: int = 100_000_000  # decoded pixels per row, images and frames (~300 MB RGB)
+    frame_pixels: int | None = None  # frames are downscaled to this; None: the model's own, else 602,112
+    window_media_bytes: int = 512 * 2**20  # decoded media held by rows waiting for generation
     image_bytes: int = 20 * 2**20  # caps from reference.md
     video_bytes: int = 500 * 2**20
     audio_bytes: int = 100 * 2**20
@@ -72,6 +75,7 @@ class RunConfig:
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first
+    row_timeout: float | None = None  # seconds a row may generate (from its batch's start); None = no limit
     quiet: bool = False
 
 
@@ -153,6 +157,8 @@ def build_config(
         raise ConfigError("video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames")
     if min(limits.retries, limits.fetch_workers, limits.decode_workers) < 1:
         raise ConfigError("retries, fetch_workers and decode_workers must be >= 1")
+    if min(limits.max_image_pixels, limits.max_row_pixels, limits.frame_pixels or 1) < 1:
+        raise ConfigError("max_image_pixels, max_row_pixels and frame_pixels must be >= 1")
     if data.get("engine", "local") not in ("local", "ray"):
         raise ConfigError(f"--engine {data['engine']!r}: expected local or ray")
     for key in ("batch_size", "window", "cache_entries", "workers"):
@@ -168,6 +174,8 @@ def build_config(
         if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
             raise ConfigError(f"--shard {data['shard']!r}: expected i/N with 0 <= i < N, e.g. 0/4")
         data["shard"] = tuple(shard)
+    if data.get("row_timeout") is not None and not float(data["row_timeout"]) > 0:
+        raise ConfigError("--row-timeout must be > 0 seconds")
     if data.get("limit") is not None and int(data["limit"]) < 0:
         raise ConfigError("--limit must be >= 0")
     return RunConfig(

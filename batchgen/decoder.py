@@ -10,6 +10,8 @@ in one left-padded KV cache, each with its own sampler, stop rules and positions
 from __future__ import annotations
 
 import copy
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,11 +19,12 @@ from typing import Any
 import mlx.core as mx
 
 from .cache import PrefixCache
+from .errors import StopRequested
 from .records import GenParams
 
 __all__ = [
-    "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch", "hit_stop", "final_text", "sampler_for",
-    "logits_processors_for",
+    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch", "hit_stop", "final_text",
+    "sampler_for", "logits_processors_for",
 ]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
@@ -38,11 +41,27 @@ class Sequence:
     embed: Callable[[int, int], mx.array] | None = None  # embeddings of ids[a:b] (media rows)
     positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
+    deadline: float | None = None  # time.monotonic() past which the row stops ("timeout")
+    capped: bool = False  # max_tokens was lowered to fit the model's context
     # outputs
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"
     cached_tokens: int = 0
     text: str = ""
+
+
+@dataclass(slots=True)
+class Watch:
+    """What bounds one row's generation besides max_tokens: the run's stop request, the
+    row's deadline and the model's context (prompt plus completion)."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None  # time.monotonic()
+    context: int | None = None
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise StopRequested
 
 
 class Adapter:
@@ -104,7 +123,9 @@ class VLMAdapter(Adapter):
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
 
-def _prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None) -> tuple[mx.array, list[Any]]:
+def _prefill(
+    adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch
+) -> tuple[mx.array, list[Any]]:
     """Resume from the longest cached prefix, store the row's boundaries, return last logits."""
     n = len(seq.ids)
     cache, start = None, 0
@@ -117,6 +138,7 @@ def _prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None) -> t
     # so MLX never computes them (the vocabulary projection is a large share of a tiny model).
     for end, key in [*stops, (n - 1, None)]:
         while start < end:
+            watch.check_stop()
             step_end = min(end, start + PREFILL_STEP)
             adapter.forward(seq, cache, start, step_end)
             mx.eval([c.state for c in cache])
@@ -167,13 +189,16 @@ def decode_batch(
     eos: set[int],
     decode: Callable[[list[int]], str],
     prefixes: PrefixCache | None = None,
+    watch: Watch | None = None,
 ) -> None:
     """Generate every sequence of the batch; fills tokens, text, finish_reason, cached_tokens.
 
     A row with a seed and temperature > 0 must come alone: its draws then depend on nothing
-    but its seed (the scheduler sees to that).
+    but its seed (the scheduler sees to that). A row past its `deadline` ends with finish
+    reason "timeout"; a stop request raises StopRequested between steps, whatever is running.
     """
-    prefilled = [_prefill(adapter, s, prefixes) for s in seqs]
+    watch = watch or Watch()
+    prefilled = [_prefill(adapter, s, prefixes, watch) for s in seqs]
     caches = [c for _, c in prefilled]
     if len(seqs) == 1 and seqs[0].params.seed is not None:
         mx.random.seed(seqs[0].params.seed)
@@ -184,6 +209,8 @@ def decode_batch(
     merged = None
     step = 0
     while active:
+        watch.check_stop()
+        now = time.monotonic()
         rows = [seqs[i] for i in active]
         picked = []
         plain = all(samplers[i] is None and not processors[i] for i in active)
@@ -211,6 +238,8 @@ def decode_batch(
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= seq.params.max_tokens:
                 seq.finish_reason = "length"
+            elif seq.deadline is not None and now > seq.deadline:
+                seq.finish_reason = "timeout"
             else:
                 keep.append(j)
         if not keep:

@@ -7,17 +7,20 @@ own generate for inputs the decoder does not handle (video, audio, other model f
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from .cache import Memo, PrefixCache
 from .config import RunConfig
-from .decoder import LMAdapter, Sequence, VLMAdapter, decode_batch
+from .decoder import LMAdapter, Sequence, VLMAdapter, Watch, decode_batch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
 from .errors import ConfigError, RowError
-from .models import inspect_model
+from .models import ModelInfo, inspect_model
 from .prompts import (
     END_OF_TURN,
     after_media,
@@ -61,6 +64,7 @@ class Engines:
         text_model: str | None = None,
         prefix_cache: PrefixCache | None = None,
         drafter: Drafter | None = None,
+        row_timeout: float | None = None,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
@@ -70,6 +74,9 @@ class Engines:
         self._lm: tuple[Any, Any] | None = None
         self._text_on_vlm = False
         self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
+        self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
+        self.stop = threading.Event()  # the runner's stop request, checked between decode steps
+        self.capped = 0  # rows whose max_tokens was lowered to fit the model's context
 
     @classmethod
     def from_config(cls, config: RunConfig) -> Engines:
@@ -80,7 +87,7 @@ class Engines:
             drafter = inspect_drafter(
                 config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
             )
-        return cls(config.model, config.text_model, prefixes, drafter)
+        return cls(config.model, config.text_model, prefixes, drafter, config.row_timeout)
 
     # -- loading ---------------------------------------------------------------
     def _load_vlm(self) -> tuple[Any, Any]:
@@ -181,7 +188,7 @@ class Engines:
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         check_length(prompt, ids, self.text_info)
         bounds = message_bounds(tokenizer, messages, p.chat_template_kwargs, ids)
-        seq = Sequence(ids=ids, params=p, boundaries=self._keys("lm", ids, bounds, []))
+        seq = _fit(Sequence(ids=ids, params=p, boundaries=self._keys("lm", ids, bounds, [])), self.text_info)
         return Plan(job, media, "lm", seq, group=("lm", tuple(ids[: bounds[-1]]) if bounds else ()))
 
     def _plan_vlm(self, job: Job, media: Media) -> Plan:
@@ -217,6 +224,7 @@ class Engines:
         embed = self._embedder(model, inputs, ids, digests) if media.images else None
         keyed = self._keys("vlm", ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
+        seq = _fit(seq, self.vision_info)
         return Plan(
             job,
             media,
@@ -266,8 +274,26 @@ class Engines:
         return keys
 
     # -- generation ------------------------------------------------------------
+    def _watch(self, info: ModelInfo) -> Watch:
+        deadline = time.monotonic() + self.row_timeout if self.row_timeout else None
+        return Watch(self.stop, deadline, info.context)
+
     def run(self, plans: list[Plan]) -> list[Generation | RowError]:
-        """One batch of plans of one lane; each row gets its Generation or its RowError."""
+        """One batch of plans of one lane; each row gets its Generation or its RowError. A row
+        past --row-timeout is a `generate` error; a stop request raises StopRequested."""
+        outcomes = self._run(plans)
+        for i, outcome in enumerate(outcomes):
+            if isinstance(outcome, Generation):
+                self.capped += outcome.capped
+                if outcome.finish_reason == "timeout":
+                    outcomes[i] = RowError(
+                        "generate",
+                        f"no answer within --row-timeout {self.row_timeout:g} s "
+                        f"({outcome.completion_tokens} tokens generated)",
+                    )
+        return outcomes
+
+    def _run(self, plans: list[Plan]) -> list[Generation | RowError]:
         lane = plans[0].lane
         if lane == "single":
             return [self._guard(self._run_single, plan) for plan in plans]
@@ -282,14 +308,17 @@ class Engines:
             tokenizer.stopping_criteria.reset(model.config.eos_token_id)
             adapter, eos = VLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids)
         seqs = [plan.seq for plan in plans]
+        watch = self._watch(self.vision_info if lane == "vlm" else self.text_info)
+        for s in seqs:
+            s.deadline = watch.deadline  # type: ignore[union-attr]
         try:
-            decode_batch(adapter, seqs, eos, tokenizer.decode, self.prefixes)  # type: ignore[arg-type]
+            decode_batch(adapter, seqs, eos, tokenizer.decode, self.prefixes, watch)  # type: ignore[arg-type]
         except Exception as e:  # an engine error fails these rows, not the run
             if len(plans) == 1:
                 return [_row_error(e)]
-            return [r for plan in plans for r in self.run([_fresh(plan)])]  # find the culprit
+            return [r for plan in plans for r in self._run([_fresh(plan)])]  # find the culprit
         return [
-            Generation(s.text, s.finish_reason, len(s.ids), len(s.tokens), s.cached_tokens)
+            Generation(s.text, s.finish_reason, len(s.ids), len(s.tokens), s.cached_tokens, capped=s.capped)
             for s in seqs  # type: ignore[union-attr]
         ]
 
@@ -307,12 +336,17 @@ class Engines:
         drafter = self.drafter if self.drafter is not None and self.drafter.lane == "vlm" else None
         if drafter is not None:
             self.load_drafter()
-        return generate_vlm(model, processor, self.vision_info, job, media, drafter)
+        return generate_vlm(
+            model, processor, self.vision_info, job, media, drafter, self._watch(self.vision_info)
+        )
 
     def _run_draft(self, job: Job, media: Media) -> Generation:
         model, tokenizer = self._lm  # type: ignore[misc]
-        ids = self._plan_lm(job, media).seq.ids  # type: ignore[union-attr]
-        return generate_draft_lm(model, tokenizer, ids, job.params, self.drafter)  # type: ignore[arg-type]
+        seq = self._plan_lm(job, media).seq
+        watch = self._watch(self.text_info)
+        gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.drafter, watch)  # type: ignore
+        gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]
+        return gen
 
     def _check_supported(self, media: Media) -> None:
         info = self.vision_info
@@ -338,8 +372,18 @@ def _dtype(model: Any):
 def _fresh(plan: Plan) -> Plan:
     """The same plan with cleared outputs, to run again on its own."""
     s = plan.seq
-    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta)  # type: ignore[union-attr]
+    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped)  # type: ignore
     return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
+
+
+def _fit(seq: Sequence, info: ModelInfo) -> Sequence:
+    """max_tokens lowered to what the model's context leaves after the prompt (the row then
+    ends with `length`): a row asking for a billion tokens stops where the model must."""
+    room = (info.context or 0) - len(seq.ids)
+    if info.context and seq.params.max_tokens > room:
+        seq.params = dataclasses.replace(seq.params, max_tokens=max(room, 1))
+        seq.capped = True
+    return seq
 
 
 def _row_error(e: Exception) -> RowError:

@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """Control characters (a newline in a path) escaped: an error is one line, whatever it quotes."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
 __all__ = [
+    "one_line",
+    "StopRequested",
     "BatchgenError",
     "ConfigError",
     "JobFileError",
@@ -52,3 +64,8 @@ class RowError(Exception):
         super().__init__(message)
         self.stage = stage
         self.message = message
+
+
+class StopRequested(BaseException):
+    """A stop request (SIGINT/SIGTERM) seen between decode steps. A BaseException, so that no
+    row-level `except Exception` turns it into a row error: it ends the batch, not a row."""

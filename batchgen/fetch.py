@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import email.utils
 import hashlib
 import ipaddress
+import math
 import os
 import random
 import re
@@ -22,20 +24,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-import requests
 import urllib3
 
 from .cache import Memo
 from .config import MediaConfig
-from .errors import RowError
+from .errors import RowError, one_line
 from .records import MediaRef
 
-__all__ = ["Fetched", "Fetcher", "describe", "check_url"]
+__all__ = ["Fetched", "Fetcher", "Target", "describe", "check_url", "parse_target"]
 
 _DATA_URL = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+)?(?P<params>(;[^;,]*)*?),", re.ASCII)
 _B64_FACTOR = 4 / 3 + 0.01  # base64 text per byte, with room for padding and line breaks
 _MAX_REDIRECTS = 5
 _CHUNK = 1 << 16
+_POOLS = 64  # keep-alive pools per thread (one per host and address)
+_HEADERS = {"User-Agent": "batchgen", "Accept-Encoding": "gzip, deflate"}
 _EXTENSIONS = {
     "image/jpeg": ".jpg", "image/png": ".png", "image/gif": ".gif", "image/webp": ".webp",
     "video/mp4": ".mp4", "video/webm": ".webm", "video/x-msvideo": ".avi", "video/quicktime": ".mov",
@@ -73,10 +76,13 @@ class Fetched:
 
 
 def describe(source: str, width: int = 80) -> str:
-    """A reference short enough for a one-line error: data URLs lose their payload."""
+    """A reference short enough for a one-line error: data URLs lose their payload, control
+    characters (a newline in a path) are escaped."""
     if source.startswith("data:"):
-        return f"{source.split(',', 1)[0]},… ({len(source)} chars)"
-    return source if len(source) <= width else source[: width - 1] + "…"
+        source = f"{source.split(',', 1)[0][:width]},… ({len(source)} chars)"
+    elif len(source) > width:
+        source = source[: width - 1] + "…"
+    return one_line(source)
 
 
 def _resolve(host: str, port: int) -> list[str]:
@@ -84,38 +90,100 @@ def _resolve(host: str, port: int) -> list[str]:
     return sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
 
 
+# IPv6 ranges that carry an IPv4 address in their low 32 bits: a private v4 hides in them.
+_V4_IN_V6 = [ipaddress.ip_network(n) for n in ("::/96", "::ffff:0:0/96", "::ffff:0:0:0/96",
+                                                 "64:ff9b::/96", "64:ff9b:1::/48")]  # fmt: skip
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """IPv4 addresses an IPv6 address stands for: mapped, compatible, translated, NAT64,
+    6to4 and Teredo forms."""
+    found = [a for a in (ip.ipv4_mapped, ip.sixtofour) if a is not None]
+    if ip.teredo is not None:
+        found += list(ip.teredo)
+    if any(ip in net for net in _V4_IN_V6):
+        found.append(ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF))
+    return found
+
+
 def _is_public(address: str) -> bool:
     ip = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = _embedded_ipv4(ip)
+        if embedded:
+            return all(v4.is_global and not v4.is_multicast for v4 in embedded)
     return ip.is_global and not ip.is_multicast
 
 
-def check_url(url: str, allow_private: bool) -> None:
-    """Refuse what the SSRF policy forbids; raises a `fetch` RowError naming the reason."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
+@dataclass(slots=True, frozen=True)
+class Target:
+    """An http(s) URL parsed once: what is checked is exactly what is connected to."""
+
+    scheme: str
+    host: str  # lower case, IDNA-encoded, IPv6 without brackets
+    port: int
+    path: str  # path and query, as sent in the request line
+    host_header: str
+
+
+_UNSAFE = re.compile(r"[\\\x00-\x20\x7f]")  # backslash, controls, space: parsers split on them differently
+
+
+def parse_target(url: str) -> Target:
+    """Parse with urllib3 (the connection's parser) and with urlsplit; refuse URLs on which
+    they disagree, and the characters that make them disagree."""
+    bad = _UNSAFE.search(url)
+    if bad:
+        raise RowError("fetch", f"{describe(url)}: refused: the URL holds {bad.group()!r}")
+    try:
+        ours = urllib3.util.parse_url(url)
+        theirs = urlsplit(url)
+        their_host = (theirs.hostname or "").encode("idna").decode("ascii").lower()
+        their_port = theirs.port
+    except (urllib3.exceptions.LocationParseError, ValueError, UnicodeError) as e:
+        raise RowError("fetch", f"{describe(url)}: malformed URL ({_short(e)})") from None
+    scheme = (ours.scheme or "").lower()
+    if scheme not in ("http", "https"):
         raise RowError("fetch", f"{describe(url)}: only http and https URLs are fetched")
-    host = parts.hostname
+    host = (ours.host or "").strip("[]").lower()
     if not host:
         raise RowError("fetch", f"{describe(url)}: URL without a host")
-    if allow_private:
-        return
-    if host == "localhost" or host.endswith(".localhost"):
+    if ours.auth is not None:
+        raise RowError("fetch", f"{describe(url)}: refused: URLs with credentials (user@) are not fetched")
+    if (host, ours.port) != (their_host, their_port) or ours.port == 0:
+        raise RowError("fetch", f"{describe(url)}: refused: URL parsers disagree on its host or port")
+    default = 443 if scheme == "https" else 80
+    port = ours.port or default
+    shown = f"[{host}]" if ":" in host else host
+    header = shown if port == default else f"{shown}:{port}"
+    return Target(scheme, host, port, ours.request_uri, header)
+
+
+def check_url(url: str, allow_private: bool) -> tuple[Target, str]:
+    """Refuse what the SSRF policy forbids; the target and the one address to connect to.
+
+    The address is resolved here, once: the connection is pinned to it, so a DNS answer
+    that changes between the check and the request (rebinding) changes nothing."""
+    target = parse_target(url)
+    host = target.host
+    if not allow_private and (host == "localhost" or host.endswith(".localhost")):
         raise RowError(
             "fetch", f"{describe(url)}: refused: {host} is local (--allow-private-urls permits it)"
         )
     try:
-        addresses = _resolve(host, parts.port or (443 if parts.scheme == "https" else 80))
-    except (socket.gaierror, UnicodeError, ValueError) as e:
-        raise RowError("fetch", f"{describe(url)}: cannot resolve {host} ({e})") from e
+        addresses = _resolve(host, target.port)
+    except (OSError, UnicodeError, ValueError) as e:
+        raise RowError("fetch", f"{describe(url)}: cannot resolve {host} ({_short(e)})") from e
+    if not addresses:
+        raise RowError("fetch", f"{describe(url)}: cannot resolve {host} (no address)")
     private = [a for a in addresses if not _is_public(a)]
-    if private or not addresses:
+    if private and not allow_private:
         raise RowError(
             "fetch",
             f"{describe(url)}: refused: {host} resolves to non-public address {', '.join(private)} "
             "(--allow-private-urls permits it)",
         )
+    return target, addresses[0]
 
 
 class _Retry(Exception):
@@ -126,20 +194,31 @@ class _Retry(Exception):
 
 
 def _retry_after(value: str | None) -> float | None:
-    try:
-        return min(float(value), 30.0) if value else None  # honoured, but never for long
-    except ValueError:
+    """Seconds to wait from a Retry-After header (seconds or an HTTP date); honoured, but
+    never for long, and nonsense (negative, nan) is ignored."""
+    if not value:
         return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return min(max(seconds, 0.0), 30.0) if math.isfinite(seconds) else None
 
 
 class Fetcher:
     """The run's one fetcher: HTTP session, URL table, on-disk cache and counters."""
 
-    def __init__(self, config: MediaConfig, base_dir: Path, tmp_dir: Path):
+    def __init__(
+        self, config: MediaConfig, base_dir: Path, tmp_dir: Path, stop: threading.Event | None = None
+    ):
         self.config = config
         self.base_dir = base_dir
         self.tmp_dir = tmp_dir
-        self._local = threading.local()  # a requests.Session per worker thread
+        self.stop = stop or threading.Event()  # set when the run stops: downloads give up at once
+        self._local = threading.local()  # connection pools per worker thread
         self._urls: Memo[Fetched] = Memo(capacity=1_000_000)  # url → file on disk: tiny entries
         self._paths: Memo[Fetched] = Memo(capacity=100_000)  # local path → its Fetched (digest cached)
         self._lock = threading.Lock()
@@ -152,12 +231,6 @@ class Fetcher:
     @property
     def url_reuses(self) -> int:
         return self._urls.hits
-
-    def _session(self) -> requests.Session:
-        if not hasattr(self._local, "session"):
-            self._local.session = requests.Session()
-            self._local.session.trust_env = False  # no proxies or .netrc from the environment
-        return self._local.session
 
     def _cap(self, kind: str) -> int:
         c = self.config
@@ -205,7 +278,7 @@ class Fetcher:
             )
         return Fetched(ref, data=data, mime=mime or None)
 
-    def _from_path(self, ref: MediaRef) -> Fetched:
+    def _local_file(self, ref: MediaRef) -> tuple[Path, int]:
         path = Path(ref.source).expanduser()
         if not path.is_absolute():
             path = self.base_dir / path
@@ -214,8 +287,14 @@ class Fetcher:
             if not path.resolve().is_relative_to(root):
                 raise RowError("fetch", f"{describe(ref.source)}: outside the media root {root}")
         if not path.is_file():
-            raise RowError("fetch", f"{describe(ref.source)}: no such file ({path})")
-        size = path.stat().st_size
+            raise RowError("fetch", f"{describe(ref.source)}: no such file ({describe(str(path))})")
+        return path, path.stat().st_size
+
+    def _from_path(self, ref: MediaRef) -> Fetched:
+        try:
+            path, size = self._local_file(ref)
+        except (OSError, ValueError, RuntimeError) as e:  # NUL bytes, ~nosuchuser, symlink loops
+            raise RowError("fetch", f"{describe(ref.source)}: cannot use this path ({_short(e)})") from None
         cap = self._cap(ref.kind)
         if size > cap:
             raise RowError(
@@ -271,31 +350,59 @@ class Fetcher:
                 backoff = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random())  # jittered
                 with self._lock:
                     self.retries += 1
-                time.sleep(r.wait if r.wait is not None else backoff)
+                if self.stop.wait(r.wait if r.wait is not None else backoff):
+                    raise RowError(
+                        "fetch", f"{describe(ref.source)}: stopped (the run is stopping)"
+                    ) from None
         raise AssertionError("unreachable")
+
+    def _pool(self, target: Target, address: str) -> urllib3.HTTPConnectionPool:
+        """A keep-alive pool per thread and (address, host): the connection goes to the
+        address that was checked, with the URL's host in the Host header and TLS SNI."""
+        pools = self._local.__dict__.setdefault("pools", {})
+        key = (target.scheme, address, target.port, target.host)
+        if key not in pools:
+            if len(pools) >= _POOLS:
+                pools.pop(next(iter(pools))).close()
+            if target.scheme == "https":
+                import certifi
+
+                pools[key] = urllib3.HTTPSConnectionPool(
+                    address, target.port, maxsize=1, retries=False, server_hostname=target.host,
+                    assert_hostname=target.host, cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
+                )  # fmt: skip
+            else:
+                pools[key] = urllib3.HTTPConnectionPool(address, target.port, maxsize=1, retries=False)
+        return pools[key]
 
     def _attempt(self, ref: MediaRef) -> Fetched:
         kind, url = ref.kind, ref.source
         timeout = self._timeout(kind)
         deadline = time.monotonic() + timeout
         per_read = min(timeout, 10.0)  # a stalled socket is noticed well before the deadline
-        session = self._session()
         for _ in range(_MAX_REDIRECTS + 1):
-            check_url(url, self.config.allow_private_urls)
+            target, address = check_url(url, self.config.allow_private_urls)
             try:
-                response = session.get(url, stream=True, allow_redirects=False, timeout=per_read)
-            except (requests.ConnectionError, requests.Timeout) as e:
+                response = self._pool(target, address).urlopen(
+                    "GET", target.path, headers={"Host": target.host_header, **_HEADERS},
+                    redirect=False, retries=False, preload_content=False, assert_same_host=False,
+                    timeout=urllib3.Timeout(connect=per_read, read=per_read),
+                )  # fmt: skip
+            except urllib3.exceptions.SSLError as e:
+                raise RowError("fetch", f"{describe(ref.source)}: TLS failed ({_short(e)})") from e
+            except (urllib3.exceptions.HTTPError, OSError) as e:
                 raise _Retry(f"{type(e).__name__}: {_short(e)}") from e
-            except requests.RequestException as e:
-                raise RowError("fetch", f"{describe(ref.source)}: {_short(e)}") from e
-            with response:
-                if response.status_code in (301, 302, 303, 307, 308):
+            try:
+                status = response.status
+                if status in (301, 302, 303, 307, 308):
                     location = response.headers.get("Location")
                     if not location:
                         raise RowError("fetch", f"{describe(ref.source)}: redirect without a Location header")
-                    url = urljoin(url, location)
+                    try:
+                        url = urljoin(url, location.strip())
+                    except ValueError as e:
+                        raise RowError("fetch", f"{describe(ref.source)}: malformed redirect ({e})") from None
                     continue
-                status = response.status_code
                 if status == 429 or status >= 500:
                     raise _Retry(f"HTTP {status}", _retry_after(response.headers.get("Retry-After")))
                 if status >= 400:
@@ -303,10 +410,12 @@ class Fetcher:
                         "fetch", f"{describe(ref.source)}: HTTP {status} {response.reason or ''}".rstrip()
                     )
                 return self._stream(ref, response, deadline)
+            finally:
+                response.close()
         raise RowError("fetch", f"{describe(ref.source)}: more than {_MAX_REDIRECTS} redirects")
 
-    def _stream(self, ref: MediaRef, response: requests.Response, deadline: float) -> Fetched:
-        """Save the body to a temp file, stopping at the cap or the deadline, whichever first."""
+    def _stream(self, ref: MediaRef, response: urllib3.BaseHTTPResponse, deadline: float) -> Fetched:
+        """Save the body to a temp file, stopping at the cap, the deadline or a stop request."""
         cap = self._cap(ref.kind)
         declared = response.headers.get("Content-Length")
         if declared and declared.isdigit() and int(declared) > cap:
@@ -328,11 +437,13 @@ class Fetcher:
                         raise RowError(
                             "fetch", f"{describe(ref.source)}: body over the {ref.kind} cap of {cap} bytes"
                         )
+                    if self.stop.is_set():
+                        raise RowError("fetch", f"{describe(ref.source)}: stopped (the run is stopping)")
                     if time.monotonic() > deadline:
                         raise _Retry(f"download took over {self._timeout(ref.kind):g} s")
                     h.update(chunk)
                     f.write(chunk)
-        except (requests.ConnectionError, requests.Timeout, urllib3.exceptions.HTTPError, OSError) as e:
+        except (urllib3.exceptions.HTTPError, OSError) as e:
             tmp.unlink(missing_ok=True)
             raise _Retry(f"{type(e).__name__}: {_short(e)}") from e
         except BaseException:
@@ -347,9 +458,9 @@ class Fetcher:
         return Fetched(ref, path=path, mime=mime, _digest=digest)
 
 
-def _chunks(response: requests.Response):
+def _chunks(response: urllib3.BaseHTTPResponse):
     """Bytes as they arrive (one socket read each), so a trickling server meets the deadline."""
-    while chunk := response.raw.read1(_CHUNK, decode_content=True):
+    while chunk := response.read1(_CHUNK, decode_content=True):
         yield chunk
 
 

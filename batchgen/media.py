@@ -13,23 +13,23 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .cache import Memo
 from .config import MediaConfig
-from .decode import decode_image
+from .decode import decode_image, image_size
 from .errors import RowError
 from .fetch import Fetched, Fetcher, describe
 from .frames import extract_frames
-from .records import Job, Media
+from .records import Job, Media, MediaRef
 
 __all__ = ["StageTimes", "Prepared", "MediaStage", "Prefetcher"]
 
 _IMAGE_MEMORY = 512 * 2**20  # decoded pixels kept for reuse; a 448² image is 0.6 MB
-_FRAMES_MEMORY = 1024 * 2**20
+_FRAMES_MEMORY = 512 * 2**20  # frames are kept at the model's size, ~0.6 Mpx each
 
 
 @dataclass(slots=True)
@@ -47,17 +47,30 @@ class Prepared:
     times: StageTimes = field(default_factory=StageTimes)
     error: RowError | None = None
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the decoded media (shared images counted for every row)."""
+        m = self.media
+        return sum(im.width * im.height * 3 for im in m.images) + sum(v.nbytes for v in m.videos)
+
+
+_FRAME_PIXELS = 768 * 28 * 28  # Qwen-VL's per-frame maximum, for models that do not say
+
 
 class MediaStage:
     """The run's media resolver: one fetcher, decode memos, a bound on CPU-heavy work."""
 
-    def __init__(self, config: MediaConfig, base_dir: Path, tmp_dir: Path, audio_from_video: bool = False):
+    def __init__(
+        self, config: MediaConfig, base_dir: Path, tmp_dir: Path, audio_from_video: bool = False,
+        model_pixels: int | None = None, stop: threading.Event | None = None,
+    ):  # fmt: skip
         self.config = config
         self.tmp_dir = tmp_dir
-        self.fetcher = Fetcher(config, base_dir, tmp_dir)
+        self.fetcher = Fetcher(config, base_dir, tmp_dir, stop)
         self.images: Memo[Any] = Memo(4096, _IMAGE_MEMORY, lambda im: im.width * im.height * 3)
         self.frames: Memo[Any] = Memo(256, _FRAMES_MEMORY, lambda a: a.nbytes)
         self.audio_tracks: Memo[str | None] = Memo(4096)
+        self.frame_pixels = config.frame_pixels or min(model_pixels or _FRAME_PIXELS, _FRAME_PIXELS)
         self._cpu = threading.BoundedSemaphore(config.decode_workers)
         self._ffmpeg = shutil.which("ffmpeg") if audio_from_video else None
 
@@ -76,47 +89,82 @@ class MediaStage:
         }
 
     def resolve(self, job: Job) -> Prepared:
-        """Never raises for a row problem: the failure comes back in `Prepared.error`."""
+        """Never raises for a row problem: the failure comes back in `Prepared.error`, named
+        after the row's own reference and the stage it happened in."""
         out = Prepared()
+        stage, ref = "fetch", None
         try:
-            self._resolve(job, out)
+            for ref in job.media:
+                stage = "fetch"
+                t0 = time.perf_counter()
+                item = self.fetcher.fetch(ref)
+                t1 = time.perf_counter()
+                out.times.fetch_ms += (t1 - t0) * 1000
+                stage = {"image": "decode", "video": "frames"}.get(ref.kind, "fetch")
+                self._decode_into(job, ref, item, out)
+                elapsed = (time.perf_counter() - t1) * 1000
+                if ref.kind == "image":
+                    out.times.decode_ms += elapsed
+                else:
+                    out.times.frames_ms += elapsed
         except RowError as e:
-            out.error = e
+            name = describe(ref.source) if ref is not None else "media"
+            message = e.message if e.stage == "fetch" else f"{name}: {e.message}"
+            out.error = RowError(e.stage, message)
+        except Exception as e:  # noqa: BLE001 - whatever a hostile input raises is this row's error
+            name = describe(ref.source) if ref is not None else "media"
+            out.error = RowError(stage, f"{name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+        if out.error is not None:
+            out.media = Media()  # a failed row holds no decoded media
         return out
 
-    def _resolve(self, job: Job, out: Prepared) -> None:
-        c, times = self.config, out.times
-        fps = job.video_fps or c.video_fps
-        max_frames = job.video_max_frames or c.video_max_frames
-        for ref in job.media:
-            t0 = time.perf_counter()
-            item = self.fetcher.fetch(ref)
-            t1 = time.perf_counter()
-            times.fetch_ms += (t1 - t0) * 1000
-            if ref.kind == "image":
-                out.media.images.append(self.images.get(item.digest, lambda i=item: self._decode(i)))
-                out.media.image_digests.append(item.digest)
-                times.decode_ms += (time.perf_counter() - t1) * 1000
-            elif ref.kind == "video":
-                key = (item.digest, fps, c.video_min_frames, max_frames)
-                frames = self.frames.get(key, lambda i=item: self._frames(i, fps, max_frames))
-                out.media.videos.append(frames)
-                if self._ffmpeg and not any(r.kind == "audio" for r in job.media):
-                    track = self.audio_tracks.get(item.digest, lambda i=item: self._audio_track(i))
-                    if track:
-                        out.media.audio.append(track)
-                times.frames_ms += (time.perf_counter() - t1) * 1000
-            else:
-                out.media.audio.append(str(self._on_disk(item)))
+    def _budget_left(self, out: Prepared) -> int:
+        m = out.media
+        used = sum(im.width * im.height for im in m.images) + sum(v.shape[0] * v.shape[1] * v.shape[2]
+                                                                   for v in m.videos)  # fmt: skip
+        return self.config.max_row_pixels - used
+
+    def _decode_into(self, job: Job, ref: MediaRef, item: Fetched, out: Prepared) -> None:
+        c = self.config
+        budget = self._budget_left(out)
+        if ref.kind == "image":
+            width, height = image_size(item.read())
+            if width * height > budget:
+                raise RowError(
+                    "decode",
+                    f"{width}x{height} image is over what is left of the row's budget of {c.max_row_pixels} "
+                    "decoded pixels",
+                )
+            out.media.images.append(self.images.get(item.digest, lambda: self._decode(item)))
+            out.media.image_digests.append(item.digest)
+        elif ref.kind == "video":
+            fps = job.video_fps or c.video_fps
+            max_frames = job.video_max_frames or c.video_max_frames
+            key = (item.digest, fps, c.video_min_frames, max_frames, self.frame_pixels)
+            frames = self.frames.get(key, lambda: self._frames(item, fps, max_frames))
+            if frames.shape[0] * frames.shape[1] * frames.shape[2] > budget:
+                raise RowError(
+                    "frames",
+                    f"{frames.shape[0]} frames of {frames.shape[2]}x{frames.shape[1]} are over what is left "
+                    f"of the row's budget of {c.max_row_pixels} decoded pixels",
+                )
+            out.media.videos.append(frames)
+            if self._ffmpeg and not any(r.kind == "audio" for r in job.media):
+                track = self.audio_tracks.get(item.digest, lambda: self._audio_track(item))
+                if track:
+                    out.media.audio.append(track)
+        else:
+            out.media.audio.append(str(self._on_disk(item)))
 
     def _decode(self, item: Fetched):
         with self._cpu:
-            return decode_image(item, self.config.max_image_pixels)
+            return decode_image(item.read(), self.config.max_image_pixels)
 
     def _frames(self, item: Fetched, fps: float, max_frames: int):
+        c = self.config
         with self._cpu:
             return extract_frames(
-                self._on_disk(item), describe(item.ref.source), fps, self.config.video_min_frames, max_frames
+                self._on_disk(item), fps, c.video_min_frames, max_frames, self.frame_pixels, c.max_row_pixels
             )
 
     def _on_disk(self, item: Fetched) -> Path:
@@ -140,17 +188,29 @@ class MediaStage:
 
 class Prefetcher:
     """Jobs in order with their media resolving up to `depth` rows ahead in the pool, so I/O
-    hides behind generation while at most `depth` rows of media sit in memory."""
+    hides behind generation. Memory is bounded twice: at most `depth` rows ahead, and no new
+    row is started while the finished ones ahead hold `max_bytes` of decoded media."""
 
-    def __init__(self, jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int):
+    def __init__(
+        self, jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int,
+        max_bytes: int | None = None, stop: threading.Event | None = None,
+    ):  # fmt: skip
         self.jobs, self.stage, self.pool, self.depth = jobs, stage, pool, depth
+        self.max_bytes = max_bytes if max_bytes is not None else stage.config.window_media_bytes
+        self.stop = stop or threading.Event()
         self.ahead: deque[tuple[Job, Future | None]] = deque()
         self.exhausted = False
 
     def start(self) -> None:
         self._fill()
 
+    def held(self) -> int:
+        """Bytes of decoded media in the finished rows ahead."""
+        return sum(f.result().nbytes for _, f in self.ahead if f is not None and f.done())
+
     def _fill(self) -> None:
+        if self.ahead and self.held() >= self.max_bytes:
+            return
         while not self.exhausted and len(self.ahead) < self.depth:
             job = next(self.jobs, None)
             if job is None:
@@ -160,15 +220,23 @@ class Prefetcher:
             self.ahead.append((job, self.pool.submit(self.stage.resolve, job) if needs_media else None))
 
     def take(self, most: int, least: int) -> list[tuple[Job, Prepared | None]]:
-        """Up to `most` rows; past `least`, stop at the first row whose media are not ready,
-        so generation starts instead of waiting on the network."""
+        """Up to `most` rows and about `max_bytes` of media; past `least`, stop at the first row
+        whose media are not ready, so generation starts instead of waiting on the network.
+        A stop request ends the wait at once."""
         window: list[tuple[Job, Prepared | None]] = []
+        size = 0
         self._fill()
-        while self.ahead and len(window) < most:
+        while self.ahead and len(window) < most and not (window and size >= self.max_bytes):
             job, future = self.ahead[0]
             if len(window) >= least and future is not None and not future.done():
                 break
+            while future is not None and not future.done():
+                if self.stop.is_set():
+                    return window
+                wait([future], timeout=0.1)
             self.ahead.popleft()
-            window.append((job, future.result() if future else None))
+            prepared = future.result() if future else None
+            size += prepared.nbytes if prepared else 0
+            window.append((job, prepared))
             self._fill()
         return window

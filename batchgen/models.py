@@ -37,6 +37,7 @@ class ModelInfo:
     audio: bool
     video: bool  # frames go in as a video (temporal grid) rather than as images
     context: int | None = None  # max_position_embeddings, where the config says
+    max_pixels: int | None = None  # most pixels per image/frame its processor keeps, where it says
 
     @property
     def multimodal(self) -> bool:
@@ -87,4 +88,25 @@ def inspect_model(name: str) -> ModelInfo:
         audio=audio,
         video=vision and has_keys(config, _VIDEO_KEYS),
         context=context,
+        max_pixels=_processor_pixels(path),
     )
+
+
+def _processor_pixels(path: Path) -> int | None:
+    """The most pixels the processor keeps per frame: video settings first, then image ones
+    (`max_pixels`, a `longest_edge`, or a fixed height x width)."""
+    for name in ("video_preprocessor_config.json", "preprocessor_config.json"):
+        try:
+            config = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue
+        size = config.get("size") if isinstance(config.get("size"), dict) else {}
+        for value in (config.get("max_pixels"), size.get("max_pixels")):
+            if isinstance(value, int) and value > 0:
+                return value
+        edge = size.get("longest_edge")
+        if isinstance(edge, int) and edge > 0:
+            return edge * edge
+        if isinstance(size.get("height"), int) and isinstance(size.get("width"), int):
+            return max(1, size["height"] * size["width"])
+    return None

@@ -76,15 +76,22 @@ class JobIndex:
     wheres: list[str] | None = None  # how messages name each row (line N / row N)
 
     rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
+    kept_ids: list[Any] | None = None  # ids the output keeps, in order (the shard's); None = ids
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    @property
+    def output_ids(self) -> list[Any]:
+        """The ids the output holds, in job order: a --limit narrows the work, never the output."""
+        return self.kept_ids if self.kept_ids is not None else self.ids
+
     def narrow(self, shard: tuple[int, int] | None = None, limit: int | None = None) -> None:
-        """Keep shard i of n (by a stable hash of the id), then the first `limit` rows."""
+        """Keep shard i of n (by a stable hash of the id), then work on its first `limit` rows."""
         keep = [
             i for i, row_id in enumerate(self.ids) if shard is None or shard_of(row_id, shard[1]) == shard[0]
         ]
+        self.kept_ids = [self.ids[i] for i in keep]
         keep = keep[:limit] if limit is not None else keep
         self.rows = [self.rows[i] for i in keep] if self.rows is not None else keep
         self.ids = [self.ids[i] for i in keep]

@@ -86,6 +86,7 @@ class Generation:
     cached_tokens: int = 0
     mtp_drafts: int = 0
     mtp_accepted: int = 0
+    capped: bool = False  # max_tokens was lowered to what the model's context leaves
 
 
 @dataclass(slots=True)

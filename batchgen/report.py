@@ -14,6 +14,7 @@ from urllib.parse import quote
 
 import pyarrow.parquet as pq
 
+from .decode import IMAGE_FORMATS
 from .errors import JobFileError
 
 __all__ = ["summarize", "write_gallery"]
@@ -103,16 +104,18 @@ def _media_thumbs(ref: str, kind: str, base: Path, page_dir: Path) -> list[str]:
     try:
         if ref.startswith("data:"):
             data = base64.b64decode(ref.split(",", 1)[1])
-            return [_thumbnail(Image.open(io.BytesIO(data)))] if kind == "image" else []
+            return (
+                [_thumbnail(Image.open(io.BytesIO(data), formats=IMAGE_FORMATS))] if kind == "image" else []
+            )
         path = Path(ref) if Path(ref).is_absolute() else base / ref
         if kind == "image":
-            with Image.open(path) as img:  # reads the header only: is it an image at all?
+            with Image.open(path, formats=IMAGE_FORMATS) as img:  # the header only: is it an image?
                 if path.suffix.lower() in _BROWSER_IMAGES:
                     return [quote(Path(os.path.relpath(path.resolve(), page_dir.resolve())).as_posix())]
                 return [_thumbnail(img)]
         from .frames import extract_frames
 
-        frames = extract_frames(path, ref, 1.0, 2, 4)
+        frames = extract_frames(path, 1.0, 2, 4, max_pixels=160 * 160)
         return [_thumbnail(Image.fromarray(f)) for f in frames[:: max(1, len(frames) // 3)][:3]]
     except Exception:  # a broken file is shown as missing, as its row says
         return []

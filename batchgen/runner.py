@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,14 +22,14 @@ from tqdm import tqdm
 from .cache import PrefixCache
 from .config import RunConfig
 from .engine import Engines, Plan
-from .errors import ConfigError, FailFastError, Interrupted, RowError
+from .errors import ConfigError, FailFastError, Interrupted, RowError, StopRequested, one_line
 from .media import MediaStage, Prefetcher, Prepared
 from .openai import write_batch_output
 from .parse import parse_row
 from .read import JobIndex, RawRow, id_key, iter_rows, scan
 from .records import Generation, Job, Media, Result
 from .schedule import schedule
-from .write import OutputLock, ResultWriter, atomic_write
+from .write import OutputLock, ResultWriter, atomic_write, partial_dir
 
 __all__ = ["RunSummary", "run", "generate_window"]
 
@@ -49,6 +50,7 @@ class RunSummary:
     mtp_drafts: int = 0  # tokens proposed by the drafter
     mtp_accepted: int = 0
     acceptance_rate: float = 0.0  # accepted / drafted
+    max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
     wall_s: float = 0.0
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
@@ -71,8 +73,9 @@ class RunSummary:
         drafts = ""
         if self.mtp_drafts:
             drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
+        capped = f" · {self.max_tokens_capped} rows capped at the context" if self.max_tokens_capped else ""
         return (
-            f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed) · "
+            f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
             f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
@@ -91,7 +94,7 @@ def _result(
         t = prepared.times
         result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
     if isinstance(outcome, RowError):
-        result.status, result.error, result.error_stage = "error", outcome.message, outcome.stage
+        result.status, result.error, result.error_stage = "error", one_line(outcome.message), outcome.stage
     else:
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
         result.prompt_tokens, result.completion_tokens = outcome.prompt_tokens, outcome.completion_tokens
@@ -225,19 +228,28 @@ def _check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
 
 
 class _Signals:
-    """SIGINT/SIGTERM: the first asks the run to stop after the rows in flight (they are
-    written), the second exits at once."""
+    """SIGINT/SIGTERM: the first sets `stop` (downloads give up, generation ends between
+    decode steps, finished rows are written); the second removes the lock and the temp folder
+    and exits at once."""
 
     CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
     def __init__(self):
         self.received: int | None = None
+        self.stop = threading.Event()
+        self.cleanups: list[Callable[[], None]] = []  # run by the second signal, newest first
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum, frame) -> None:
         if self.received is not None:
+            for cleanup in reversed(self.cleanups):
+                try:
+                    cleanup()
+                except Exception:  # noqa: BLE001 - exiting anyway
+                    pass
             os._exit(self.CODES.get(signum, 1))
         self.received = signum
+        self.stop.set()
 
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
@@ -264,12 +276,38 @@ def run(config: RunConfig) -> RunSummary:
 
     The job file and the models are checked before the output is locked or touched."""
     started = time.perf_counter()
+    check_paths(config)
     index = scan(config.input, config.format)
     if config.shard is not None or config.limit is not None:
         index.narrow(config.shard, config.limit)
     engines = Engines.from_config(config)
-    with OutputLock(config.output), _Signals() as signals:
+    with OutputLock(config.output) as lock, _Signals() as signals:
+        signals.cleanups.append(lambda: lock.path.unlink(missing_ok=True))
+        engines.stop = signals.stop
         return _run(config, index, engines, signals, started)
+
+
+def check_paths(config: RunConfig) -> None:
+    """Outputs that cannot be written, or that would replace the job file, stop the run
+    before any work (exit 2), not after the first batch."""
+    job = config.input.resolve()
+    output = config.output
+    written = [output, output.with_name(output.name + ".stats.json"), partial_dir(output)]
+    if config.openai_output is not None:
+        written.append(config.openai_output)
+    for path in written:
+        if path.resolve() == job:
+            raise ConfigError(f"{path} is the job file itself: choose another -o")
+    if output.is_dir():
+        raise ConfigError(f"-o {output}: is a folder; give a file name (e.g. {output / 'results.parquet'})")
+    for path in written:
+        parent = path.parent
+        try:
+            parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"cannot write {path}: {e.strerror or e}") from None
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write {path}: {parent} is not writable")
 
 
 def _run(
@@ -287,41 +325,49 @@ def _run(
     _check_unchanged(index, done)
     engines.load_drafter()
     todo = sum(id_key(i) not in done for i in index.ids)
+    if done and todo and not config.quiet:
+        print(f"resuming: {len(index.ids) - todo:,} of {len(index.ids):,} rows done", file=sys.stderr)
     summary = RunSummary(output=str(config.output))
     if config.engine == "ray":
         return _run_ray(config, index, done, writer, summary, started)
     delay = float(os.environ.get("BATCHGEN_TEST_ROW_DELAY", 0))  # tests: make kill timing deterministic
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
+        signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+        info = engines.vision_info
         stage = MediaStage(
-            config.media, config.input.parent, Path(tmp), audio_from_video=engines.vision_info.audio
+            config.media, config.input.parent, Path(tmp), info.audio, info.max_pixels, signals.stop
         )
         pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
-        prefetcher = Prefetcher(_todo(config, index, done), stage, pool, config.window)
+        prefetcher = Prefetcher(_todo(config, index, done), stage, pool, config.window, stop=signals.stop)
         try:
             prefetcher.start()
             # Load the models the first rows need while their media download.
             queued = [job for job, _ in prefetcher.ahead if not job.error]
             engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
             least = max(1, config.batch_size // 4)  # the first batch starts early, then fills up
-            while not signals.received and (window := prefetcher.take(config.window, least)):
-                least = config.batch_size
-                for results in generate_window(window, engines, config.batch_size):
-                    for job, result in results:
-                        _record(job, result, writer, summary, config)
-                        bar.update()
-                        if delay:
-                            time.sleep(delay)
-                    writer.flush()  # a finished batch is on disk before the next one starts
-                    tail = _progress(summary, prefixes, time.perf_counter() - started)
-                    bar.set_postfix_str(tail, refresh=False)
-                    signals.check(writer)
+            try:
+                while not signals.received and (window := prefetcher.take(config.window, least)):
+                    least = config.batch_size
+                    for results in generate_window(window, engines, config.batch_size):
+                        for job, result in results:
+                            _record(job, result, writer, summary, config)
+                            bar.update()
+                            if delay:
+                                time.sleep(delay)
+                        writer.flush()  # a finished batch is on disk before the next one starts
+                        tail = _progress(summary, prefixes, time.perf_counter() - started)
+                        bar.set_postfix_str(tail, refresh=False)
+                        signals.check(writer)
+            except StopRequested:
+                pass  # the batch in flight is dropped; its rows run again on resume
             signals.check(writer)
         finally:
             # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
             pool.shutdown(wait=False, cancel_futures=True)
         summary.media = stage.stats()
         summary.cache = prefixes.stats() if prefixes else {}
+        summary.max_tokens_capped = engines.capped
         return _conclude(config, writer, summary, started)
 
 

@@ -3,10 +3,11 @@ families the batched decoder does not know, and both engines' speculative loops.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
-from .decoder import final_text, hit_stop, logits_processors_for, sampler_for
+from .decoder import Watch, final_text, hit_stop, logits_processors_for, sampler_for
 from .draft import Drafter, drafted_from_flags
 from .models import ModelInfo
 from .prompts import apply_template, template_parts, text_only
@@ -15,14 +16,19 @@ from .records import Generation, GenParams, Job, Media
 __all__ = ["collect", "generate_vlm", "generate_draft_lm"]
 
 
-def collect(stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int]) -> Generation:
+def collect(
+    stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int], watch: Watch | None = None
+) -> Generation:
     """Drain an engine's stream of responses into a Generation: text decoded from the tokens
     it produced (as the batched decoder does), stop strings checked on a bounded tail, the
-    prompt count from the engine; `length` only when the token budget ran out."""
+    prompt count from the engine; `length` when the token budget or the model's context ran
+    out, `timeout` past the row's deadline."""
+    watch = watch or Watch()
     tokens: list[int] = []
     last = None
-    stopped = False
+    stopped = capped = timed_out = False
     for last in stream:
+        watch.check_stop()
         final_ids = getattr(last, "token_ids", None)
         if final_ids is not None:  # mlx-vlm's closing response lists them all (and repeats the last)
             tokens = [int(t) for t in final_ids]
@@ -33,21 +39,28 @@ def collect(stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int]) 
         if p.stop and hit_stop(tokens, p.stop, tokenizer.decode):
             stopped = True
             break
+        if watch.context and int(last.prompt_tokens) + len(tokens) >= watch.context:
+            capped = tokens[-1] not in eos
+            break
+        if watch.deadline is not None and time.monotonic() > watch.deadline:
+            timed_out = True
+            break
     if last is None:
         return Generation("", "length", 0, 0)
     completion = len(tokens)
-    ended = stopped or (tokens and tokens[-1] in eos) or completion < p.max_tokens
+    ended = stopped or (tokens and tokens[-1] in eos) or (completion < p.max_tokens and not capped)
     return Generation(
         text=final_text(tokens, eos, p.stop, tokenizer.decode),
-        finish_reason="stop" if ended else "length",
+        finish_reason="timeout" if timed_out and not ended else "stop" if ended else "length",
         prompt_tokens=int(last.prompt_tokens),
         completion_tokens=completion,
         cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
+        capped=capped,
     )
 
 
 def generate_draft_lm(
-    model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter
+    model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter, watch: Watch | None = None
 ) -> Generation:
     """mlx-lm's speculative loop with a text draft model; draft counts replayed from its flags."""
     import mlx.core as mx
@@ -66,7 +79,7 @@ def generate_draft_lm(
             flags.append(bool(response.from_draft))
             yield response
 
-    gen = collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids))
+    gen = collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids), watch)
     gen.prompt_tokens = len(ids)
     gen.mtp_accepted = sum(flags)
     gen.mtp_drafts = drafted_from_flags(flags, p.max_tokens, drafter.num_draft_tokens)
@@ -74,8 +87,9 @@ def generate_draft_lm(
 
 
 def generate_vlm(
-    model: Any, processor: Any, info: ModelInfo, job: Job, media: Media, drafter: Drafter | None = None
-) -> Generation:
+    model: Any, processor: Any, info: ModelInfo, job: Job, media: Media, drafter: Drafter | None = None,
+    watch: Watch | None = None,
+) -> Generation:  # fmt: skip
     """mlx-vlm's own generate for one row; with an mlx-vlm drafter, its counts come from the
     drafter's lifetime counters, read before and after."""
     from mlx_vlm import stream_generate
@@ -121,7 +135,7 @@ def generate_vlm(
         seed=p.seed,
         **draft,
     )
-    gen = collect(stream, p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))
+    gen = collect(stream, p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids), watch)
     if drafter is not None:
         stream.close()  # a stop string ends the stream early: let it settle its counters
         _, accepted, drafted = speculative_stats_since(drafter.model, snapshot)

@@ -69,16 +69,43 @@ def _jsonish(values: list[Any]) -> pa.Array:
     return pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in values], pa.string())
 
 
+_MAX_DEPTH = 32  # Parquet levels a carried column may take; readers refuse schemas nested ~100 deep
+
+
+def _depth(type_: pa.DataType) -> int:
+    """Parquet nesting levels of a type (a list takes two); an empty struct, which Parquet
+    cannot store at all, counts as too deep."""
+    if pa.types.is_struct(type_):
+        if type_.num_fields == 0:
+            return _MAX_DEPTH + 1
+        return 1 + max(_depth(type_.field(i).type) for i in range(type_.num_fields))
+    if pa.types.is_map(type_):
+        return 3 + max(_depth(type_.key_type), _depth(type_.item_type))
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return 2 + _depth(type_.value_type)
+    return 0
+
+
 def _column(values: list[Any], type_: pa.DataType | None) -> pa.Array:
+    """Typed as Arrow infers (or as the input schema says) when Parquet can store and read
+    that type back; otherwise the values are kept as JSON text."""
     try:
-        return pa.array(values, type=type_)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        array = pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, RecursionError):
         return _jsonish(values)
+    return array if _depth(array.type) <= _MAX_DEPTH else _jsonish(values)
+
+
+_OURS = set(RESULT_COLUMNS) - {"id"}
 
 
 def _output_name(name: str) -> str:
-    """An input column named like one of ours is kept under `input_<name>`."""
-    return f"input_{name}" if name in RESULT_COLUMNS and name != "id" else name
+    """An input column named like one of ours is kept under `input_<name>`; one already named
+    `input_<ours>` gains another prefix, so two input columns never meet under one name."""
+    bare = name
+    while bare.startswith("input_"):
+        bare = bare[len("input_") :]
+    return f"input_{name}" if bare in _OURS else name
 
 
 def rows_to_table(rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None) -> pa.Table:
@@ -200,7 +227,7 @@ class ResultWriter:
         """Merge previous output and parts in job order, rename into place, drop the parts."""
         self.flush()
         parts = self._part_files()
-        keys = [id_key(i) for i in self.index.ids]
+        keys = [id_key(i) for i in self.index.output_ids]
         if not parts and self.use_previous_output and self.output.exists():
             previous = pq.read_table(self.output)
             if [id_key(i) for i in previous.column("id").to_pylist()] == keys:
@@ -264,9 +291,15 @@ class OutputLock:
         self._file = None
 
     def __enter__(self) -> OutputLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._take()
+        except OSError as e:
+            raise ConfigError(f"cannot create the lock {self.path}: {e.strerror or e}") from None
+
+    def _take(self) -> OutputLock:
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
             try:

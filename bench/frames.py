@@ -50,10 +50,10 @@ def best_of(fn, repeats: int = 5) -> float:
 
 
 def compare(path: Path) -> None:
-    forward = extract_frames(path, path.name, 2.0, 4, 128)
+    forward = extract_frames(path, 2.0, 4, 128)
     seeked = seek_each(path)
     same = forward.shape == seeked.shape and bool((forward == seeked).all())
-    t_forward = best_of(lambda: extract_frames(path, path.name, 2.0, 4, 128))
+    t_forward = best_of(lambda: extract_frames(path, 2.0, 4, 128))
     t_seek = best_of(lambda: seek_each(path))
     print(
         f"{path.name}: {len(forward)} frames; forward {t_forward * 1000:.1f} ms, "

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -45,3 +46,43 @@ def batch(job: Path, out: Path, *extra: str) -> tuple[int, str]:
 
 def read(out: Path) -> list[dict]:
     return pq.read_table(out).to_pylist()
+
+
+PUBLIC_IP = "93.184.216.34"  # a global address the fake network routes to the loopback server
+_real_connect, _real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+
+class FakeNetwork:
+    """A guard, not a mock: DNS answers for a few test names, and every connection must go to
+    loopback, except PUBLIC_IP, which is routed to 127.0.0.1 (so a "public" host lands on
+    the test server). `connects` records where connections were asked to go."""
+
+    def __init__(self):
+        self.dns = {"public.test": [PUBLIC_IP], "private.test": ["10.1.2.3"]}
+        self.lookups: dict[str, int] = {}
+        self.connects: list[str] = []
+
+    def getaddrinfo(self, host, port, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        self.lookups[name] = self.lookups.get(name, 0) + 1
+        answer = self.dns.get(name)
+        if answer is None:
+            return _real_getaddrinfo(host, port, *args, **kwargs)
+        address = answer[min(self.lookups[name], len(answer)) - 1]  # later lookups: later answers
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port or 0))]
+
+    def connect(self, sock, address):
+        if sock.family in (socket.AF_INET, socket.AF_INET6):
+            self.connects.append(address[0])
+            if address[0] == PUBLIC_IP:
+                address = ("127.0.0.1", *address[1:])
+            assert address[0] in ("::1",) or address[0].startswith("127."), f"test tried to reach {address[0]}"
+        return _real_connect(sock, address)
+
+
+@pytest.fixture
+def network(monkeypatch) -> FakeNetwork:
+    net = FakeNetwork()
+    monkeypatch.setattr(socket, "getaddrinfo", net.getaddrinfo)
+    monkeypatch.setattr(socket.socket, "connect", lambda sock, address: net.connect(sock, address))
+    return net

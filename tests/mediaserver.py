@@ -20,6 +20,7 @@ class MediaServer(ThreadingHTTPServer):
         self.media = media
         self.hits: Counter[str] = Counter()
         self.delay = 0.0  # seconds before every answer (latency)
+        self.hosts: list[str | None] = []  # the Host header of every request
 
     def handle_error(self, request, client_address):  # clients that hang up early are expected
         pass
@@ -58,6 +59,7 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path, query = parts.path, parse_qs(parts.query)
         self.server.hits[path] += 1
+        self.server.hosts.append(self.headers.get("Host"))
         hits = self.server.hits[path]
         time.sleep(self.server.delay)
         if path.startswith("/img/") or path == "/video":
@@ -111,6 +113,10 @@ class _Handler(BaseHTTPRequestHandler):
         if path.startswith("/ratelimit/"):
             if hits == 1:
                 return self._send(429, b"slow down", headers={"Retry-After": "0.2"})
+            return self._send(200, (self.server.media / "red_circle.png").read_bytes(), "image/png")
+        if path.startswith("/retry-after/"):  # 503 with a Retry-After of ?v= the first time
+            if hits == 1:
+                return self._send(503, b"busy", headers={"Retry-After": query["v"][0]})
             return self._send(200, (self.server.media / "red_circle.png").read_bytes(), "image/png")
         if path == "/always503":
             return self._send(503, b"down")

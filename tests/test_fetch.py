@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import base64
-import socket
 import time
+import urllib.parse
 
+import conftest
 import pytest
 from conftest import MEDIA
 from mediaserver import MediaServer
 
-import batchgen.fetch as fetch_module
 from batchgen.config import MediaConfig
 from batchgen.errors import RowError
 from batchgen.fetch import Fetcher
 from batchgen.records import MediaRef
 
-_real_connect = socket.socket.connect
-
-
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch):
-    """A guard, not a mock: any connection to a non-loopback address fails the test."""
-
-    def connect(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            host = address[0]
-            assert host in ("127.0.0.1", "::1") or host.startswith("127."), f"test tried to reach {host}"
-        return _real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
+pytestmark = pytest.mark.usefixtures("network")  # loopback only; a fake public DNS name
 
 
 @pytest.fixture
@@ -109,8 +96,8 @@ def test_a_non_image_body_is_fetched_and_left_to_decode(server, tmp_path):
 
     item = fetcher(tmp_path).fetch(image(f"{server.url}/html-as-png"))
     with pytest.raises(RowError) as e:
-        decode_image(item, 10**8)
-    assert e.value.stage == "decode" and "/html-as-png" in e.value.message
+        decode_image(item.read(), 10**8)
+    assert e.value.stage == "decode" and "not an image" in e.value.message
 
 
 @pytest.mark.parametrize(
@@ -136,18 +123,9 @@ def test_ssrf_targets_are_refused_by_default(server, tmp_path, url, reason):
     assert sum(server.hits.values()) == 0
 
 
-def test_a_redirect_to_a_private_address_is_refused(server, tmp_path, monkeypatch):
-    # Make `public.test` look public to the policy while the connection lands on loopback.
-    real_resolve, real_getaddrinfo = fetch_module._resolve, socket.getaddrinfo
-    monkeypatch.setattr(
-        fetch_module, "_resolve", lambda h, p: ["93.184.216.34"] if h == "public.test" else real_resolve(h, p)
-    )
-    loopback = {"public.test": "127.0.0.1"}
-    monkeypatch.setattr(
-        socket, "getaddrinfo", lambda h, *a, **k: real_getaddrinfo(loopback.get(h, h), *a, **k)
-    )
+def test_a_redirect_to_a_private_address_is_refused(server, tmp_path):
     f = fetcher(tmp_path, allow_private_urls=False)
-    public = f"http://public.test:{server.server_port}"
+    public = f"http://public.test:{server.server_port}"  # looks public, lands on the loopback server
     assert f.fetch(image(f"{public}/img/red_circle.png")).read()[:4] == b"\x89PNG"  # allowed
     fails(f, f"{public}/redirect?to={server.url}/img/red_circle.png", "non-public address 127.0.0.1")
     assert server.hits["/redirect"] == 1 and server.hits["/img/red_circle.png"] == 1
@@ -182,3 +160,61 @@ def test_local_paths_resolve_against_the_job_folder_and_the_media_root(tmp_path)
     assert f.fetch(image("red_circle.png")).path == MEDIA / "red_circle.png"
     fails(f, "../jobs.jsonl", "outside the media root")
     fails(f, "nope.png", "no such file")
+
+
+def test_the_host_checked_is_the_host_connected_to(server, tmp_path, network):
+    f = fetcher(tmp_path, allow_private_urls=False)
+    port = server.server_port
+    # urlsplit reads example.com here, urllib3 127.0.0.1: refused before any connection.
+    fails(f, f"http://127.0.0.1:{port}\\@example.com/img/red_circle.png", "refused", "'\\\\'")
+    fails(f, f"http://public.test:{port}/a b.png", "refused", "' '")
+    fails(f, f"http://u:p@public.test:{port}/img/red_circle.png", "credentials")
+    fails(f, "http://[::1/a.png", "malformed URL")
+    fails(f, "http://1.2.3.4:99999/a.png", "malformed URL")
+    assert network.connects == [] and sum(server.hits.values()) == 0
+
+
+def test_a_rebinding_dns_answer_is_never_connected_to(server, tmp_path, network):
+    """The name resolves public for the check, private afterwards: the connection goes to
+    the checked address, and the server sees the URL's host."""
+    network.dns["rebind.test"] = [conftest.PUBLIC_IP, "10.1.2.3"]
+    f = fetcher(tmp_path, allow_private_urls=False)
+    url = f"http://rebind.test:{server.server_port}"
+    assert f.fetch(image(f"{url}/img/red_circle.png")).read()[:4] == b"\x89PNG"
+    assert network.lookups["rebind.test"] == 1 and network.connects == [conftest.PUBLIC_IP]
+    assert server.hosts == [f"rebind.test:{server.server_port}"]
+    # Every redirect hop is resolved and checked again: the next answer is private.
+    fails(f, f"{url}/redirect?to=/img/red_circle.png", "non-public address 10.1.2.3")
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["[::127.0.0.1]", "[64:ff9b::7f00:1]", "[2002:7f00:1::]", "[::ffff:0:7f00:1]", "[64:ff9b::a9fe:a9fe]",
+     "[2002:a9fe:a9fe::]", "[64:ff9b:1::a00:1]", "[2001:0:4136:e378:8000:63bf:80ff:fffe]"],
+)  # fmt: skip
+def test_ipv6_forms_of_private_ipv4_addresses_are_refused(tmp_path, host, network):
+    fails(fetcher(tmp_path, allow_private_urls=False), f"http://{host}/a.png", "non-public address")
+    assert network.connects == []
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e400", "soon", "Wed, 21 Oct 2015 07:28:00 GMT"])
+def test_a_nonsense_retry_after_is_a_short_wait_not_a_crash(server, tmp_path, value):
+    f = fetcher(tmp_path)
+    t0 = time.monotonic()
+    url = f"{server.url}/retry-after/{len(value)}?v={urllib.parse.quote(value)}"
+    assert f.fetch(image(url)).read()[:4] == b"\x89PNG"
+    assert time.monotonic() - t0 < 5 and f.retries == 1
+
+
+def test_a_redirect_to_a_malformed_url_is_a_fetch_error(server, tmp_path):
+    fails(fetcher(tmp_path), f"{server.url}/redirect?to=http://[::1", "malformed")
+
+
+def test_a_stop_request_ends_a_trickling_download(server, tmp_path):
+    import threading
+
+    f = fetcher(tmp_path, image_timeout=30.0)
+    threading.Timer(0.3, f.stop.set).start()
+    t0 = time.monotonic()
+    fails(f, f"{server.url}/trickle", "stopped")
+    assert time.monotonic() - t0 < 2 and not list(tmp_path.glob("download-*.part"))

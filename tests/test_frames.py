@@ -28,7 +28,7 @@ def test_frame_indices_rules():
 
 
 def test_sample_video_frames_are_rgb_at_the_expected_indices():
-    frames = extract_frames(MEDIA / "moving_dot.mp4", "moving_dot.mp4", 2.0, 4, 128)
+    frames = extract_frames(MEDIA / "moving_dot.mp4", 2.0, 4, 128)
     assert frames.shape == (6, 64, 64, 3) and frames.dtype == np.uint8
     # The dot is red in RGB (written as BGR red) and moves right.
     xs = [np.argwhere((f[..., 0] > 150) & (f[..., 2] < 100))[:, 1].mean() for f in frames]
@@ -39,9 +39,9 @@ def test_non_video_is_a_frames_error(tmp_path):
     bad = tmp_path / "random.mp4"
     bad.write_bytes(np.random.default_rng(0).bytes(4096))
     with pytest.raises(RowError) as e:
-        extract_frames(bad, "random.mp4", 2.0, 4, 128)
+        extract_frames(bad, 2.0, 4, 128)
     assert e.value.stage == "frames"
     empty = tmp_path / "empty.mp4"
     empty.write_bytes(b"")
     with pytest.raises(RowError, match="frames|video"):
-        extract_frames(empty, "empty.mp4", 2.0, 4, 128)
+        extract_frames(empty, 2.0, 4, 128)

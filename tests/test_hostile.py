@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 
 import cv2
 import numpy as np
@@ -14,30 +13,8 @@ from conftest import MEDIA, MODELS, read, run_cli
 from mediaserver import MediaServer
 from PIL import Image
 
-import batchgen.fetch as fetch_module
 
-_real_connect = socket.socket.connect
-
-
-@pytest.fixture(autouse=True)
-def loopback_only(monkeypatch):
-    """A guard, not a mock: any connection to a non-loopback address fails the test."""
-
-    def connect(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            assert address[0] in ("127.0.0.1", "::1"), f"test tried to reach {address[0]}"
-        return _real_connect(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    real_resolve, real_getaddrinfo = fetch_module._resolve, socket.getaddrinfo
-    fake = {"public.test": ["93.184.216.34"], "private.test": ["10.1.2.3"]}
-    monkeypatch.setattr(fetch_module, "_resolve", lambda h, p: fake.get(h) or real_resolve(h, p))
-    # public.test's packets land on the loopback server; private.test is never contacted.
-    monkeypatch.setattr(
-        socket,
-        "getaddrinfo",
-        lambda h, *a, **k: real_getaddrinfo("127.0.0.1" if h == "public.test" else h, *a, **k),
-    )
+pytestmark = pytest.mark.usefixtures("network")  # loopback only; a fake public DNS name
 
 
 def _files(folder):

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .openai import from_batch_request, is_batch_request
-from .read import RawRow
+from .read import RawRow, valid_id
 from .records import GenParams, Job, MediaRef
 
 __all__ = ["parse_row", "check_params", "MEDIA_COLUMNS"]
@@ -58,7 +58,7 @@ _PARAM_CHECKS: dict[str, Callable[[Any], tuple[Any, str | None]]] = {
     "repetition_penalty": _check(lambda v: _is_num(v) and v > 0, "a number > 0", float),
     "presence_penalty": _check(_is_num, "a number", float),
     "stop": _stop,
-    "seed": _check(_is_int, "an integer"),
+    "seed": _check(lambda v: _is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's seed range
     "system": _check(lambda v: isinstance(v, str), "a string"),
     "chat_template_kwargs": _check(lambda v: isinstance(v, dict), "an object", dict),
 }
@@ -182,6 +182,7 @@ def parse_row(row: RawRow, defaults: GenParams, template: str | None = None) -> 
     job = Job(index=row.index, id=row.id, line=row.line, digest=row.digest)
     if row.error:
         job.error = row.error
+        job.raw = row.value if isinstance(row.value, dict) else {}  # what could be read is carried
         return job, [("row", row.error)]
     value = row.value
     if not isinstance(value, dict):
@@ -195,7 +196,7 @@ def parse_row(row: RawRow, defaults: GenParams, template: str | None = None) -> 
         problems += batch_problems
     if template is not None:
         value = _fill_template(template, value, problems)
-    if not (value.get("id") is None or _is_int(value["id"]) or isinstance(value["id"], str)):
+    if not (value.get("id") is None or valid_id(value["id"])):
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
     param_problems, job.params = check_params(value, defaults)
     problems += param_problems

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +16,7 @@ import pyarrow.parquet as pq
 
 from .errors import JobFileError
 
-__all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "shard_of"]
+__all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "valid_id", "shard_of"]
 
 _EXTENSIONS = {
     ".jsonl": "jsonl",
@@ -41,13 +43,19 @@ class RawRow:
 
     @property
     def id(self) -> Any:
-        """The row's `id`, else its index; a line that is no JSON object is named by its line,
-        so it can never take the id of a good row."""
+        """The row's `id` (a string or an integer), else its index. A line that is no JSON
+        object, or whose id is of another type, is named by its place (`line-N`), so it can
+        never take the id of a good row."""
+        place = f"line-{self.line}" if self.line is not None else f"row-{self.index}"
         if not isinstance(self.value, dict):
-            return f"line-{self.line}" if self.line is not None else self.index
+            return place
         if "custom_id" in self.value and isinstance(self.value.get("body"), dict):  # an OpenAI batch line
-            return self.value["custom_id"]
-        return self.value["id"] if self.value.get("id") is not None else self.index
+            value = self.value["custom_id"]
+        else:
+            value = self.value.get("id")
+        if value is None:
+            return self.index
+        return value if valid_id(value) else place
 
     @property
     def where(self) -> str:
@@ -58,6 +66,10 @@ class RawRow:
         """A fingerprint of the row's content, independent of key order and formatting."""
         body = self.error if self.value is None else json.dumps(self.value, sort_keys=True, default=str)
         return hashlib.sha256(str(body).encode()).hexdigest()[:32]
+
+
+def valid_id(value: Any) -> bool:
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def id_key(value: Any) -> str:
@@ -118,10 +130,69 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
         ) from None
 
 
+_MAX_DEPTH = 64  # nesting levels of a row's values: deeper is no job row, and costs every reader
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _walk(value: Any) -> tuple[bool, str | None]:
+    """(nested deeper than _MAX_DEPTH, the first string or key holding a lone surrogate) —
+    JSON's "\\ud800" or a non-UTF-8 file name gives one, and no UTF-8 writer can store it."""
+    stack = [(value, 1)]
+    surrogate = None
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            surrogate = surrogate or (v if _SURROGATE.search(v) else None)
+        elif isinstance(v, (dict, list)):
+            if depth > _MAX_DEPTH:
+                return True, surrogate
+            for k, x in v.items() if isinstance(v, dict) else enumerate(v):
+                stack.append((k, depth) if isinstance(k, str) else (None, depth))
+                stack.append((x, depth + 1))
+    return False, surrogate
+
+
+def _cleaned(value: Any) -> Any:
+    """The value with lone surrogates replaced by U+FFFD, so that an error row can still be written."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {_cleaned(k): _cleaned(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cleaned(v) for v in value]
+    return value
+
+
+def _checked(row: RawRow) -> RawRow:
+    """A row whose value cannot be used becomes an error row that keeps what can be written:
+    its columns that are not too deep, lone surrogates replaced."""
+    deep, surrogate = _walk(row.value)
+    if not deep and surrogate is None:
+        return row
+    if deep:
+        row.error = f"nested deeper than {_MAX_DEPTH} levels"
+    else:
+        row.error = f"not valid Unicode: a lone surrogate in {surrogate!r:.60}"
+    value = row.value if isinstance(row.value, dict) else {}
+    row.value = {_cleaned(k): _cleaned(v) for k, v in value.items() if not _walk(v)[0]} or None
+    return row
+
+
+def _parse_json(text: str) -> tuple[Any, str | None]:
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as e:
+        return None, f"invalid JSON: {e.msg} at column {e.colno}"
+    except RecursionError:
+        return None, f"invalid JSON: nested deeper than {_MAX_DEPTH} levels"
+
+
 def _iter_jsonl(path: Path) -> Iterator[RawRow]:
     index = 0
     with path.open("rb") as f:
         for line_no, raw in enumerate(f, start=1):
+            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+                raw = raw[len(codecs.BOM_UTF8) :]
             if not raw.strip():
                 continue
             row = RawRow(index=index, line=line_no)
@@ -132,19 +203,42 @@ def _iter_jsonl(path: Path) -> Iterator[RawRow]:
                 row.error = f"not valid UTF-8 (byte {e.start})"
                 yield row
                 continue
-            try:
-                row.value = json.loads(text)
-            except json.JSONDecodeError as e:
-                row.error = f"invalid JSON: {e.msg} at column {e.colno}"
-            yield row
+            row.value, row.error = _parse_json(text)
+            yield _checked(row) if row.error is None else row
 
 
 def _iter_parquet(path: Path) -> Iterator[RawRow]:
     index = 0
     for batch in _open_parquet(path).iter_batches(batch_size=_BATCH_ROWS):
-        for value in batch.to_pylist():
-            yield RawRow(index=index, line=None, value=value)
-            index += 1
+        try:
+            rows = [RawRow(index=index + i, line=None, value=v) for i, v in enumerate(batch.to_pylist())]
+        except (UnicodeDecodeError, pa.ArrowException):
+            rows = _cell_by_cell(batch, index)
+        for row in rows:
+            yield _checked(row) if row.error is None else row
+        index += batch.num_rows
+
+
+def _cell_by_cell(batch: pa.RecordBatch, index: int) -> list[RawRow]:
+    """A batch holding values Python cannot take (invalid UTF-8 in a string column), one cell
+    at a time: a bad cell is replaced (U+FFFD, or None) and makes its row an error row."""
+    rows = [RawRow(index=index + i, line=None, value={}) for i in range(batch.num_rows)]
+    for name, column in zip(batch.schema.names, batch.columns, strict=True):
+        try:
+            values = column.to_pylist()
+        except (UnicodeDecodeError, pa.ArrowException):
+            values = [None] * len(column)
+            binary = column.cast(pa.binary()) if pa.types.is_string(column.type) else None
+            for i in range(len(column)):
+                try:
+                    values[i] = column[i].as_py()
+                except (UnicodeDecodeError, pa.ArrowException):
+                    if binary is not None:
+                        values[i] = binary[i].as_py().decode("utf-8", "replace")
+                    rows[i].error = rows[i].error or f"column {name!r}: not valid UTF-8"
+        for row, value in zip(rows, values, strict=True):
+            row.value[name] = value
+    return rows
 
 
 def _open_parquet(path: Path) -> pq.ParquetFile:
@@ -166,10 +260,8 @@ def _csv_cell(name: str, text: str) -> Any:
             except ValueError:
                 return text  # left for validation to name
     if text[:1] in "[{":
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            return text
+        value, error = _parse_json(text)
+        return text if error else value
     return text
 
 
@@ -177,11 +269,11 @@ def _iter_csv(path: Path) -> Iterator[RawRow]:
     import csv
 
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a BOM is not part of the header
             reader = csv.DictReader(f)
             for index, record in enumerate(reader):
                 value = {k: _csv_cell(k, v or "") for k, v in record.items() if k is not None}
-                yield RawRow(index=index, line=reader.line_num, value=value)
+                yield _checked(RawRow(index=index, line=reader.line_num, value=value))
     except UnicodeDecodeError as e:
         raise JobFileError(f"{path}: not a UTF-8 CSV file ({e.reason} at byte {e.start})") from e
     except csv.Error as e:

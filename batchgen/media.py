@@ -129,7 +129,7 @@ class MediaStage:
         budget = self._budget_left(out)
         if ref.kind == "image":
             width, height = image_size(item.read())
-            if width * height > budget:
+            if budget < width * height <= c.max_image_pixels:  # past the bound, decode names the bomb
                 raise RowError(
                     "decode",
                     f"{width}x{height} image is over what is left of the row's budget of {c.max_row_pixels} "
@@ -187,9 +187,10 @@ class MediaStage:
 
 
 class Prefetcher:
-    """Jobs in order with their media resolving up to `depth` rows ahead in the pool, so I/O
-    hides behind generation. Memory is bounded twice: at most `depth` rows ahead, and no new
-    row is started while the finished ones ahead hold `max_bytes` of decoded media."""
+    """Jobs in order with their media resolving ahead in the pool, so I/O hides behind
+    generation. Memory is bounded twice: at most `depth` rows ahead, and a row's media start
+    only while the media decoded ahead, plus the rows in flight at the average row's size,
+    stay under `max_bytes` (before any row is known, one row per fetch worker is in flight)."""
 
     def __init__(
         self, jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int,
@@ -199,25 +200,37 @@ class Prefetcher:
         self.max_bytes = max_bytes if max_bytes is not None else stage.config.window_media_bytes
         self.stop = stop or threading.Event()
         self.ahead: deque[tuple[Job, Future | None]] = deque()
-        self.exhausted = False
+        self._next: Job | None = None  # read from the job, waiting for room
+        self._seen = self._seen_bytes = 0  # media rows taken and their bytes: the average row
 
     def start(self) -> None:
         self._fill()
 
-    def held(self) -> int:
-        """Bytes of decoded media in the finished rows ahead."""
-        return sum(f.result().nbytes for _, f in self.ahead if f is not None and f.done())
+    def held(self) -> tuple[int, int]:
+        """(bytes of decoded media in the finished rows ahead, rows still resolving)."""
+        futures = [f for _, f in self.ahead if f is not None]
+        return sum(f.result().nbytes for f in futures if f.done()), sum(not f.done() for f in futures)
+
+    def _room(self, held: int, pending: int) -> bool:
+        if not (held or pending):
+            return True  # one row always goes, however large
+        if not self._seen:
+            return pending < self.stage.config.fetch_workers
+        return held + (pending + 1) * self._seen_bytes / self._seen <= self.max_bytes
 
     def _fill(self) -> None:
-        if self.ahead and self.held() >= self.max_bytes:
-            return
-        while not self.exhausted and len(self.ahead) < self.depth:
-            job = next(self.jobs, None)
+        held, pending = self.held()
+        while len(self.ahead) < self.depth:
+            job = self._next if self._next is not None else next(self.jobs, None)
             if job is None:
-                self.exhausted = True
                 return
-            needs_media = job.media and not job.error
+            needs_media = bool(job.media) and not job.error
+            if needs_media and not self._room(held, pending):
+                self._next = job
+                return
+            self._next = None
             self.ahead.append((job, self.pool.submit(self.stage.resolve, job) if needs_media else None))
+            pending += needs_media
 
     def take(self, most: int, least: int) -> list[tuple[Job, Prepared | None]]:
         """Up to `most` rows and about `max_bytes` of media; past `least`, stop at the first row
@@ -236,7 +249,10 @@ class Prefetcher:
                 wait([future], timeout=0.1)
             self.ahead.popleft()
             prepared = future.result() if future else None
-            size += prepared.nbytes if prepared else 0
+            if prepared is not None:
+                self._seen += 1
+                self._seen_bytes += prepared.nbytes
+                size += prepared.nbytes
             window.append((job, prepared))
             self._fill()
         return window

@@ -76,7 +76,9 @@ class FakeNetwork:
             self.connects.append(address[0])
             if address[0] == PUBLIC_IP:
                 address = ("127.0.0.1", *address[1:])
-            assert address[0] in ("::1",) or address[0].startswith("127."), f"test tried to reach {address[0]}"
+            assert address[0] in ("::1",) or address[0].startswith("127."), (
+                f"test tried to reach {address[0]}"
+            )
         return _real_connect(sock, address)
 
 

@@ -14,6 +14,7 @@ TYPES = {".png": "image/png", ".jpg": "image/jpeg", ".webp": "image/webp", ".mp4
 
 class MediaServer(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # a run opens many connections at once; the default 5 drops SYNs
 
     def __init__(self, media: Path):
         super().__init__(("127.0.0.1", 0), _Handler)

@@ -314,3 +314,63 @@ def test_audio_needs_an_audio_model_and_temp_files_are_removed(workdir, monkeypa
     assert audio["error_stage"] == "generate" and "no audio encoder" in audio["error"]
     assert video_row["status"] == "ok" and video_row["frames_ms"] > 0
     assert list(scratch.iterdir()) == []  # the spilled data-URL video is gone
+
+
+def test_bad_output_paths_exit_2_before_any_work(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", [{"prompt": "Hi."}])
+    (workdir / "afile").write_text("x")
+    (workdir / "adir").mkdir()
+    for out, fragment in [
+        (workdir / "adir", "is a folder"),
+        (workdir / "afile" / "out.parquet", "cannot write"),
+        ("/proc/batchgen/out.parquet", "cannot write"),
+    ]:
+        code, output = batch(job, out)
+        assert code == 2 and fragment in output, (out, output)
+        assert "Traceback" not in output
+
+
+def test_the_job_file_is_never_an_output(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", [{"prompt": "Hi."}])
+    before = job.read_bytes()
+    code, output = batch(job, job, "--overwrite")
+    assert code == 2 and "is the job file itself" in output
+    code, output = batch(job, job, "--output-format", "openai", "--overwrite")
+    assert code == 2 and "is the job file itself" in output
+    assert job.read_bytes() == before
+
+
+def test_a_limit_never_removes_finished_rows(workdir):
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(6)])
+    out = workdir / "out.parquet"
+    assert batch(job, out)[0] == 0
+    before = out.read_bytes()
+    code, output = batch(job, out, "--limit", "2")
+    assert code == 0, output
+    assert [r["id"] for r in read(out)] == [f"r{i}" for i in range(6)] and out.read_bytes() == before
+
+
+def test_a_utf8_bom_is_not_part_of_the_first_row_or_the_header(workdir):
+    jsonl = workdir / "bom.jsonl"
+    jsonl.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "prompt": "Hi."}\n{"id": "b", "prompt": "Yo."}\n')
+    csv_file = workdir / "bom.csv"
+    csv_file.write_bytes(b"\xef\xbb\xbfid,prompt\nx,Hi.\ny,Yo.\n")
+    for job, ids in ((jsonl, ["a", "b"]), (csv_file, ["x", "y"])):
+        code, output = batch(job, workdir / f"{job.stem}.parquet")
+        assert code == 0, output
+        rows = read(workdir / f"{job.stem}.parquet")
+        assert [r["id"] for r in rows] == ids and all(r["status"] == "ok" for r in rows)
+
+
+def test_invalid_utf8_in_a_parquet_string_is_that_rows_error(workdir):
+    prompts = pa.array([b"Fine.", b"caf\xe9", b"Also fine."], pa.binary()).view(pa.string())
+    job = workdir / "jobs.parquet"
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "prompt": prompts}), job)
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 1, output
+    rows = read(workdir / "out.parquet")
+    assert [(r["id"], r["status"]) for r in rows] == [("a", "ok"), ("b", "error"), ("c", "ok")]
+    assert rows[1]["error_stage"] == "read" and "column 'prompt': not valid UTF-8" in rows[1]["error"]
+    assert rows[1]["prompt"] == "caf\ufffd"
+    code, report = run_cli("validate", str(job))
+    assert code == 1 and "row 1: row: column 'prompt': not valid UTF-8" in report

@@ -59,6 +59,30 @@ def test_caption_folders_resume_and_pick_up_new_files(tmp_path):
     }
 
 
+def test_caption_walks_symlink_loops_once_and_a_non_utf8_name_is_that_rows_error(tmp_path):
+    import os
+
+    folder = tmp_path / "g"
+    (folder / "a").mkdir(parents=True)
+    shutil.copy(MEDIA / "red_circle.png", folder / "a" / "red.png")
+    (folder / "a" / "self").symlink_to(".")
+    (folder / "a" / "up").symlink_to("..")
+    shutil.copy(MEDIA / "red_circle.png", os.fsencode(folder) + b"/caf\xe9.png")  # not UTF-8
+    out = tmp_path / "captions.parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "batchgen", "caption", f"{folder}/**/*.png", "-o", str(out),
+         "--model", CAPTIONER, "-p", "What shape is this?", *QUIET],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    rows = {r["id"]: r for r in read(out)}
+    assert len(rows) == 2  # each file once, however many links lead to it
+    good = next(r for i, r in rows.items() if i.endswith("a/red.png#0"))
+    bad = next(r for i, r in rows.items() if "caf" in i)
+    assert good["status"] == "ok" and good["generated_text"].strip() == "circle"
+    assert (bad["status"], bad["error_stage"]) == ("error", "read") and "lone surrogate" in bad["error"]
+
+
 def test_csv_jobs_and_prompt_templates(tmp_path):
     rng = random.Random(7)
     shapes.draw("star", "white", rng).save(tmp_path / "star.png")

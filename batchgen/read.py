@@ -302,7 +302,7 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
             key = id_key(row.id)
             if key in first_seen:
                 raise JobFileError(
-                    f"{path}: duplicate id {row.id!r} at {first_seen[key]} and {row.where}; "
+                    f"{path}: duplicate id {row.id!r:.80} at {first_seen[key]} and {row.where}; "
                     "ids must be unique"
                 )
             first_seen[key] = row.where

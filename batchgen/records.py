@@ -59,7 +59,7 @@ class Job:
     def where(self) -> str:
         """How error messages name this row."""
         at = f"line {self.line}" if self.line is not None else f"row {self.index}"
-        return f"{at} (id {self.id!r})"
+        return f"{at} (id {self.id!r:.80})"
 
 
 @dataclass(slots=True)

@@ -215,7 +215,7 @@ def _settings(config: RunConfig) -> dict:
 
 def _check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
     changed = [
-        f"{index.wheres[i]} (id {index.ids[i]!r})"  # type: ignore[index]
+        f"{index.wheres[i]} (id {index.ids[i]!r:.80})"  # type: ignore[index]
         for i, key in enumerate(map(id_key, index.ids))
         if done.get(key) not in (None, index.digests[i])  # type: ignore[index]
     ]

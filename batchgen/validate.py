@@ -29,7 +29,7 @@ def validate_file(path: Path, fmt: str | None = None) -> Iterator[str]:
             yield f"{where}: {field}: {message}"
         key = id_key(job.id)
         if key in seen:
-            yield f"{where}: id: duplicate id {job.id!r} (first at {seen[key]})"
+            yield f"{where}: id: duplicate id {job.id!r:.80} (first at {seen[key]})"
         else:
             seen[key] = raw.where
     if rows and not parsed:

@@ -39,9 +39,11 @@ def _mutate(data: bytes, r: random.Random) -> bytes:
 
 
 _VALUES = [None, True, -1, 0, 2**64, 1e308, float("nan"), "", "\ud800", "x" * 5000, [], {}, [[[[]]]],
-           {"": {"": None}}, "../../etc/passwd", "data:image/png;base64,!!", "http://[::1", "~nobody/x"]  # fmt: skip
+           {"": {"": None}}, "../../etc/passwd", "data:image/png;base64,!!", "http://[::1",
+           "~nobody/x"]  # fmt: skip
 _KEYS = ["prompt", "image", "images", "video", "messages", "system", "max_tokens", "temperature", "top_p",
-         "top_k", "stop", "seed", "chat_template_kwargs", "video_fps", "video_max_frames", "status", "body"]  # fmt: skip
+         "top_k", "stop", "seed", "chat_template_kwargs", "video_fps", "video_max_frames", "status",
+         "body"]  # fmt: skip
 
 
 def _mutate_line(line: str, r: random.Random) -> bytes:

@@ -1,10 +1,15 @@
-"""Peak memory of a long text job: 100,000 rows against 1,000 rows (max_tokens 1, a text
-model smaller still than the sample's, since speed is not the point), each in its own
-process. The reader streams, queues are bounded and the writer flushes, so the peak should
-hardly grow with the row count.
+"""Peak memory, each run in its own process.
 
-    python bench/memory.py          # last line: peak RSS growth 1k→100k: N MB
-    python bench/memory.py 20000    # a shorter check
+1. A long text job: 100,000 rows against 1,000 rows (max_tokens 1, a text model smaller
+   still than the sample's, since speed is not the point). The reader streams, queues are
+   bounded and the writer flushes, so the peak should hardly grow with the row count.
+2. Hostile media on the sample's tiny VLM: a 3 MB AVI of 128 frames at 2048x2048, and one
+   row of six 7.7 KB PNGs of 7900x7900. Frames are downscaled as they are read and a row's
+   decoded pixels are bounded, so each peak stays under 1 GB (a small image row is the base).
+
+    python bench/memory.py          # last lines: peak RSS growth 1k→100k, then the media peaks
+    python bench/memory.py 20000    # a shorter text check
+    python bench/memory.py media    # the media peaks alone
 """
 
 from __future__ import annotations
@@ -22,16 +27,26 @@ sys.path.insert(0, str(ROOT))
 from batchgen.tiny import make_tiny_model  # noqa: E402
 
 CHILD = """
-import resource, sys
+import json, resource, sys
 from pathlib import Path
 import batchgen
-job, out, model = sys.argv[1:4]
+job, out, model, media = sys.argv[1:5]
 config = batchgen.build_config(Path(job), Path(out), None, {"temperature": 0.0, "max_tokens": 1},
-                               model=model, quiet=True)
+                               json.loads(media), model=model, quiet=True)
 summary = batchgen.run(config)
-assert summary.ok == summary.rows, summary
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, summary.rows)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, summary.rows, summary.ok)
 """
+
+
+def run_child(job: Path, model: str, media: dict | None = None) -> tuple[int, int, int]:
+    """(peak RSS in MB, rows, ok rows) of one run in a fresh process."""
+    out = job.with_suffix(".parquet")
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(job), str(out), model, json.dumps(media or {})],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    mb, rows, ok = map(int, done.stdout.split())
+    return mb, rows, ok
 
 
 def peak_mb(rows: int, folder: Path, model: str) -> tuple[int, float]:
@@ -43,16 +58,54 @@ def peak_mb(rows: int, folder: Path, model: str) -> tuple[int, float]:
                 + "\n"
             )
     t0 = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(job), str(folder / f"out-{rows}.parquet"), model],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    mb, count = map(int, done.stdout.split())
-    assert count == rows
+    mb, count, ok = run_child(job, model)
+    assert count == ok == rows
     return mb, time.perf_counter() - t0
 
 
+def hostile_media(folder: Path) -> None:
+    """Peak RSS of the two inputs that used to take 3.2 and 3.3 GB."""
+    import cv2
+    import numpy as np
+    from PIL import Image
+
+    model = str(ROOT / "sample_data" / "models" / "tiny-vlm")
+    Image.new("RGB", (448, 448), "red").save(folder / "small.png")
+    writer = cv2.VideoWriter(str(folder / "big.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 25, (2048, 2048))
+    rng = np.random.default_rng(0)
+    for _ in range(128):
+        frame = np.zeros((2048, 2048, 3), np.uint8)
+        frame[::64, ::64] = rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)  # a little detail per frame
+        writer.write(frame)
+    writer.release()
+    for i in range(6):
+        huge = Image.new("1", (7900, 7900))
+        huge.putpixel((i, i), 1)  # six different images: no decode is shared
+        huge.save(folder / f"huge{i}.png")
+    avi, png = (folder / "big.avi").stat().st_size / 2**20, (folder / "huge0.png").stat().st_size / 1024
+    sizes = f"AVI {avi:.1f} MB, PNG {png:.1f} KB"
+    jobs = {
+        "one 448² image (base)": {"image": "small.png"},
+        "AVI 128 x 2048²": {"video": "big.avi", "video_max_frames": 128, "video_fps": 25.0},
+        "AVI, frames kept at Qwen-VL's 602,112 px": {
+            "video": "big.avi",
+            "video_max_frames": 128,
+            "video_fps": 25.0,
+        },
+        "six PNGs of 7900²": {"images": [f"huge{i}.png" for i in range(6)]},
+    }
+    print(f"hostile media ({sizes}):")
+    for name, row in jobs.items():
+        job = folder / f"media-{len(name)}.jsonl"
+        job.write_text(json.dumps({"id": name, "prompt": "What is it?", **row}) + "\n")
+        mb, _, ok = run_child(job, model, {"frame_pixels": 602_112} if "Qwen" in name else None)
+        print(f"  {name}: peak RSS {mb} MB ({'ok' if ok else 'row error'})")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["media"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            return hostile_media(Path(tmp))
     big = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_tiny_model(Path(tmp) / "lm", "lm", hidden=32, layers=1))
@@ -60,7 +113,8 @@ def main() -> None:
         print(f"1,000 rows: peak RSS {small_mb} MB ({small_s:.0f} s)")
         big_mb, big_s = peak_mb(big, Path(tmp), model)
         print(f"{big:,} rows: peak RSS {big_mb} MB ({big_s:.0f} s)")
-    print(f"peak RSS growth 1k→{big // 1000}k: {big_mb - small_mb} MB")
+        print(f"peak RSS growth 1k→{big // 1000}k: {big_mb - small_mb} MB")
+        hostile_media(Path(tmp))
 
 
 if __name__ == "__main__":

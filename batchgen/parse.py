@@ -176,9 +176,19 @@ def _fill_template(template: str, value: dict[str, Any], problems: list[Problem]
 
 
 def parse_row(row: RawRow, defaults: GenParams, template: str | None = None) -> tuple[Job, list[Problem]]:
-    """A Job for every row; the problems found, if any, are also in `job.error`.
+    """A Job for every row; the problems found, if any, are also in `job.error`. Never raises:
+    whatever a hostile row makes go wrong is that row's problem.
 
     `template` (`--prompt-template`) fills each row's prompt from its columns."""
+    try:
+        return _parse_row(row, defaults, template)
+    except Exception as e:  # noqa: BLE001 - a safety net under the checks below
+        problem = ("row", f"cannot read it ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        job = Job(index=row.index, id=row.id, line=row.line, error=problem[1])
+        return job, [problem]
+
+
+def _parse_row(row: RawRow, defaults: GenParams, template: str | None) -> tuple[Job, list[Problem]]:
     job = Job(index=row.index, id=row.id, line=row.line, digest=row.digest)
     if row.error:
         job.error = row.error

@@ -269,6 +269,7 @@ def _iter_csv(path: Path) -> Iterator[RawRow]:
     import csv
 
     try:
+        csv.field_size_limit(2**31 - 1)  # a long prompt is a row (maybe too long), not an unreadable file
         with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a BOM is not part of the header
             reader = csv.DictReader(f)
             for index, record in enumerate(reader):

@@ -66,7 +66,9 @@ def atomic_write(path: Path, write) -> None:
 
 def _jsonish(values: list[Any]) -> pa.Array:
     """A column whose values Arrow cannot type as one (mixed types): keep it as JSON text."""
-    return pa.array([v if v is None or isinstance(v, str) else json.dumps(v) for v in values], pa.string())
+    return pa.array(
+        [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values], pa.string()
+    )
 
 
 _MAX_DEPTH = 32  # Parquet levels a carried column may take; readers refuse schemas nested ~100 deep

@@ -374,3 +374,13 @@ def test_invalid_utf8_in_a_parquet_string_is_that_rows_error(workdir):
     assert rows[1]["prompt"] == "caf\ufffd"
     code, report = run_cli("validate", str(job))
     assert code == 1 and "row 1: row: column 'prompt': not valid UTF-8" in report
+
+
+def test_a_huge_csv_cell_is_a_row_not_an_unreadable_file(workdir):
+    job = workdir / "jobs.csv"
+    job.write_text("id,prompt\nbig," + "word " * 40_000 + "\nsmall,Hi.\n")
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 1, output
+    rows = read(workdir / "out.parquet")
+    assert [(r["id"], r["status"]) for r in rows] == [("big", "error"), ("small", "ok")]
+    assert "does not fit the model's context" in rows[0]["error"]

@@ -383,4 +383,4 @@ def test_a_huge_csv_cell_is_a_row_not_an_unreadable_file(workdir):
     assert code == 1, output
     rows = read(workdir / "out.parquet")
     assert [(r["id"], r["status"]) for r in rows] == [("big", "error"), ("small", "ok")]
-    assert "does not fit the model's context" in rows[0]["error"]
+    assert "cannot fit the model's context" in rows[0]["error"]

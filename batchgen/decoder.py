@@ -41,7 +41,6 @@ class Sequence:
     embed: Callable[[int, int], mx.array] | None = None  # embeddings of ids[a:b] (media rows)
     positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
-    deadline: float | None = None  # time.monotonic() past which the row stops ("timeout")
     capped: bool = False  # max_tokens was lowered to fit the model's context
     # outputs
     tokens: list[int] = field(default_factory=list)
@@ -56,8 +55,8 @@ class Watch:
     row's deadline and the model's context (prompt plus completion)."""
 
     stop: threading.Event = field(default_factory=threading.Event)
-    deadline: float | None = None  # time.monotonic()
-    context: int | None = None
+    deadline: float | None = None  # time.monotonic() past which rows end with finish reason "timeout"
+    context: int | None = None  # prompt plus completion tokens the model takes
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -194,7 +193,7 @@ def decode_batch(
     """Generate every sequence of the batch; fills tokens, text, finish_reason, cached_tokens.
 
     A row with a seed and temperature > 0 must come alone: its draws then depend on nothing
-    but its seed (the scheduler sees to that). A row past its `deadline` ends with finish
+    but its seed (the scheduler sees to that). Rows past the watch's deadline end with finish
     reason "timeout"; a stop request raises StopRequested between steps, whatever is running.
     """
     watch = watch or Watch()
@@ -238,7 +237,7 @@ def decode_batch(
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= seq.params.max_tokens:
                 seq.finish_reason = "length"
-            elif seq.deadline is not None and now > seq.deadline:
+            elif watch.deadline is not None and now > watch.deadline:
                 seq.finish_reason = "timeout"
             else:
                 keep.append(j)

@@ -309,8 +309,6 @@ class Engines:
             adapter, eos = VLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids)
         seqs = [plan.seq for plan in plans]
         watch = self._watch(self.vision_info if lane == "vlm" else self.text_info)
-        for s in seqs:
-            s.deadline = watch.deadline  # type: ignore[union-attr]
         try:
             decode_batch(adapter, seqs, eos, tokenizer.decode, self.prefixes, watch)  # type: ignore[arg-type]
         except Exception as e:  # an engine error fails these rows, not the run

@@ -4,14 +4,6 @@ from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
-
-
-def one_line(text: str) -> str:
-    """Control characters (a newline in a path) escaped: an error is one line, whatever it quotes."""
-    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
-
-
 __all__ = [
     "one_line",
     "StopRequested",
@@ -23,6 +15,13 @@ __all__ = [
     "OutputLockedError",
     "RowError",
 ]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """Control characters (a newline in a path) escaped: an error is one line, whatever it quotes."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 class BatchgenError(Exception):

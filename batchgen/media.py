@@ -119,9 +119,9 @@ class MediaStage:
         return out
 
     def _budget_left(self, out: Prepared) -> int:
+        """Decoded pixels the row may still take (max_row_pixels less its images and frames)."""
         m = out.media
-        used = sum(im.width * im.height for im in m.images) + sum(v.shape[0] * v.shape[1] * v.shape[2]
-                                                                   for v in m.videos)  # fmt: skip
+        used = sum(im.width * im.height for im in m.images) + sum(v.size // 3 for v in m.videos)
         return self.config.max_row_pixels - used
 
     def _decode_into(self, job: Job, ref: MediaRef, item: Fetched, out: Prepared) -> None:

@@ -289,7 +289,7 @@ def run(config: RunConfig) -> RunSummary:
 
 def check_paths(config: RunConfig) -> None:
     """Outputs that cannot be written, or that would replace the job file, stop the run
-    before any work (exit 2), not after the first batch."""
+    before any work (exit 2), not after the first batch. Nothing is created here."""
     job = config.input.resolve()
     output = config.output
     written = [output, output.with_name(output.name + ".stats.json"), partial_dir(output)]
@@ -301,13 +301,11 @@ def check_paths(config: RunConfig) -> None:
     if output.is_dir():
         raise ConfigError(f"-o {output}: is a folder; give a file name (e.g. {output / 'results.parquet'})")
     for path in written:
-        parent = path.parent
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"cannot write {path}: {e.strerror or e}") from None
-        if not os.access(parent, os.W_OK | os.X_OK):
-            raise ConfigError(f"cannot write {path}: {parent} is not writable")
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:  # the nearest folder that exists
+            folder = folder.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write {path}: {folder} is not a writable folder")
 
 
 def _run(

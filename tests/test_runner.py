@@ -323,7 +323,7 @@ def test_bad_output_paths_exit_2_before_any_work(workdir):
     for out, fragment in [
         (workdir / "adir", "is a folder"),
         (workdir / "afile" / "out.parquet", "cannot write"),
-        ("/proc/batchgen/out.parquet", "cannot write"),
+        ("/proc/batchgen/out.parquet", "cannot create the lock"),
     ]:
         code, output = batch(job, out)
         assert code == 2 and fragment in output, (out, output)

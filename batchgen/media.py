@@ -70,6 +70,7 @@ class MediaStage:
         self.images: Memo[Any] = Memo(4096, _IMAGE_MEMORY, lambda im: im.width * im.height * 3)
         self.frames: Memo[Any] = Memo(256, _FRAMES_MEMORY, lambda a: a.nbytes)
         self.audio_tracks: Memo[str | None] = Memo(4096)
+        self.sizes: Memo[tuple[int, int]] = Memo(100_000)  # image headers, read once per content
         self.frame_pixels = config.frame_pixels or min(model_pixels or _FRAME_PIXELS, _FRAME_PIXELS)
         self._cpu = threading.BoundedSemaphore(config.decode_workers)
         self._ffmpeg = shutil.which("ffmpeg") if audio_from_video else None
@@ -128,7 +129,7 @@ class MediaStage:
         c = self.config
         budget = self._budget_left(out)
         if ref.kind == "image":
-            width, height = image_size(item.read())
+            width, height = self.sizes.get(item.digest, lambda: image_size(item.read()))
             if budget < width * height <= c.max_image_pixels:  # past the bound, decode names the bomb
                 raise RowError(
                     "decode",

@@ -8,7 +8,7 @@ import warnings
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from .errors import RowError
+from .errors import RowError, short
 
 __all__ = ["IMAGE_FORMATS", "decode_image", "image_size", "fit_pixels"]
 
@@ -33,7 +33,7 @@ def image_size(data: bytes) -> tuple[int, int]:
     except UnidentifiedImageError:
         raise RowError("decode", f"not an image in an accepted format ({', '.join(IMAGE_FORMATS)})") from None
     except Exception as e:  # noqa: BLE001 - a hostile header can raise anything
-        raise RowError("decode", f"corrupt image ({type(e).__name__}: {_short(e)})") from None
+        raise RowError("decode", f"corrupt image ({type(e).__name__}: {short(e)})") from None
 
 
 def decode_image(data: bytes, max_pixels: int) -> Image.Image:
@@ -61,9 +61,5 @@ def decode_image(data: bytes, max_pixels: int) -> Image.Image:
         except UnidentifiedImageError:
             raise RowError("decode", "not an image Pillow can read") from None
         except Exception as e:  # noqa: BLE001 - plugins meet fuzzed files with any exception
-            raise RowError("decode", f"corrupt image ({type(e).__name__}: {_short(e)})") from None
+            raise RowError("decode", f"corrupt image ({type(e).__name__}: {short(e)})") from None
     return rgb
-
-
-def _short(e: BaseException) -> str:
-    return " ".join(str(e).split())[:200]

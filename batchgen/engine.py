@@ -19,7 +19,7 @@ from .cache import Memo, PrefixCache
 from .config import RunConfig
 from .decoder import LMAdapter, Sequence, VLMAdapter, Watch, decode_batch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
-from .errors import ConfigError, RowError
+from .errors import ConfigError, RowError, short
 from .models import ModelInfo, inspect_model
 from .prompts import (
     END_OF_TURN,
@@ -385,5 +385,4 @@ def _fit(seq: Sequence, info: ModelInfo) -> Sequence:
 
 
 def _row_error(e: Exception) -> RowError:
-    message = " ".join(str(e).split()) or type(e).__name__
-    return RowError("generate", f"{type(e).__name__}: {message[:300]}")
+    return RowError("generate", f"{type(e).__name__}: {short(e, 300) or type(e).__name__}")

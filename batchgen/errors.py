@@ -6,6 +6,8 @@ import re
 
 __all__ = [
     "one_line",
+    "describe",
+    "short",
     "StopRequested",
     "BatchgenError",
     "ConfigError",
@@ -22,6 +24,21 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 def one_line(text: str) -> str:
     """Control characters (a newline in a path) escaped: an error is one line, whatever it quotes."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def describe(source: str, width: int = 80) -> str:
+    """A reference short enough for a one-line error: data URLs lose their payload, control
+    characters (a newline in a path) are escaped."""
+    if source.startswith("data:"):
+        source = f"{source.split(',', 1)[0][:width]},… ({len(source)} chars)"
+    elif len(source) > width:
+        source = source[: width - 1] + "…"
+    return one_line(source)
+
+
+def short(e: BaseException, width: int = 200) -> str:
+    """An exception's message on one line, cut to `width` characters."""
+    return " ".join(str(e).split())[:width]
 
 
 class BatchgenError(Exception):

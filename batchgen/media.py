@@ -21,8 +21,8 @@ from typing import Any
 from .cache import Memo
 from .config import MediaConfig
 from .decode import decode_image, image_size
-from .errors import RowError
-from .fetch import Fetched, Fetcher, describe
+from .errors import RowError, describe, short
+from .fetch import Fetched, Fetcher
 from .frames import extract_frames
 from .records import Job, Media, MediaRef
 
@@ -114,7 +114,7 @@ class MediaStage:
             out.error = RowError(e.stage, message)
         except Exception as e:  # noqa: BLE001 - whatever a hostile input raises is this row's error
             name = describe(ref.source) if ref is not None else "media"
-            out.error = RowError(stage, f"{name}: {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+            out.error = RowError(stage, f"{name}: {type(e).__name__}: {short(e)}")
         if out.error is not None:
             out.media = Media()  # a failed row holds no decoded media
         return out

@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from .errors import short
 from .openai import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
 from .records import GenParams, Job, MediaRef
@@ -183,7 +184,7 @@ def parse_row(row: RawRow, defaults: GenParams, template: str | None = None) -> 
     try:
         return _parse_row(row, defaults, template)
     except Exception as e:  # noqa: BLE001 - a safety net under the checks below
-        problem = ("row", f"cannot read it ({type(e).__name__}: {' '.join(str(e).split())[:200]})")
+        problem = ("row", f"cannot read it ({type(e).__name__}: {short(e)})")
         job = Job(index=row.index, id=row.id, line=row.line, error=problem[1])
         return job, [problem]
 

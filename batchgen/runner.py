@@ -328,7 +328,6 @@ def _run(
     summary = RunSummary(output=str(config.output))
     if config.engine == "ray":
         return _run_ray(config, index, done, writer, summary, started)
-    delay = float(os.environ.get("BATCHGEN_TEST_ROW_DELAY", 0))  # tests: make kill timing deterministic
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
@@ -351,8 +350,6 @@ def _run(
                         for job, result in results:
                             _record(job, result, writer, summary, config)
                             bar.update()
-                            if delay:
-                                time.sleep(delay)
                         writer.flush()  # a finished batch is on disk before the next one starts
                         tail = _progress(summary, prefixes, time.perf_counter() - started)
                         bar.set_postfix_str(tail, refresh=False)

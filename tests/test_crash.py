@@ -3,7 +3,6 @@ keeps two runs off one output, SIGTERM stops cleanly and resumably."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,12 +14,25 @@ from conftest import MODELS, read, write_jsonl
 ROWS = 12
 
 
+# `batchgen` with a pause after each finished row, so that a kill lands where the test wants.
+_SLOW_BATCHGEN = """
+import sys, time
+import batchgen.runner as runner
+record, delay = runner._record, float(sys.argv.pop(1))
+def slow(*args):
+    record(*args)
+    time.sleep(delay)
+runner._record = slow
+from batchgen.cli import main
+main(prog_name="batchgen")
+"""
+
+
 def _start(job, out, delay: float = 0.0) -> subprocess.Popen:
-    env = {**os.environ, "BATCHGEN_TEST_ROW_DELAY": str(delay)}
-    cmd = [sys.executable, "-m", "batchgen", "run", str(job), "-o", str(out), "-q",
+    cmd = [sys.executable, "-c", _SLOW_BATCHGEN, str(delay), "run", str(job), "-o", str(out), "-q",
            "--model", str(MODELS / "tiny-vlm"), "--text-model", str(MODELS / "tiny-lm"),
            "--temperature", "0", "--max-tokens", "6", "--batch-size", "1"]  # fmt: skip
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _end(proc: subprocess.Popen, timeout: float = 120) -> tuple[int, str]:

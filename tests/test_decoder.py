@@ -1,0 +1,68 @@
+"""decode_batch on the tiny text checkpoint: batching and prefix reuse leave greedy tokens
+unchanged; a stop request and a deadline end generation between steps."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import pytest
+from conftest import MODELS
+
+from batchgen.cache import PrefixCache
+from batchgen.decoder import LMAdapter, Sequence, Watch, decode_batch
+from batchgen.errors import StopRequested
+from batchgen.records import GenParams
+
+
+@pytest.fixture(scope="module")
+def lm():
+    import mlx_lm
+
+    return mlx_lm.load(str(MODELS / "tiny-lm"))
+
+
+SYSTEM = "You answer in one short sentence about the weather and nothing else at all."
+QUESTIONS = ["Is it raining?", "Will it snow tomorrow in the hills?", "Wind?"]
+
+
+def _seqs(tokenizer, max_tokens: int = 12) -> list[Sequence]:
+    params = GenParams(max_tokens=max_tokens, temperature=0.0)
+    prefix = tokenizer.encode(SYSTEM, add_special_tokens=False)
+    key = hashlib.sha256(str(prefix).encode()).hexdigest()
+    seqs = []
+    for q in QUESTIONS:
+        ids = prefix + tokenizer.encode(" " + q, add_special_tokens=False)
+        seqs.append(Sequence(ids=ids, params=params, boundaries=[(len(prefix), key)]))
+    return seqs
+
+
+def _run(lm, seqs, prefixes=None, watch=None):
+    model, tokenizer = lm
+    decode_batch(LMAdapter(model), seqs, set(tokenizer.eos_token_ids), tokenizer.decode, prefixes, watch)
+    return [s.tokens for s in seqs]
+
+
+def test_batched_and_reused_prefixes_give_the_tokens_of_one_row_at_a_time(lm):
+    alone = [_run(lm, [s])[0] for s in _seqs(lm[1])]
+    assert len({tuple(t) for t in alone}) > 1  # the rows differ: a position bug would show
+    prefixes = PrefixCache()
+    seqs = _seqs(lm[1])
+    assert _run(lm, seqs, prefixes) == alone
+    assert [s.cached_tokens > 0 for s in seqs] == [False, True, True]
+    assert prefixes.stats()["prefix_hits"] == 2
+
+
+def test_a_stop_request_raises_between_steps(lm):
+    watch = Watch(stop=threading.Event())
+    watch.stop.set()
+    with pytest.raises(StopRequested):
+        _run(lm, _seqs(lm[1]), watch=watch)
+
+
+def test_rows_past_the_deadline_end_with_timeout(lm):
+    seqs = _seqs(lm[1], max_tokens=10_000)
+    _run(lm, seqs, watch=Watch(deadline=time.monotonic() - 1))
+    assert [s.finish_reason for s in seqs] == ["timeout"] * 3
+    assert all(len(s.tokens) == 1 for s in seqs)

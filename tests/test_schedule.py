@@ -1,0 +1,40 @@
+"""The scheduler on plain records: groups together, lanes apart, solo rows alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from batchgen.schedule import schedule
+
+
+@dataclass
+class Row:
+    lane: str
+    group: tuple
+    solo: bool = False
+
+
+def test_rows_of_a_group_run_back_to_back_in_first_seen_order():
+    rows = [
+        Row("vlm", ("a",)),
+        Row("vlm", ("b",)),
+        Row("vlm", ("a",)),
+        Row("vlm", ("b",)),
+        Row("vlm", ("c",)),
+    ]
+    assert schedule(rows, 8) == [[0, 2, 1, 3, 4]]
+
+
+def test_batches_are_cut_at_batch_size_and_lanes_never_mix():
+    rows = [Row("lm", ("p",)) for _ in range(5)] + [Row("vlm", ("i",)) for _ in range(3)]
+    rows.insert(2, Row("vlm", ("i",)))
+    batches = schedule(rows, 2)
+    assert sorted(i for b in batches for i in b) == list(range(len(rows)))
+    assert all(len(b) <= 2 for b in batches)
+    assert all(len({rows[i].lane for i in b}) == 1 for b in batches)
+
+
+def test_solo_rows_run_alone_and_keep_their_place_among_their_group():
+    rows = [Row("lm", ("p",)), Row("lm", ("p",), solo=True), Row("lm", ("p",))]
+    assert schedule(rows, 4) == [[1], [0, 2]]
+    assert schedule([], 4) == []

@@ -19,7 +19,7 @@ from .cache import Memo, PrefixCache
 from .config import RunConfig
 from .decoder import LMAdapter, Sequence, VLMAdapter, Watch, decode_batch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
-from .errors import ConfigError, RowError, short
+from .errors import BatchgenError, ConfigError, RowError, short
 from .models import ModelInfo, inspect_model
 from .prompts import (
     END_OF_TURN,
@@ -171,7 +171,7 @@ class Engines:
             if self.drafter is not None and self.drafter.lane == "vlm":
                 batchable = False  # the drafter runs inside mlx-vlm's generate, one row at a time
             return self._plan_vlm(job, media) if batchable else Plan(job, media, "single")
-        except RowError:
+        except (RowError, BatchgenError):  # a model that cannot load stops the run, wherever its first row is
             raise
         except Exception as e:  # a template or processor that rejects this row
             raise _row_error(e) from e
@@ -326,6 +326,8 @@ class Engines:
             return fn(plan.job, plan.media)
         except RowError as e:
             return e
+        except BatchgenError:
+            raise
         except Exception as e:
             return _row_error(e)
 

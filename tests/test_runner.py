@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from conftest import SAMPLE, batch, read, run_cli, write_jsonl
 
 from batchgen.records import RESULT_COLUMNS
@@ -384,3 +386,21 @@ def test_a_huge_csv_cell_is_a_row_not_an_unreadable_file(workdir):
     rows = read(workdir / "out.parquet")
     assert [(r["id"], r["status"]) for r in rows] == [("big", "error"), ("small", "ok")]
     assert "cannot fit the model's context" in rows[0]["error"]
+
+
+@pytest.mark.parametrize("media_at", [0, 299])
+def test_a_model_that_cannot_load_stops_the_run_with_2_wherever_its_first_row_is(workdir, media_at):
+    broken = workdir / "broken-vlm"
+    shutil.copytree(SAMPLE / "models" / "tiny-vlm", broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    rows = [{"id": f"t{i}", "prompt": f"Row {i}."} for i in range(299)]
+    rows.insert(media_at, {"id": "media", "image": "media/red_circle.png", "prompt": "What is it?"})
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    code, output = batch(job, out, "--model", str(broken), "--max-tokens", "2")
+    assert code == 2 and "mlx-vlm cannot load it" in output, output
+    assert not out.exists()
+    if media_at:  # the text rows of the first window were finished and are kept for the rerun
+        parts = list((workdir / "out.parquet.partial").glob("part-*.parquet"))
+        assert sum(pq.read_metadata(p).num_rows for p in parts) >= 256
+        assert "rerun to resume" in output

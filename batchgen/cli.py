@@ -25,6 +25,34 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
+def _generation_options() -> list:
+    """One option per generation parameter (params.PARAMS), showing the default a run without
+    --config uses: the default preset's where it sets one, else the built-in one."""
+    from .config import find_preset, load_preset
+    from .params import PARAMS
+
+    try:
+        preset = load_preset(find_preset(None)).get("generation") or {}
+    except BatchgenError:
+        preset = {}
+    options = []
+    for p in PARAMS:
+        if p.cli is None:
+            continue
+        default = preset.get(p.name, p.default)
+        shown = "none" if default in (None, ()) else default
+        origin = " from the default preset" if p.name in preset else ""
+        options.append(
+            click.option(
+                f"--{p.name.replace('_', '-')}",
+                type=p.cli,
+                multiple=p.name == "stop",
+                help=f"{p.help} [{shown}{origin}].",
+            )  # fmt: skip
+        )
+    return options
+
+
 def _run_options(command):
     """The options `run` and `caption` share: models, presets, generation, media, output."""
     options = [
@@ -49,16 +77,7 @@ def _run_options(command):
             "--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."
         ),
         click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
-        click.option("--max-tokens", type=int, help="Default max new tokens per row [256]."),
-        click.option("--temperature", type=float, help="Default temperature; 0 is greedy [0.7]."),
-        click.option("--top-p", type=float, help="Default nucleus sampling [0.9]."),
-        click.option("--top-k", type=int, help="Default top-k; 0 is off [0]."),
-        click.option("--min-p", type=float, help="Default min-p [0]."),
-        click.option("--repetition-penalty", type=float, help="Default repetition penalty [1.0]."),
-        click.option("--presence-penalty", type=float, help="Default presence penalty [0]."),
-        click.option("--stop", multiple=True, help="Default stop sequence (repeatable)."),
-        click.option("--seed", type=int, help="Default sampling seed."),
-        click.option("--system", help="Default system prompt."),
+        *_generation_options(),
         click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
         click.option("--video-max-frames", type=int, help="Most frames per video [128]."),
         click.option(
@@ -106,7 +125,10 @@ def _run_options(command):
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
 @_run_options
 def run(job_file: Path, output: Path | None, fmt: str | None, **flags) -> None:
-    """Generate for every row of JOB_FILE; rerun the same command to resume."""
+    """Generate for every row of JOB_FILE; rerun the same command to resume.
+
+    Generation options set the run's defaults (shown as a run without --config gets them);
+    a row's own values win."""
     output = output or job_file.with_name(job_file.name.split(".")[0] + ".results.parquet")
     _run(job_file, output, format=fmt, **flags)
 

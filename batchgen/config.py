@@ -11,9 +11,10 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
+from .params import check_params
 from .records import GenParams
 
-__all__ = ["MediaConfig", "RunConfig", "find_preset", "build_config", "GEN_FIELDS"]
+__all__ = ["MediaConfig", "RunConfig", "find_preset", "load_preset", "build_config", "GEN_FIELDS"]
 
 PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
@@ -97,7 +98,7 @@ def find_preset(name_or_path: str | None) -> Path | None:
     return None
 
 
-def _load_preset(path: Path | None) -> dict[str, Any]:
+def load_preset(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
@@ -115,8 +116,6 @@ def _load_preset(path: Path | None) -> dict[str, Any]:
 
 
 def _gen_params(values: dict[str, Any]) -> GenParams:
-    from .parse import check_params  # one validator for rows and for run defaults
-
     unknown = set(values) - set(GEN_FIELDS)
     if unknown:
         raise ConfigError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
@@ -135,7 +134,7 @@ def build_config(
     **overrides: Any,
 ) -> RunConfig:
     """Merge preset < flags (None means 'not given') into a validated RunConfig."""
-    data = _load_preset(find_preset(preset))
+    data = load_preset(find_preset(preset))
     gen = dict(data.pop("generation", None) or {})
     gen.update({k: v for k, v in (generation or {}).items() if v is not None})
     med = dict(data.pop("media", None) or {})

@@ -17,23 +17,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from .params import OPENAI_FIELDS
 from .write import atomic_write
 
 __all__ = ["is_batch_request", "from_batch_request", "write_batch_output"]
-
-_BODY_FIELDS = {
-    "max_tokens": "max_tokens",
-    "max_completion_tokens": "max_tokens",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "stop": "stop",
-    "seed": "seed",
-    "presence_penalty": "presence_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "chat_template_kwargs": "chat_template_kwargs",
-}
 
 
 def is_batch_request(value: Any) -> bool:
@@ -51,7 +38,7 @@ def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any], list[tupl
         problems.append(("method", f"expected POST, got {value.get('method')!r}"))
     body = value["body"]
     row: dict[str, Any] = {"id": value["custom_id"], "messages": body.get("messages")}
-    for name, ours in _BODY_FIELDS.items():
+    for name, ours in OPENAI_FIELDS.items():
         if body.get(name) is not None:
             row[ours] = body[name]
     return row, problems

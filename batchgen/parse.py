@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable
 from typing import Any
 
 from .errors import short
 from .openai import from_batch_request, is_batch_request
+from .params import Problem, check_params, is_int, is_number
 from .read import RawRow, valid_id
 from .records import GenParams, Job, MediaRef
 
-__all__ = ["parse_row", "check_params", "MEDIA_COLUMNS"]
-
-Problem = tuple[str, str]  # (field, message)
+__all__ = ["parse_row", "MEDIA_COLUMNS"]
 
 # Flat media columns and the kind each holds.
 MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "audio": "audio"}
@@ -28,56 +24,6 @@ _PART_TYPES = {
     "audio": ("audio", "audio"),
 }
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_num(v: Any) -> bool:
-    return (_is_int(v) or isinstance(v, float)) and math.isfinite(v)
-
-
-def _check(ok: Callable[[Any], bool], want: str, cast: Callable[[Any], Any] = lambda v: v):
-    return lambda v: (cast(v), None) if ok(v) else (None, f"expected {want}, got {v!r:.60}")
-
-
-def _stop(v: Any):
-    if isinstance(v, str):
-        v = [v]
-    if isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v):
-        return tuple(v), None
-    return None, f"expected a string or a list of non-empty strings, got {v!r:.60}"
-
-
-_PARAM_CHECKS: dict[str, Callable[[Any], tuple[Any, str | None]]] = {
-    "max_tokens": _check(lambda v: _is_int(v) and v >= 1, "a positive integer"),
-    "temperature": _check(lambda v: _is_num(v) and v >= 0, "a number >= 0", float),
-    "top_p": _check(lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]", float),
-    "top_k": _check(lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
-    "min_p": _check(lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]", float),
-    "repetition_penalty": _check(lambda v: _is_num(v) and v > 0, "a number > 0", float),
-    "presence_penalty": _check(_is_num, "a number", float),
-    "stop": _stop,
-    "seed": _check(lambda v: _is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's seed range
-    "system": _check(lambda v: isinstance(v, str), "a string"),
-    "chat_template_kwargs": _check(lambda v: isinstance(v, dict), "an object", dict),
-}
-
-
-def check_params(values: dict[str, Any], base: GenParams) -> tuple[list[Problem], GenParams]:
-    """Overlay the generation parameters present in `values` on `base`."""
-    problems: list[Problem] = []
-    given = {}
-    for name, check in _PARAM_CHECKS.items():
-        if values.get(name) is None:
-            continue
-        value, problem = check(values[name])
-        if problem:
-            problems.append((name, problem))
-        else:
-            given[name] = value
-    return problems, dataclasses.replace(base, **given)
 
 
 def _media_values(name: str, value: Any, problems: list[Problem]) -> list[str]:
@@ -212,11 +158,11 @@ def _parse_row(row: RawRow, defaults: GenParams, template: str | None) -> tuple[
     param_problems, job.params = check_params(value, defaults)
     problems += param_problems
     fps, max_frames = value.get("video_fps"), value.get("video_max_frames")
-    if fps is not None and not (_is_num(fps) and fps > 0):
+    if fps is not None and not (is_number(fps) and fps > 0):
         problems.append(("video_fps", f"expected a number > 0, got {fps!r:.60}"))
     elif fps is not None:
         job.video_fps = float(fps)
-    if max_frames is not None and not (_is_int(max_frames) and max_frames >= 2):
+    if max_frames is not None and not (is_int(max_frames) and max_frames >= 2):
         problems.append(("video_max_frames", f"expected an integer >= 2, got {max_frames!r:.60}"))
     elif max_frames is not None:
         job.video_max_frames = max_frames

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import JobFileError
+from .params import NUMBERS
 
 __all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "valid_id", "shard_of"]
 
@@ -27,8 +28,7 @@ _EXTENSIONS = {
     ".csv": "csv",
 }
 # CSV cells are text: these columns are read as numbers, and `[...]` / `{...}` cells as JSON.
-_CSV_NUMBERS = ("max_tokens", "top_k", "seed", "video_max_frames", "temperature", "top_p", "min_p",
-                "repetition_penalty", "presence_penalty", "video_fps")  # fmt: skip
+_CSV_NUMBERS = (*NUMBERS, "video_fps", "video_max_frames")
 _BATCH_ROWS = 1024  # Parquet rows decoded at a time: bounded memory for any file size
 
 

@@ -358,7 +358,9 @@ def _run(
                 pass  # the batch in flight is dropped; its rows run again on resume
             except ConfigError as e:  # a model that cannot load: the same exit 2 as before any work
                 writer.flush()
-                raise ConfigError(f"{e}; finished rows are kept in {writer.partial}, rerun to resume") from None
+                raise ConfigError(
+                    f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
+                ) from None
             signals.check(writer)
         finally:
             # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.

@@ -39,3 +39,22 @@ def test_default_preset_and_flags(tmp_path, monkeypatch):
                 build_config("j.jsonl", "o.parquet", generation=bad["generation"])
             else:
                 build_config("j.jsonl", "o.parquet", **bad)
+
+
+def test_each_generation_parameter_is_declared_once_and_everything_derives_from_it():
+    from conftest import run_cli
+
+    from batchgen.openai import from_batch_request
+    from batchgen.params import NUMBERS, PARAMS
+    from batchgen.read import _csv_cell
+
+    code, helptext = run_cli("run", "--help")
+    flat = " ".join(helptext.split())
+    assert code == 0 and "[48 from the default preset]" in flat and "[0.0 from the default preset]" in flat
+    for p in PARAMS:
+        assert (f"--{p.name.replace('_', '-')}" in flat) == (p.cli is not None)
+    assert _csv_cell("top_k", "5") == 5 and _csv_cell("system", "5") == "5" and "seed" in NUMBERS
+    row, problems = from_batch_request(
+        {"custom_id": "a", "body": {"messages": [], "max_completion_tokens": 7, "top_p": 0.5}}
+    )
+    assert (row["max_tokens"], row["top_p"], problems) == (7, 0.5, [])

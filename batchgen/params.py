@@ -1,0 +1,97 @@
+"""Generation parameters, each declared once: its check, its help and the OpenAI body fields
+that carry it. Row checks, run defaults, CSV typing, the OpenAI Batch mapping and the CLI
+options all derive from `PARAMS`; defaults live in `GenParams`."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .records import GenParams
+
+__all__ = ["Param", "PARAMS", "NUMBERS", "OPENAI_FIELDS", "check_params", "is_int", "is_number"]
+
+Problem = tuple[str, str]  # (field, message)
+Check = Callable[[Any], tuple[Any, "str | None"]]  # a value → (the value to use, or a problem)
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: Any) -> bool:
+    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+
+
+def _rule(ok: Callable[[Any], bool], want: str, cast: Callable[[Any], Any] = lambda v: v) -> Check:
+    return lambda v: (cast(v), None) if ok(v) else (None, f"expected {want}, got {v!r:.60}")
+
+
+def _stop(v: Any) -> tuple[Any, str | None]:
+    if isinstance(v, str):
+        v = [v]
+    if isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v):
+        return tuple(v), None
+    return None, f"expected a string or a list of non-empty strings, got {v!r:.60}"
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """One generation parameter: `check` turns a value as a row (JSON) gives it into the
+    value or a problem; `cli` is the command-line option's type (None: no option)."""
+
+    name: str
+    check: Check
+    help: str
+    cli: type | None = None
+    openai: tuple[str, ...] = ()  # OpenAI Batch body fields that carry it
+
+    @property
+    def default(self) -> Any:
+        return getattr(GenParams(), self.name)
+
+
+PARAMS = (
+    Param("max_tokens", _rule(lambda v: is_int(v) and v >= 1, "a positive integer"),
+          "Most new tokens per row (capped at what the model's context leaves)", int,
+          ("max_tokens", "max_completion_tokens")),
+    Param("temperature", _rule(lambda v: is_number(v) and v >= 0, "a number >= 0", float),
+          "Sampling temperature; 0 is greedy", float, ("temperature",)),
+    Param("top_p", _rule(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]", float),
+          "Nucleus sampling", float, ("top_p",)),
+    Param("top_k", _rule(lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
+          "Top-k sampling; 0 is off", int, ("top_k",)),
+    Param("min_p", _rule(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", float),
+          "Min-p sampling", float, ("min_p",)),
+    Param("repetition_penalty", _rule(lambda v: is_number(v) and v > 0, "a number > 0", float),
+          "Repetition penalty; 1 is off", float, ("repetition_penalty",)),
+    Param("presence_penalty", _rule(is_number, "a number", float), "Presence penalty", float,
+          ("presence_penalty",)),
+    Param("stop", _stop, "Stop sequence (repeatable)", str, ("stop",)),
+    Param("seed", _rule(lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's range
+          "Sampling seed", int, ("seed",)),
+    Param("system", _rule(lambda v: isinstance(v, str), "a string"), "System prompt", str),
+    Param("chat_template_kwargs", _rule(lambda v: isinstance(v, dict), "an object", dict),
+          "Chat template keywords", None, ("chat_template_kwargs",)),
+)  # fmt: skip
+
+NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells
+OPENAI_FIELDS = {field: p.name for p in PARAMS for field in p.openai}  # body field → parameter
+
+
+def check_params(values: dict[str, Any], base: GenParams) -> tuple[list[Problem], GenParams]:
+    """Overlay the generation parameters present in `values` on `base`; None means absent."""
+    problems: list[Problem] = []
+    given = {}
+    for param in PARAMS:
+        if values.get(param.name) is None:
+            continue
+        value, problem = param.check(values[param.name])
+        if problem:
+            problems.append((param.name, problem))
+        else:
+            given[param.name] = value
+    return problems, dataclasses.replace(base, **given)

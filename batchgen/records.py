@@ -5,7 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-__all__ = ["STAGES", "RESULT_COLUMNS", "GenParams", "MediaRef", "Job", "Media", "Generation", "Result"]
+__all__ = [
+    "STAGES",
+    "RESULT_COLUMNS",
+    "TOTALS",
+    "GenParams",
+    "MediaRef",
+    "Job",
+    "Media",
+    "Generation",
+    "Result",
+]
 
 MediaKind = Literal["image", "video", "audio"]
 
@@ -113,3 +123,5 @@ class Result:
 
 
 RESULT_COLUMNS = tuple(Result.__slots__)
+# Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
+TOTALS = ("prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts", "mtp_accepted")

@@ -27,7 +27,7 @@ from .media import MediaStage, Prefetcher, Prepared
 from .openai import write_batch_output
 from .parse import parse_row
 from .read import JobIndex, RawRow, id_key, iter_rows, scan
-from .records import Generation, Job, Media, Result
+from .records import TOTALS, Generation, Job, Media, Result
 from .schedule import schedule
 from .write import OutputLock, ResultWriter, atomic_write, partial_dir
 
@@ -97,9 +97,8 @@ def _result(
         result.status, result.error, result.error_stage = "error", one_line(outcome.message), outcome.stage
     else:
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
-        result.prompt_tokens, result.completion_tokens = outcome.prompt_tokens, outcome.completion_tokens
-        result.cached_tokens = outcome.cached_tokens
-        result.mtp_drafts, result.mtp_accepted = outcome.mtp_drafts, outcome.mtp_accepted
+        for name in TOTALS:
+            setattr(result, name, getattr(outcome, name))
     return result
 
 
@@ -192,11 +191,8 @@ def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary,
     writer.add(job.raw, result)
     summary.generated += 1
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
-    summary.prompt_tokens += result.prompt_tokens
-    summary.completion_tokens += result.completion_tokens
-    summary.cached_tokens += result.cached_tokens
-    summary.mtp_drafts += result.mtp_drafts
-    summary.mtp_accepted += result.mtp_accepted
+    for name in TOTALS:
+        setattr(summary, name, getattr(summary, name) + getattr(result, name))
 
 
 def _settings(config: RunConfig) -> dict:

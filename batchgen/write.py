@@ -9,10 +9,12 @@ temporary file, renames it over `out.parquet` and removes the `.partial` folder.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import time
+import typing
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,25 +30,15 @@ __all__ = ["ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "parti
 
 _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
+
+def _arrow_type(hint: Any) -> pa.DataType:
+    return {int: pa.int64(), float: pa.float64()}.get(hint, pa.string())
+
+
+# Our columns, in Result's order and typed by its annotations: a new metric is one field there.
+_HINTS = typing.get_type_hints(Result)
 RESULT_SCHEMA = pa.schema(
-    [
-        ("status", pa.string()),
-        ("generated_text", pa.string()),
-        ("finish_reason", pa.string()),
-        ("error", pa.string()),
-        ("error_stage", pa.string()),
-        ("prompt_tokens", pa.int64()),
-        ("completion_tokens", pa.int64()),
-        ("cached_tokens", pa.int64()),
-        ("mtp_drafts", pa.int64()),
-        ("mtp_accepted", pa.int64()),
-        ("fetch_ms", pa.float64()),
-        ("decode_ms", pa.float64()),
-        ("frames_ms", pa.float64()),
-        ("generate_ms", pa.float64()),
-        ("model", pa.string()),
-        ("input_hash", pa.string()),
-    ]
+    [(f.name, _arrow_type(_HINTS[f.name])) for f in dataclasses.fields(Result) if f.name != "id"]
 )
 SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
 

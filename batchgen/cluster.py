@@ -1,21 +1,26 @@
-"""Scale-out on Ray Data: the same rows, stages and output as the local engine, with the
-media and generation stages in a pool of actors, one model load each.
+"""Scale-out on Ray Data: `RayExecutor` has the local executor's interface, with the media
+and generation stages in a pool of actors, one model load each.
 
 The driver reads the job file with batchgen's own reader (robust to rows Arrow cannot type),
 skips what is already done, and hands the rest to Ray as a dataset of raw rows. Each actor
-resolves media (its own fetch pool) and generates with the batched engine, returning a
-fixed-schema Arrow table per batch: a failed row stays a row, never a failed block. The
-driver commits the results through the same writer as a local run, so resume, the lock,
-the settings check and the final atomic output are the local engine's.
+runs the local executor on its share (media overlapping generation, rows grouped over the
+window) and sends back results and its figures, not the rows: the driver keeps them. The
+driver loads no model; it commits through the same writer as a local run, so progress,
+stop requests, resume, the lock, the settings check and the final atomic output are the
+local engine's.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
 import shutil
 import tempfile
+import threading
+import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,57 +28,56 @@ import pyarrow as pa
 
 from .config import RunConfig
 from .errors import ConfigError
-from .records import Result
+from .execute import merge_stats
+from .read import RawRow
+from .records import Job, Result
 from .write import RESULT_SCHEMA
 
-__all__ = ["run_on_ray", "RowWorker"]
+__all__ = ["RayExecutor", "RowWorker"]
 
-_OUT_SCHEMA = pa.schema([("row", pa.string()), ("id_json", pa.string()), *RESULT_SCHEMA])
+_OUT_SCHEMA = pa.schema(
+    [
+        ("pos", pa.int64()),
+        ("id_json", pa.string()),
+        *RESULT_SCHEMA,
+        ("worker", pa.string()),
+        ("stats", pa.string()),
+    ]
+)
 
 
 class RowWorker:
-    """A Ray actor: loads the models once, then turns batches of raw rows into results."""
+    """A Ray actor: loads the models once, then runs the local executor on batches of rows."""
 
-    def __init__(self, config: RunConfig):
+    def __init__(self, config: RunConfig, tmp_root: str | None = None):
         from .engine import Engines
-        from .media import MediaStage
+        from .execute import LocalExecutor
 
-        self.config = config
-        self.engines = Engines.from_config(config)
-        self.engines.load_drafter()
-        self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-")
-        info = self.engines.vision_info
-        self.stage = MediaStage(
-            config.media, config.input.parent, Path(self.tmp), info.audio, info.max_pixels
-        )
+        self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
+        atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
+        self.executor = LocalExecutor(config, Engines.from_config(config), Path(self.tmp), threading.Event())
+        self.worker = uuid.uuid4().hex
 
     def __call__(self, batch: dict[str, Any]) -> pa.Table:
-        from concurrent.futures import ThreadPoolExecutor
-
-        from .parse import parse_row
-        from .read import RawRow
-        from .runner import generate_window
-
-        jobs = []
-        for packed in batch["row"]:
+        rows, pos_of = [], {}
+        for pos, packed in zip(batch["pos"], batch["row"], strict=True):
             r = json.loads(packed)
-            raw = RawRow(index=r["index"], line=r["line"], value=r["value"], error=r["error"])
-            jobs.append(parse_row(raw, self.config.defaults, self.config.prompt_template)[0])
-        with ThreadPoolExecutor(self.config.media.fetch_workers) as pool:
-            futures = [pool.submit(self.stage.resolve, j) if j.media and not j.error else None for j in jobs]
-            window = [(j, f.result() if f else None) for j, f in zip(jobs, futures, strict=True)]
-        packed_of = {id(j): p for j, p in zip(jobs, batch["row"], strict=True)}
+            rows.append(RawRow(index=r["index"], line=r["line"], value=r["value"], error=r["error"]))
+            pos_of[r["index"]] = int(pos)
         out: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
-        for results in generate_window(window, self.engines, self.config.batch_size):
+        for results in self.executor.run(rows):
             for job, result in results:
-                out["row"].append(packed_of[id(job)])
+                out["pos"].append(pos_of[job.index])
                 out["id_json"].append(json.dumps(result.id))
                 for field in RESULT_SCHEMA:
                     out[field.name].append(getattr(result, field.name))
+        n = len(out["pos"])
+        out["worker"] = [self.worker] * n
+        out["stats"] = [json.dumps(self.executor.stats())] * n  # cumulative: the driver keeps the latest
         return pa.table(out, schema=_OUT_SCHEMA)
 
 
-def _pack(raw) -> str:
+def _pack(raw: RawRow) -> str:
     return json.dumps(
         {"index": raw.index, "line": raw.line, "value": raw.value, "error": raw.error}, default=str
     )
@@ -96,38 +100,63 @@ def _start_ray(config: RunConfig, temp_dir: str) -> bool:
     return True
 
 
-def run_on_ray(config: RunConfig, rows: list, on_result) -> None:
-    """Generate `rows` (RawRows not yet done) on Ray, committing each result via `on_result`."""
-    try:
+class RayExecutor:
+    """Raw rows in, results out, like LocalExecutor; the work happens in Ray actors. A set
+    `stop` ends the run between two result batches."""
+
+    def __init__(self, config: RunConfig, stop: threading.Event):
+        try:
+            import ray  # noqa: F401
+        except ImportError as e:
+            raise ConfigError("--engine ray needs Ray: pip install 'batchgen[ray]'") from e
+        self.config, self.stop = config, stop
+        self._latest: dict[str, dict[str, Any]] = {}  # each actor's last figures
+
+    def run(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
         import ray
         from ray.data import ActorPoolStrategy
-    except ImportError as e:
-        raise ConfigError("--engine ray needs Ray: pip install 'batchgen[ray]'") from e
-    if not rows:
-        return
-    temp_dir = tempfile.mkdtemp(prefix="bg-ray-")  # short: Ray's socket paths must stay short
-    started = False
-    try:
-        started = _start_ray(config, temp_dir)
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False  # batchgen's own bar counts committed rows
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
-        blocks = max(config.workers * 2, 1)
-        ds = ray.data.from_items([{"row": _pack(r)} for r in rows]).repartition(min(blocks, len(rows)))
-        results = ds.map_batches(
-            RowWorker,
-            fn_constructor_kwargs={"config": config},
-            compute=ActorPoolStrategy(size=config.workers),
-            batch_size=config.batch_size,
-            batch_format="numpy",
-            num_cpus=0.5,  # fractional: leaves room for Ray's own tasks
-        )
-        for batch in results.iter_batches(batch_format="pyarrow", batch_size=None):
-            for record in batch.to_pylist():
-                packed = json.loads(record.pop("row"))
-                record["id"] = json.loads(record.pop("id_json"))
-                on_result(packed, Result(**record))
-    finally:
-        if started:
-            ray.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+
+        c = self.config
+        rows = list(rows)
+        if not rows:
+            return
+        temp_dir = tempfile.mkdtemp(prefix="bg-ray-")  # short: Ray's socket paths must stay short
+        started = False
+        try:
+            started = _start_ray(c, temp_dir)
+            ray.data.DataContext.get_current().enable_progress_bars = False  # batchgen's bar counts rows
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
+            items = [{"pos": pos, "row": _pack(r)} for pos, r in enumerate(rows)]
+            ds = ray.data.from_items(items).repartition(min(max(c.workers * 2, 1), len(rows)))
+            local = started and not c.ray_address  # actors' temp folders inside ours, removed with it
+            results = ds.map_batches(
+                RowWorker,
+                fn_constructor_kwargs={"config": c, "tmp_root": temp_dir if local else None},
+                compute=ActorPoolStrategy(size=c.workers),
+                batch_size=c.window,  # the actor groups rows and overlaps media over a whole window
+                batch_format="numpy",
+                num_cpus=0.5,  # fractional: leaves room for Ray's own tasks
+            )  # fmt: skip
+            for batch in results.iter_batches(batch_format="pyarrow", batch_size=None):
+                if self.stop.is_set():
+                    return
+                out = []
+                for record in batch.to_pylist():
+                    raw = rows[record.pop("pos")]
+                    self._latest[record.pop("worker")] = json.loads(record.pop("stats"))
+                    record["id"] = json.loads(record.pop("id_json"))
+                    job = Job(index=raw.index, id=record["id"], line=raw.line)
+                    job.raw = raw.value if isinstance(raw.value, dict) else {}
+                    out.append((job, Result(**record)))
+                if out:
+                    yield out
+        finally:
+            if started:
+                ray.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+    def stats(self) -> dict[str, Any]:
+        return merge_stats(list(self._latest.values()))
+
+    def close(self) -> None:
+        pass

@@ -11,7 +11,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,19 +18,16 @@ from typing import Any
 import pyarrow as pa
 from tqdm import tqdm
 
-from .cache import PrefixCache
 from .config import RunConfig
-from .engine import Engines, Plan
-from .errors import ConfigError, FailFastError, Interrupted, RowError, StopRequested, one_line
-from .media import MediaStage, Prefetcher, Prepared
+from .engine import Engines
+from .errors import ConfigError, FailFastError, Interrupted, StopRequested
+from .execute import LocalExecutor
 from .openai import write_batch_output
-from .parse import parse_row
 from .read import JobIndex, RawRow, id_key, iter_rows, scan
-from .records import TOTALS, Generation, Job, Media, Result
-from .schedule import schedule
+from .records import TOTALS, Job, Result
 from .write import OutputLock, ResultWriter, atomic_write, partial_dir
 
-__all__ = ["RunSummary", "run", "generate_window"]
+__all__ = ["RunSummary", "run", "check_paths"]
 
 
 @dataclass(slots=True)
@@ -81,64 +77,6 @@ class RunSummary:
         )
 
 
-def _result(
-    job: Job,
-    prepared: Prepared | None,
-    outcome: Generation | RowError,
-    model: str | None,
-    generate_ms: float = 0.0,
-) -> Result:
-    """One output row from a job, its media stage times and what generation made of it."""
-    result = Result(id=job.id, model=model, generate_ms=generate_ms, input_hash=job.digest)
-    if prepared is not None:
-        t = prepared.times
-        result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
-    if isinstance(outcome, RowError):
-        result.status, result.error, result.error_stage = "error", one_line(outcome.message), outcome.stage
-    else:
-        result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
-        for name in TOTALS:
-            setattr(result, name, getattr(outcome, name))
-    return result
-
-
-def generate_window(
-    window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int
-) -> Iterator[list[tuple[Job, Result]]]:
-    """Results for a window of rows, a list at a time: the rows that failed before generation,
-    then batch by batch in scheduled order. A batched row's `generate_ms` is its share of the
-    batch's time."""
-    plans: list[Plan] = []
-    failed: list[tuple[Job, Result]] = []
-    for job, prepared in window:
-        if job.error:
-            failed.append((job, _result(job, prepared, RowError("read", job.error), None)))
-        elif prepared is not None and prepared.error:
-            failed.append((job, _result(job, prepared, prepared.error, None)))
-        else:
-            t0 = time.perf_counter()
-            try:
-                plans.append(engines.plan(job, prepared.media if prepared else Media()))
-            except RowError as e:
-                ms = (time.perf_counter() - t0) * 1000
-                failed.append((job, _result(job, prepared, e, engines.model_for(job), ms)))
-    if failed:
-        yield failed
-    prepared_of = {id(job): prepared for job, prepared in window}
-    for batch in schedule(plans, batch_size):
-        members = [plans[i] for i in batch]
-        t0 = time.perf_counter()
-        outcomes = engines.run(members)
-        share = (time.perf_counter() - t0) * 1000 / len(members)
-        yield [
-            (
-                plan.job,
-                _result(plan.job, prepared_of[id(plan.job)], outcome, engines.model_for(plan.job), share),
-            )
-            for plan, outcome in zip(members, outcomes, strict=True)
-        ]
-
-
 def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     """Row counts come from the final table, token counts from this run's rows."""
     s.rows = table.num_rows
@@ -167,16 +105,11 @@ def _pending(config: RunConfig, index: JobIndex, done: dict[str, str | None]) ->
             yield raw
 
 
-def _todo(config: RunConfig, index: JobIndex, done: dict[str, str | None]) -> Iterator[Job]:
-    for raw in _pending(config, index, done):
-        yield parse_row(raw, config.defaults, config.prompt_template)[0]
-
-
-def _progress(s: RunSummary, prefixes: PrefixCache | None, elapsed: float) -> str:
+def _progress(s: RunSummary, cache: dict[str, float], elapsed: float) -> str:
     """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
     parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
-    if prefixes is not None and prefixes.hits + prefixes.misses:
-        parts.append(f"cache {prefixes.hits / (prefixes.hits + prefixes.misses):.0%}")
+    if cache.get("prefix_hits", 0) + cache.get("prefix_misses", 0):
+        parts.append(f"cache {cache['prefix_hit_rate']:.0%}")
     parts.append(f"{s.failed} failed")
     return ", ".join(parts)
 
@@ -279,7 +212,6 @@ def run(config: RunConfig) -> RunSummary:
     engines = Engines.from_config(config)
     with OutputLock(config.output) as lock, _Signals() as signals:
         signals.cleanups.append(lambda: lock.path.unlink(missing_ok=True))
-        engines.stop = signals.stop
         return _run(config, index, engines, signals, started)
 
 
@@ -311,45 +243,30 @@ def _run(
     signals: _Signals,
     started: float,
 ) -> RunSummary:
-    prefixes = engines.prefixes
     writer = ResultWriter(
         config.output, index, _settings(config), config.overwrite, config.flush_rows, config.flush_seconds
     )
     done = writer.done()
     _check_unchanged(index, done)
-    engines.load_drafter()
     todo = sum(id_key(i) not in done for i in index.ids)
     if done and todo and not config.quiet:
         print(f"resuming: {len(index.ids) - todo:,} of {len(index.ids):,} rows done", file=sys.stderr)
     summary = RunSummary(output=str(config.output))
-    if config.engine == "ray":
-        return _run_ray(config, index, done, writer, summary, started)
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        info = engines.vision_info
-        stage = MediaStage(
-            config.media, config.input.parent, Path(tmp), info.audio, info.max_pixels, signals.stop
-        )
-        pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
-        prefetcher = Prefetcher(_todo(config, index, done), stage, pool, config.window, stop=signals.stop)
+        executor = _executor(config, engines, Path(tmp), signals.stop)
+        batches = executor.run(_pending(config, index, done))
         try:
-            prefetcher.start()
-            # Load the models the first rows need while their media download.
-            queued = [job for job, _ in prefetcher.ahead if not job.error]
-            engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
-            least = max(1, config.batch_size // 4)  # the first batch starts early, then fills up
             try:
-                while not signals.received and (window := prefetcher.take(config.window, least)):
-                    least = config.batch_size
-                    for results in generate_window(window, engines, config.batch_size):
-                        for job, result in results:
-                            _record(job, result, writer, summary, config)
-                            bar.update()
-                        writer.flush()  # a finished batch is on disk before the next one starts
-                        tail = _progress(summary, prefixes, time.perf_counter() - started)
-                        bar.set_postfix_str(tail, refresh=False)
-                        signals.check(writer)
+                for results in batches:
+                    for job, result in results:
+                        _record(job, result, writer, summary, config)
+                        bar.update()
+                    writer.flush()  # a finished batch is on disk before the next one starts
+                    tail = _progress(summary, executor.stats()["cache"], time.perf_counter() - started)
+                    bar.set_postfix_str(tail, refresh=False)
+                    signals.check(writer)
             except StopRequested:
                 pass  # the batch in flight is dropped; its rows run again on resume
             except ConfigError as e:  # a model that cannot load: the same exit 2 as before any work
@@ -359,12 +276,21 @@ def _run(
                 ) from None
             signals.check(writer)
         finally:
-            # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
-            pool.shutdown(wait=False, cancel_futures=True)
-        summary.media = stage.stats()
-        summary.cache = prefixes.stats() if prefixes else {}
-        summary.max_tokens_capped = engines.capped
+            batches.close()
+            executor.close()
+        stats = executor.stats()
+        summary.media, summary.cache = stats["media"], stats["cache"]
+        summary.max_tokens_capped = stats["max_tokens_capped"]
         return _conclude(config, writer, summary, started)
+
+
+def _executor(config: RunConfig, engines: Engines, tmp: Path, stop: threading.Event):
+    """Where rows run: here, or in Ray actors (the driver then loads no model)."""
+    if config.engine == "ray":
+        from .cluster import RayExecutor
+
+        return RayExecutor(config, stop)
+    return LocalExecutor(config, engines, tmp, stop)
 
 
 def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float) -> RunSummary:
@@ -376,23 +302,3 @@ def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, star
     stats_path = config.output.with_name(config.output.name + ".stats.json")
     atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))
     return summary
-
-
-def _run_ray(config, index, done, writer, summary, started) -> RunSummary:
-    """The rows not done, through Ray actors; committed here by the same writer."""
-    from .cluster import run_on_ray
-
-    rows = list(_pending(config, index, done))
-
-    def commit(packed: dict, result: Result) -> None:
-        value = packed["value"]
-        job = Job(
-            index=packed["index"],
-            id=result.id,
-            line=packed["line"],
-            raw=value if isinstance(value, dict) else {},
-        )
-        _record(job, result, writer, summary, config)
-
-    run_on_ray(config, rows, commit)
-    return _conclude(config, writer, summary, started)

@@ -1,0 +1,140 @@
+"""Execute stage: jobs → media look-ahead → batched generation → results.
+
+`LocalExecutor` is the loop a local run drives and each Ray actor runs on its share of the
+rows (cluster.py), so media overlap generation and rows are grouped over the window in both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from .config import RunConfig
+from .engine import Engines, Plan
+from .errors import RowError, one_line
+from .media import MediaStage, Prefetcher, Prepared
+from .parse import parse_row
+from .read import RawRow
+from .records import TOTALS, Generation, Job, Media, Result
+from .schedule import schedule
+
+__all__ = ["LocalExecutor", "generate_window", "merge_stats"]
+
+
+def _result(
+    job: Job,
+    prepared: Prepared | None,
+    outcome: Generation | RowError,
+    model: str | None,
+    generate_ms: float = 0.0,
+) -> Result:
+    """One output row from a job, its media stage times and what generation made of it."""
+    result = Result(id=job.id, model=model, generate_ms=generate_ms, input_hash=job.digest)
+    if prepared is not None:
+        t = prepared.times
+        result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
+    if isinstance(outcome, RowError):
+        result.status, result.error, result.error_stage = "error", one_line(outcome.message), outcome.stage
+    else:
+        result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
+        for name in TOTALS:
+            setattr(result, name, getattr(outcome, name))
+    return result
+
+
+def generate_window(
+    window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int
+) -> Iterator[list[tuple[Job, Result]]]:
+    """Results for a window of rows, a list at a time: the rows that failed before generation,
+    then batch by batch in scheduled order. A batched row's `generate_ms` is its share of the
+    batch's time."""
+    plans: list[Plan] = []
+    failed: list[tuple[Job, Result]] = []
+    for job, prepared in window:
+        if job.error:
+            failed.append((job, _result(job, prepared, RowError("read", job.error), None)))
+        elif prepared is not None and prepared.error:
+            failed.append((job, _result(job, prepared, prepared.error, None)))
+        else:
+            t0 = time.perf_counter()
+            try:
+                plans.append(engines.plan(job, prepared.media if prepared else Media()))
+            except RowError as e:
+                ms = (time.perf_counter() - t0) * 1000
+                failed.append((job, _result(job, prepared, e, engines.model_for(job), ms)))
+    if failed:
+        yield failed
+    prepared_of = {id(job): prepared for job, prepared in window}
+    for batch in schedule(plans, batch_size):
+        members = [plans[i] for i in batch]
+        t0 = time.perf_counter()
+        outcomes = engines.run(members)
+        share = (time.perf_counter() - t0) * 1000 / len(members)
+        yield [
+            (
+                plan.job,
+                _result(plan.job, prepared_of[id(plan.job)], outcome, engines.model_for(plan.job), share),
+            )
+            for plan, outcome in zip(members, outcomes, strict=True)
+        ]
+
+
+class LocalExecutor:
+    """Raw rows in, results out, a list at a time: rows are parsed, their media resolve in
+    worker threads up to a window ahead, and each window is generated in scheduled batches.
+    A set `stop` ends the wait for media at once and generation between decode steps
+    (StopRequested); the caller commits what came out before."""
+
+    def __init__(self, config: RunConfig, engines: Engines, tmp_dir: Path, stop: Any):
+        self.config, self.engines, self.stop = config, engines, stop
+        info = engines.vision_info
+        self.stage = MediaStage(config.media, config.input.parent, tmp_dir, info.audio, info.max_pixels, stop)
+        self.pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
+        engines.stop = stop
+        engines.load_drafter()  # a drafter that cannot pair with its target stops the run before any row
+
+    def run(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
+        c = self.config
+        jobs = (parse_row(raw, c.defaults, c.prompt_template)[0] for raw in rows)
+        prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)
+        prefetcher.start()
+        # Load the models the first rows need while their media download.
+        queued = [job for job, _ in prefetcher.ahead if not job.error]
+        self.engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
+        least = max(1, c.batch_size // 4)  # the first batch starts early, then fills up
+        while not self.stop.is_set() and (window := prefetcher.take(c.window, least)):
+            least = c.batch_size
+            yield from generate_window(window, self.engines, c.batch_size)
+
+    def stats(self) -> dict[str, Any]:
+        """The run's figures so far: media work, prefix reuse, rows capped at the context."""
+        prefixes = self.engines.prefixes
+        return {
+            "media": self.stage.stats(),
+            "cache": prefixes.stats() if prefixes else {},
+            "max_tokens_capped": self.engines.capped,
+        }
+
+    def close(self) -> None:
+        # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figures of several executors (Ray actors) as one run's: counts add, the hit rate is
+    recomputed."""
+    media: dict[str, int] = {}
+    cache: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.get("media", {}).items():
+            media[key] = media.get(key, 0) + value
+        for key, value in part.get("cache", {}).items():
+            cache[key] = cache.get(key, 0) + value
+    if cache:
+        lookups = cache["prefix_hits"] + cache["prefix_misses"]
+        cache["prefix_hit_rate"] = round(cache["prefix_hits"] / lookups, 4) if lookups else 0.0
+    capped = sum(part.get("max_tokens_capped", 0) for part in parts)
+    return {"media": media, "cache": cache, "max_tokens_capped": capped}

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 import uuid
@@ -90,13 +91,21 @@ def _start_ray(config: RunConfig, temp_dir: str) -> bool:
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token in the home directory
-    if config.ray_address:
-        ray.init(address=config.ray_address, logging_level="WARNING", log_to_driver=False)
-        return True
-    # More logical CPUs than actors: actors holding every CPU would starve Ray's read task.
-    cpus = max(os.cpu_count() or 1, config.workers) + 2
-    ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING",
-             log_to_driver=False)  # fmt: skip
+    # ray.init installs its own SIGINT/SIGTERM handlers: the run's own (flush, exit 130/143) stay.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if config.ray_address:
+            ray.init(address=config.ray_address, logging_level="WARNING", log_to_driver=False)
+        else:
+            # More logical CPUs than actors: actors holding every CPU would starve Ray's read task.
+            cpus = max(os.cpu_count() or 1, config.workers) + 2
+            ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING",
+                     log_to_driver=False)  # fmt: skip
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
     return True
 
 

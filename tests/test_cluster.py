@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import tempfile
+import time
 
 import pytest
 from conftest import MODELS, read, run_cli, write_jsonl
@@ -95,3 +99,46 @@ def test_shards_partition_the_ids_and_merge_rebuilds_the_output(workdir):
     again = (str(parts[0]), str(parts[0]), str(parts[1]))
     code, output = run_cli("merge", *again, "-o", str(workdir / "m2.parquet"), "--job", str(job))
     assert code == 1 and "missing" in output and "duplicated" in output
+
+
+def test_a_ray_run_reports_the_local_runs_media_and_cache_figures(workdir):
+    rows = [
+        {"id": f"{image}-{q}", "image": f"media/{image}", "system": "Answer briefly.", "prompt": question}
+        for image in ("red_circle.png", "blue_square.webp")
+        for q, question in enumerate(["What shape is this?", "What colour is it?", "Describe it."])
+    ] + [{"id": "text", "prompt": "Hello."}]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    figures = {}
+    for engine in ("local", "ray"):
+        out = workdir / f"{engine}.parquet"
+        code, output = _run(job, out, "--engine", engine, "--workers", "1")
+        assert code == 0, output
+        stats = json.loads(out.with_name(out.name + ".stats.json").read_text())
+        figures[engine] = (stats["media"], stats["cache"])
+    media, cache = figures["local"]
+    assert media["image_decodes"] == 2 and media["image_decode_reuses"] == 4 and cache["prefix_hits"] > 0
+    assert figures["ray"] == figures["local"]
+
+
+def test_sigterm_during_a_ray_run_exits_143_and_the_rerun_completes(tmp_path):
+    rows = [{"id": f"r{i}", "prompt": f"Tell a long story number {i}.", "max_tokens": 150} for i in range(40)]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    cmd = [sys.executable, "-m", "batchgen", "run", str(job), "-o", str(out), "-q", "--engine", "ray",
+           "--model", str(MODELS / "tiny-lm"), "--temperature", "0", "--window", "4"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    partial = out.with_name(out.name + ".partial")
+    deadline = time.monotonic() + 120
+    while not list(partial.glob("part-*.parquet")):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "no rows were committed"
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in err, err
+    assert time.monotonic() - t0 < 30 and not out.exists()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr
+    assert "resumed" in done.stderr
+    assert [r["id"] for r in read(out)] == [r["id"] for r in rows]

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +23,9 @@ from .engine import Engines
 from .errors import ConfigError, FailFastError, Interrupted, StopRequested
 from .execute import LocalExecutor
 from .openai import write_batch_output
-from .read import JobIndex, RawRow, id_key, iter_rows, scan
+from .read import JobIndex, id_key, iter_rows, scan
 from .records import TOTALS, Job, Result
+from .resume import check_unchanged, pending, settings_of
 from .write import OutputLock, ResultWriter, atomic_write, partial_dir
 
 __all__ = ["RunSummary", "run", "check_paths"]
@@ -94,17 +95,6 @@ def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     return s
 
 
-def _pending(config: RunConfig, index: JobIndex, done: dict[str, str | None]) -> Iterator[RawRow]:
-    """The rows of the job (its shard and limit) whose ids are not done yet, in job order."""
-    kept = set(index.rows) if index.rows is not None else None
-    last = index.rows[-1] if index.rows else -1
-    for raw in iter_rows(config.input, index.format):
-        if kept is not None and raw.index > last:
-            return
-        if (kept is None or raw.index in kept) and id_key(raw.id) not in done:
-            yield raw
-
-
 def _progress(s: RunSummary, cache: dict[str, float], elapsed: float) -> str:
     """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
     parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
@@ -126,34 +116,6 @@ def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary,
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
     for name in TOTALS:
         setattr(summary, name, getattr(summary, name) + getattr(result, name))
-
-
-def _settings(config: RunConfig) -> dict:
-    """What decides the content of the output: resuming under other settings is refused."""
-    m = config.media
-    return {
-        "model": config.model,
-        "text_model": config.text_model,
-        "draft_model": config.draft_model,
-        "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
-        "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
-        "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
-        "shard": list(config.shard) if config.shard else None,
-    }
-
-
-def _check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
-    changed = [
-        f"{index.wheres[i]} (id {index.ids[i]!r:.80})"  # type: ignore[index]
-        for i, key in enumerate(map(id_key, index.ids))
-        if done.get(key) not in (None, index.digests[i])  # type: ignore[index]
-    ]
-    if changed:
-        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-        raise ConfigError(
-            f"{len(changed)} row(s) changed since their results were written: {shown}; "
-            "pass --overwrite to start over"
-        )
 
 
 class _Signals:
@@ -244,10 +206,10 @@ def _run(
     started: float,
 ) -> RunSummary:
     writer = ResultWriter(
-        config.output, index, _settings(config), config.overwrite, config.flush_rows, config.flush_seconds
+        config.output, index, settings_of(config), config.overwrite, config.flush_rows, config.flush_seconds
     )
     done = writer.done()
-    _check_unchanged(index, done)
+    check_unchanged(index, done)
     todo = sum(id_key(i) not in done for i in index.ids)
     if done and todo and not config.quiet:
         print(f"resuming: {len(index.ids) - todo:,} of {len(index.ids):,} rows done", file=sys.stderr)
@@ -256,7 +218,7 @@ def _run(
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         executor = _executor(config, engines, Path(tmp), signals.stop)
-        batches = executor.run(_pending(config, index, done))
+        batches = executor.run(pending(iter_rows(config.input, index.format), index, done))
         try:
             try:
                 for results in batches:

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 from .errors import ConfigError, OutputLockedError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
+from .resume import check_settings, finished
 
 __all__ = ["ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "RESULT_SCHEMA"]
 
@@ -137,11 +138,6 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
         return pa.concat_tables(fixed, promote_options="permissive")
 
 
-def _differences(old: dict[str, Any], new: dict[str, Any]) -> str:
-    keys = sorted(k for k in {*old, *new} if old.get(k) != new.get(k))
-    return ", ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in keys)
-
-
 class ResultWriter:
     """Buffers finished rows, flushes them as part files, and assembles the final output.
 
@@ -171,11 +167,8 @@ class ResultWriter:
             meta = pq.read_schema(output).metadata or {}
             if SETTINGS_KEY in meta:
                 previous = (str(output), json.loads(meta[SETTINGS_KEY]))
-        if previous is not None and previous[1] != settings:
-            raise ConfigError(
-                f"{previous[0]} were made with other settings ({_differences(previous[1] or {}, settings)}); "
-                "pass --overwrite to start over"
-            )
+        if previous is not None:
+            check_settings(previous[0], previous[1] or {}, settings)
         self.use_previous_output = not overwrite
         self._manifest = {"settings": settings, "overwrite": overwrite}
         self._parts = len(self._part_files())
@@ -189,12 +182,7 @@ class ResultWriter:
 
     def done(self) -> dict[str, str | None]:
         """The input hash, by id key, of every row already on disk (previous output and parts)."""
-        hashes: dict[str, str | None] = {}
-        for path in self._sources():
-            t = pq.read_table(path, columns=["id", "input_hash"])
-            for i, h in zip(t.column("id").to_pylist(), t.column("input_hash").to_pylist(), strict=True):
-                hashes[id_key(i)] = h
-        return hashes
+        return finished(self._sources())
 
     def add(self, raw: dict[str, Any], result: Result) -> None:
         self._buffer.append((raw, result))

@@ -1,0 +1,77 @@
+"""Resume: what a rerun may take from earlier runs — the settings fingerprint that must not
+change, the rows already finished, and whether their input rows changed since."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from .config import RunConfig
+from .errors import ConfigError
+from .read import JobIndex, RawRow, id_key
+
+__all__ = ["settings_of", "check_settings", "finished", "check_unchanged", "pending"]
+
+
+def settings_of(config: RunConfig) -> dict[str, Any]:
+    """What decides the content of the output: resuming under other settings is refused."""
+    m = config.media
+    return {
+        "model": config.model,
+        "text_model": config.text_model,
+        "draft_model": config.draft_model,
+        "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
+        "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
+        "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
+        "shard": list(config.shard) if config.shard else None,
+    }
+
+
+def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[str, Any]) -> None:
+    """Refuse to mix results made under other settings, naming the keys that changed."""
+    if previous is None or previous == settings:
+        return
+    keys = sorted(k for k in {*previous, *settings} if previous.get(k) != settings.get(k))
+    changes = ", ".join(f"{k}: {previous.get(k)!r} then, {settings.get(k)!r} now" for k in keys)
+    raise ConfigError(f"{where} were made with other settings ({changes}); pass --overwrite to start over")
+
+
+def finished(sources: Iterable[Path]) -> dict[str, str | None]:
+    """The input hash, by id key, of every row in these result files (later files win)."""
+    hashes: dict[str, str | None] = {}
+    for path in sources:
+        t = pq.read_table(path, columns=["id", "input_hash"])
+        for i, h in zip(t.column("id").to_pylist(), t.column("input_hash").to_pylist(), strict=True):
+            hashes[id_key(i)] = h
+    return hashes
+
+
+def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
+    """Refuse rows whose input changed under an id that already has a result."""
+    changed = [
+        f"{index.wheres[i]} (id {index.ids[i]!r:.80})"  # type: ignore[index]
+        for i, key in enumerate(map(id_key, index.ids))
+        if done.get(key) not in (None, index.digests[i])  # type: ignore[index]
+    ]
+    if changed:
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(
+            f"{len(changed)} row(s) changed since their results were written: {shown}; "
+            "pass --overwrite to start over"
+        )
+
+
+def pending(rows: Iterable[RawRow], index: JobIndex, done: dict[str, str | None]) -> Iterator[RawRow]:
+    """The rows of the job (its shard and limit) whose ids are not done yet, in job order."""
+    kept = set(index.rows) if index.rows is not None else None
+    last = index.rows[-1] if index.rows else -1
+    for raw in rows:
+        if kept is not None and raw.index > last:
+            return
+        if (kept is None or raw.index in kept) and id_key(raw.id) not in done:
+            yield raw

@@ -164,7 +164,7 @@ class Engines:
         try:
             if not media and not self._text_via_vlm() and self._load_lm() is not None:
                 if self.drafter is not None and self.drafter.lane == "lm":
-                    return Plan(job, media, "draft")
+                    return Plan(job, media, "draft", self._plan_lm(job, media).seq)  # tokenized once
                 return self._plan_lm(job, media)
             model, _ = self._load_vlm()
             batchable = model.config.model_type in _DECODER_FAMILIES and not media.videos and not media.audio
@@ -323,7 +323,7 @@ class Engines:
     @staticmethod
     def _guard(fn, plan: Plan) -> Generation | RowError:
         try:
-            return fn(plan.job, plan.media)
+            return fn(plan)
         except RowError as e:
             return e
         except BatchgenError:
@@ -331,18 +331,18 @@ class Engines:
         except Exception as e:
             return _row_error(e)
 
-    def _run_single(self, job: Job, media: Media) -> Generation:
+    def _run_single(self, plan: Plan) -> Generation:
         model, processor = self._load_vlm()
         drafter = self.drafter if self.drafter is not None and self.drafter.lane == "vlm" else None
         if drafter is not None:
             self.load_drafter()
         return generate_vlm(
-            model, processor, self.vision_info, job, media, drafter, self._watch(self.vision_info)
+            model, processor, self.vision_info, plan.job, plan.media, drafter, self._watch(self.vision_info)
         )
 
-    def _run_draft(self, job: Job, media: Media) -> Generation:
+    def _run_draft(self, plan: Plan) -> Generation:
         model, tokenizer = self._lm  # type: ignore[misc]
-        seq = self._plan_lm(job, media).seq
+        seq = plan.seq
         watch = self._watch(self.text_info)
         gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.drafter, watch)  # type: ignore
         gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ rows (cluster.py), so media overlap generation and rows are grouped over the win
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -88,7 +89,7 @@ class LocalExecutor:
     A set `stop` ends the wait for media at once and generation between decode steps
     (StopRequested); the caller commits what came out before."""
 
-    def __init__(self, config: RunConfig, engines: Engines, tmp_dir: Path, stop: Any):
+    def __init__(self, config: RunConfig, engines: Engines, tmp_dir: Path, stop: threading.Event):
         self.config, self.engines, self.stop = config, engines, stop
         info = engines.vision_info
         self.stage = MediaStage(config.media, config.input.parent, tmp_dir, info.audio, info.max_pixels, stop)

@@ -1,0 +1,278 @@
+"""Generation lanes: the ways a row can be generated, each behind one small interface.
+
+A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
+runs a batch of its plans, each row getting its Generation or its RowError:
+- `TextLane`: mlx-lm models, batched, with prefix reuse;
+- `VisionLane`: Qwen-VL image rows, batched, with prefix and vision-feature reuse;
+- `SingleLane`: mlx-vlm's own generate, one row at a time (video, audio, other families,
+  vision drafters);
+- `DraftLane`: mlx-lm's speculative loop with a text draft model, one row at a time.
+`Engines.route` (engine.py) chooses the lane of each row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .cache import Memo, PrefixCache
+from .decoder import LMAdapter, Sequence, VLMAdapter, Watch, decode_batch
+from .errors import BatchgenError, RowError, short
+from .models import ModelInfo
+from .prompts import after_media, apply_template, check_length, message_bounds, template_parts, text_only
+from .records import Generation, Job, Media
+from .single import generate_draft_lm, generate_vlm
+
+if TYPE_CHECKING:
+    from .engine import Models
+
+__all__ = ["Plan", "Lane", "TextLane", "VisionLane", "SingleLane", "DraftLane", "row_error"]
+
+
+@dataclass(slots=True)
+class Plan:
+    """A row ready for its lane: the decoder sequence, and the batch grouping key."""
+
+    job: Job
+    media: Media
+    lane: Lane
+    seq: Sequence | None = None
+    group: tuple = ()  # rows with equal groups share prefixes: run them together
+
+    @property
+    def solo(self) -> bool:
+        """Seeded sampling must not share a batch: its draws would depend on the others."""
+        p = self.job.params
+        return self.lane.solo or (p.seed is not None and p.temperature > 0)
+
+
+class Lane:
+    """How a row is generated. `solo` lanes run one row at a time."""
+
+    name = "lane"
+    solo = False
+
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
+        self.models, self.info, self.prefixes = models, info, prefixes
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        raise NotImplementedError
+
+    def run(self, plans: list[Plan], watch: Watch) -> list[Generation | RowError]:
+        raise NotImplementedError
+
+    def _keys(self, ids: list[int], bounds: list[int], media: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """Content keys of each prefix: the lane and model, the prefix's token ids, and the digest
+        of every image that starts inside it (image tokens alone are the same for all images)."""
+        keys = []
+        for pos in bounds:
+            h = hashlib.sha256(f"{self.name}:{self.info.name}".encode())
+            h.update(",".join(map(str, ids[:pos])).encode())
+            for start, digest in media:
+                if start < pos:
+                    h.update(digest.encode())
+            keys.append((pos, h.hexdigest()))
+        return keys
+
+    def _fit(self, seq: Sequence) -> Sequence:
+        """max_tokens lowered to what the model's context leaves after the prompt (the row then
+        ends with `length`): a row asking for a billion tokens stops where the model must."""
+        context = self.info.context
+        if context and seq.params.max_tokens > context - len(seq.ids):
+            seq.params = dataclasses.replace(seq.params, max_tokens=max(context - len(seq.ids), 1))
+            seq.capped = True
+        return seq
+
+
+class _Batched(Lane):
+    """Lanes whose rows decode together through decoder.decode_batch."""
+
+    def _engine(self) -> tuple[Any, set[int], Callable[[list[int]], str]]:
+        raise NotImplementedError
+
+    def run(self, plans: list[Plan], watch: Watch) -> list[Generation | RowError]:
+        adapter, eos, decode = self._engine()
+        seqs = [plan.seq for plan in plans]
+        try:
+            decode_batch(adapter, seqs, eos, decode, self.prefixes, watch)  # type: ignore[arg-type]
+        except Exception as e:  # an engine error fails these rows, not the run
+            if len(plans) == 1:
+                return [row_error(e)]
+            return [r for plan in plans for r in self.run([_fresh(plan)], watch)]  # find the culprit
+        return [
+            Generation(s.text, s.finish_reason, len(s.ids), len(s.tokens), s.cached_tokens, capped=s.capped)
+            for s in seqs  # type: ignore[union-attr]
+        ]
+
+
+class TextLane(_Batched):
+    name = "lm"
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        p = job.params
+        messages = text_only(job.messages)
+        if getattr(tokenizer, "chat_template", None):
+            prompt = apply_template(tokenizer, messages, p.chat_template_kwargs)
+        else:  # base models: the turns' text, one per line
+            prompt = "\n".join(m["content"] for m in messages)
+        check_length(prompt, None, self.info)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        check_length(prompt, ids, self.info)
+        bounds = message_bounds(tokenizer, messages, p.chat_template_kwargs, ids)
+        seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])))
+        return Plan(job, media, self, seq, group=(tuple(ids[: bounds[-1]]) if bounds else (),))
+
+    def _engine(self):
+        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode
+
+
+class VisionLane(_Batched):
+    """Qwen-VL families: the language model takes explicit (mRoPE) position ids."""
+
+    name = "vlm"
+    FAMILIES = {"qwen2_vl", "qwen2_5_vl"}
+
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
+        super().__init__(models, info, prefixes)
+        self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        import mlx.core as mx
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+        model, processor = self.models.vlm()
+        p = job.params
+        messages = template_parts(job.messages) if media else text_only(job.messages)
+        prompt = apply_template(processor, messages, p.chat_template_kwargs)
+        check_length(prompt, None, self.info)
+        inputs = prepare_inputs(
+            processor,
+            images=media.images or None,
+            prompts=prompt,
+            image_token_index=getattr(model.config, "image_token_index", None),
+            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+        )
+        input_ids = inputs["input_ids"]
+        ids = input_ids[0].tolist()
+        check_length(prompt, ids, self.info)
+        lm = model.language_model
+        grid = inputs.get("image_grid_thw")
+        if media.images:
+            positions, delta = lm.get_rope_index(input_ids, grid, None, inputs.get("attention_mask"))
+            delta = int(delta.reshape(-1)[0].item())
+        else:
+            positions, delta = mx.broadcast_to(mx.arange(len(ids)).reshape(1, 1, -1), (3, 1, len(ids))), 0
+        start_id = getattr(model.config, "vision_start_token_id", None)
+        media_starts = [i for i, t in enumerate(ids) if t == start_id]
+        bounds = sorted({*media_starts, *(after_media(ids, model.config) if media.images else [])})
+        digests = list(media.image_digests)
+        embed = self._embedder(model, inputs, ids, digests) if media.images else None
+        keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
+        seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
+        group = (tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ())
+        return Plan(job, media, self, self._fit(seq), group=group)
+
+    def _embedder(self, model: Any, inputs: dict, ids: list[int], digests: list[str]):
+        """Embeddings of any slice of the prompt; the vision tower runs only when a slice
+        holds image tokens, and once per set of images."""
+        full: list[Any] = []
+        image_id = model.config.image_token_id
+        lm = model.language_model
+
+        def embed(a: int, b: int):
+            import mlx.core as mx
+
+            if image_id not in ids[a:b]:
+                return lm.model.embed_tokens(mx.array(ids[a:b])[None])
+            if not full:
+                pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+                dtype = model.vision_tower.patch_embed.proj.weight.dtype
+                features = self._features.get(
+                    tuple(digests), lambda: model.vision_tower(pixel_values.astype(dtype), grid)
+                )
+                out = model.get_input_embeddings(
+                    inputs["input_ids"], pixel_values, image_grid_thw=grid,
+                    mask=inputs.get("attention_mask"), cached_image_features=features,
+                )  # fmt: skip
+                full.append(out.inputs_embeds)
+            return full[0][:, a:b]
+
+        return embed
+
+    def _engine(self):
+        model, processor = self.models.vlm()
+        tokenizer = getattr(processor, "tokenizer", processor)
+        tokenizer.stopping_criteria.reset(model.config.eos_token_id)
+        return VLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
+
+
+class _OneByOne(Lane):
+    solo = True
+
+    def run(self, plans: list[Plan], watch: Watch) -> list[Generation | RowError]:
+        return [self._guarded(plan, watch) for plan in plans]
+
+    def _guarded(self, plan: Plan, watch: Watch) -> Generation | RowError:
+        try:
+            return self._generate(plan, watch)
+        except RowError as e:
+            return e
+        except BatchgenError:  # a model or drafter that cannot load stops the run
+            raise
+        except Exception as e:
+            return row_error(e)
+
+    def _generate(self, plan: Plan, watch: Watch) -> Generation:
+        raise NotImplementedError
+
+
+class SingleLane(_OneByOne):
+    """mlx-vlm's own generate, with the run's vision drafter if it has one."""
+
+    name = "single"
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        return Plan(job, media, self)
+
+    def _generate(self, plan: Plan, watch: Watch) -> Generation:
+        model, processor = self.models.vlm()
+        drafter = self.models.drafter if self.models.drafter_lane == "vlm" else None
+        if drafter is not None:
+            self.models.load_drafter()
+        return generate_vlm(model, processor, self.info, plan.job, plan.media, drafter, watch)
+
+
+class DraftLane(_OneByOne):
+    """mlx-lm's speculative loop with the run's text draft model."""
+
+    name = "draft"
+
+    def __init__(self, models: Models, info: ModelInfo, text: TextLane):
+        super().__init__(models, info)
+        self.text = text
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        return Plan(job, media, self, self.text.plan(job, media).seq)  # tokenized once
+
+    def _generate(self, plan: Plan, watch: Watch) -> Generation:
+        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        seq = plan.seq
+        gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.models.drafter, watch)  # type: ignore
+        gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]
+        return gen
+
+
+def _fresh(plan: Plan) -> Plan:
+    """The same plan with cleared outputs, to run again on its own."""
+    s = plan.seq
+    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped)  # type: ignore
+    return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
+
+
+def row_error(e: Exception) -> RowError:
+    return RowError("generate", f"{type(e).__name__}: {short(e, 300) or type(e).__name__}")

@@ -27,7 +27,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .config import RunConfig
+from .config import RunConfig, WorkSettings, work_settings
 from .errors import ConfigError
 from .execute import merge_stats
 from .read import RawRow
@@ -50,13 +50,14 @@ _OUT_SCHEMA = pa.schema(
 class RowWorker:
     """A Ray actor: loads the models once, then runs the local executor on batches of rows."""
 
-    def __init__(self, config: RunConfig, tmp_root: str | None = None):
+    def __init__(self, work: WorkSettings, tmp_root: str | None = None):
         from .engine import Engines
         from .execute import LocalExecutor
 
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
         atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
-        self.executor = LocalExecutor(config, Engines.from_config(config), Path(self.tmp), threading.Event())
+        engines = Engines.from_config(work.engine)
+        self.executor = LocalExecutor(work, engines, Path(self.tmp), threading.Event())
         self.worker = uuid.uuid4().hex
 
     def __call__(self, batch: dict[str, Any]) -> pa.Table:
@@ -143,7 +144,7 @@ class RayExecutor:
             local = started and not c.ray_address  # actors' temp folders inside ours, removed with it
             results = ds.map_batches(
                 RowWorker,
-                fn_constructor_kwargs={"config": c, "tmp_root": temp_dir if local else None},
+                fn_constructor_kwargs={"work": work_settings(c), "tmp_root": temp_dir if local else None},
                 compute=ActorPoolStrategy(size=c.workers),
                 batch_size=batch,
                 batch_format="numpy",

@@ -14,7 +14,17 @@ from .errors import ConfigError
 from .params import check_params
 from .records import GenParams
 
-__all__ = ["MediaConfig", "RunConfig", "find_preset", "load_preset", "build_config", "GEN_FIELDS"]
+__all__ = [
+    "MediaConfig",
+    "RunConfig",
+    "EngineSettings",
+    "WorkSettings",
+    "work_settings",
+    "find_preset",
+    "load_preset",
+    "build_config",
+    "GEN_FIELDS",
+]
 
 PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
@@ -78,6 +88,43 @@ class RunConfig:
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first
     row_timeout: float | None = None  # seconds a row may generate (from its batch's start); None = no limit
     quiet: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """What the engines need from a run: the models, the drafter, reuse, the row deadline."""
+
+    model: str
+    text_model: str | None
+    draft_model: str | None
+    num_draft_tokens: int
+    draft_kind: str | None
+    draft_block_size: int | None
+    cache: bool
+    cache_entries: int
+    cache_bytes: int
+    row_timeout: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkSettings:
+    """What an executor (here, or a Ray actor) needs: no outputs, no cluster address."""
+
+    engine: EngineSettings
+    media: MediaConfig
+    defaults: GenParams
+    prompt_template: str | None
+    window: int
+    batch_size: int
+    base_dir: Path  # where the job's relative media paths start
+
+
+def work_settings(config: RunConfig) -> WorkSettings:
+    engine = EngineSettings(**{f.name: getattr(config, f.name) for f in dataclasses.fields(EngineSettings)})
+    return WorkSettings(
+        engine, config.media, config.defaults, config.prompt_template, config.window, config.batch_size,
+        config.input.parent,
+    )  # fmt: skip
 
 
 def find_preset(name_or_path: str | None) -> Path | None:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from .cache import PrefixCache
-from .config import RunConfig
+from .config import EngineSettings
 from .decoder import Watch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
 from .errors import BatchgenError, ConfigError, RowError
@@ -129,7 +129,7 @@ class Engines:
         self.capped = 0  # rows whose max_tokens was lowered to fit the model's context
 
     @classmethod
-    def from_config(cls, config: RunConfig) -> Engines:
+    def from_config(cls, config: EngineSettings) -> Engines:
         """The engines a run asks for: its models, a prefix cache unless --no-cache, its drafter."""
         prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
         drafter = None

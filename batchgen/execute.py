@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from .config import RunConfig
+from .config import WorkSettings
 from .engine import Engines, Plan
 from .errors import RowError, one_line
 from .media import MediaStage, Prefetcher, Prepared
@@ -89,16 +89,16 @@ class LocalExecutor:
     A set `stop` ends the wait for media at once and generation between decode steps
     (StopRequested); the caller commits what came out before."""
 
-    def __init__(self, config: RunConfig, engines: Engines, tmp_dir: Path, stop: threading.Event):
-        self.config, self.engines, self.stop = config, engines, stop
+    def __init__(self, work: WorkSettings, engines: Engines, tmp_dir: Path, stop: threading.Event):
+        self.work, self.engines, self.stop = work, engines, stop
         info = engines.vision_info
-        self.stage = MediaStage(config.media, config.input.parent, tmp_dir, info.audio, info.max_pixels, stop)
-        self.pool = ThreadPoolExecutor(config.media.fetch_workers, thread_name_prefix="batchgen-media")
+        self.stage = MediaStage(work.media, work.base_dir, tmp_dir, info.audio, info.max_pixels, stop)
+        self.pool = ThreadPoolExecutor(work.media.fetch_workers, thread_name_prefix="batchgen-media")
         engines.stop = stop
         engines.load_drafter()  # a drafter that cannot pair with its target stops the run before any row
 
     def run(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
-        c = self.config
+        c = self.work
         jobs = (parse_row(raw, c.defaults, c.prompt_template)[0] for raw in rows)
         prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)
         prefetcher.start()

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 from tqdm import tqdm
 
-from .config import RunConfig
+from .config import RunConfig, work_settings
 from .engine import Engines
 from .errors import ConfigError, FailFastError, Interrupted, StopRequested
 from .execute import LocalExecutor
@@ -171,7 +171,7 @@ def run(config: RunConfig) -> RunSummary:
     index = scan(config.input, config.format)
     if config.shard is not None or config.limit is not None:
         index.narrow(config.shard, config.limit)
-    engines = Engines.from_config(config)
+    engines = Engines.from_config(work_settings(config).engine)
     with OutputLock(config.output) as lock, _Signals() as signals:
         signals.cleanups.append(lambda: lock.path.unlink(missing_ok=True))
         return _run(config, index, engines, signals, started)
@@ -252,7 +252,7 @@ def _executor(config: RunConfig, engines: Engines, tmp: Path, stop: threading.Ev
         from .cluster import RayExecutor
 
         return RayExecutor(config, stop)
-    return LocalExecutor(config, engines, tmp, stop)
+    return LocalExecutor(work_settings(config), engines, tmp, stop)
 
 
 def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float) -> RunSummary:

@@ -18,13 +18,17 @@ from typing import Any
 import pyarrow as pa
 
 from .params import OPENAI_FIELDS
-from .write import atomic_write
 
-__all__ = ["is_batch_request", "from_batch_request", "write_batch_output"]
+__all__ = ["is_batch_request", "row_id", "from_batch_request", "write_batch_output"]
 
 
 def is_batch_request(value: Any) -> bool:
     return isinstance(value, dict) and "custom_id" in value and isinstance(value.get("body"), dict)
+
+
+def row_id(value: dict[str, Any]) -> Any:
+    """The id a row carries: a Batch request's `custom_id`, else its own `id`."""
+    return value["custom_id"] if is_batch_request(value) else value.get("id")
 
 
 def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
@@ -50,6 +54,8 @@ def _request_id(custom_id: Any) -> str:
 
 def write_batch_output(table: pa.Table, path: Path) -> None:
     """One output line per row, in row order; failed rows carry `error`, not `response`."""
+    from .write import atomic_write  # here: the reader imports this module, the writer the reader
+
     created = int(time.time())
     lines = []
     for row in table.to_pylist():

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import JobFileError
+from .openai import row_id
 from .params import NUMBERS
 
 __all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "valid_id", "shard_of"]
@@ -49,10 +50,7 @@ class RawRow:
         place = f"line-{self.line}" if self.line is not None else f"row-{self.index}"
         if not isinstance(self.value, dict):
             return place
-        if "custom_id" in self.value and isinstance(self.value.get("body"), dict):  # an OpenAI batch line
-            value = self.value["custom_id"]
-        else:
-            value = self.value.get("id")
+        value = row_id(self.value)
         if value is None:
             return self.index
         return value if valid_id(value) else place

@@ -140,13 +140,13 @@ class RayExecutor:
             ds = ray.data.from_items(items).repartition(min(max(c.workers * 2, 1), len(rows)))
             # An actor groups rows and overlaps media over a window, but never takes so many that
             # another actor idles: Ray Data coalesces blocks up to the batch size.
-            batch = min(c.window, max(c.batch_size, -(-len(rows) // (2 * c.workers))))
+            batch_rows = min(c.window, max(c.batch_size, -(-len(rows) // (2 * c.workers))))
             local = started and not c.ray_address  # actors' temp folders inside ours, removed with it
             results = ds.map_batches(
                 RowWorker,
                 fn_constructor_kwargs={"work": work_settings(c), "tmp_root": temp_dir if local else None},
                 compute=ActorPoolStrategy(size=c.workers),
-                batch_size=batch,
+                batch_size=batch_rows,
                 batch_format="numpy",
                 num_cpus=0.5,  # fractional: leaves room for Ray's own tasks
             )  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 from tqdm import tqdm
 
-from .config import RunConfig, work_settings
+from .config import RunConfig, WorkSettings, work_settings
 from .engine import Engines
 from .errors import ConfigError, FailFastError, Interrupted, StopRequested
 from .execute import LocalExecutor
@@ -171,10 +171,11 @@ def run(config: RunConfig) -> RunSummary:
     index = scan(config.input, config.format)
     if config.shard is not None or config.limit is not None:
         index.narrow(config.shard, config.limit)
-    engines = Engines.from_config(work_settings(config).engine)
+    work = work_settings(config)
+    engines = Engines.from_config(work.engine)
     with OutputLock(config.output) as lock, _Signals() as signals:
         signals.cleanups.append(lambda: lock.path.unlink(missing_ok=True))
-        return _run(config, index, engines, signals, started)
+        return _run(config, work, index, engines, signals, started)
 
 
 def check_paths(config: RunConfig) -> None:
@@ -200,6 +201,7 @@ def check_paths(config: RunConfig) -> None:
 
 def _run(
     config: RunConfig,
+    work: WorkSettings,
     index: JobIndex,
     engines: Engines,
     signals: _Signals,
@@ -217,7 +219,7 @@ def _run(
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        executor = _executor(config, engines, Path(tmp), signals.stop)
+        executor = _executor(config, work, engines, Path(tmp), signals.stop)
         batches = executor.run(pending(iter_rows(config.input, index.format), index, done))
         try:
             try:
@@ -246,13 +248,13 @@ def _run(
         return _conclude(config, writer, summary, started)
 
 
-def _executor(config: RunConfig, engines: Engines, tmp: Path, stop: threading.Event):
+def _executor(config: RunConfig, work: WorkSettings, engines: Engines, tmp: Path, stop: threading.Event):
     """Where rows run: here, or in Ray actors (the driver then loads no model)."""
     if config.engine == "ray":
         from .cluster import RayExecutor
 
         return RayExecutor(config, stop)
-    return LocalExecutor(work_settings(config), engines, tmp, stop)
+    return LocalExecutor(work, engines, tmp, stop)
 
 
 def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float) -> RunSummary:

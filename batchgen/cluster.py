@@ -1,88 +1,125 @@
 """Scale-out on Ray Data: `RayExecutor` has the local executor's interface, with the media
 and generation stages in a pool of actors, one model load each.
 
-The driver reads the job file with batchgen's own reader (robust to rows Arrow cannot type),
-skips what is already done, and hands the rest to Ray as a dataset of raw rows. Each actor
-runs the local executor on its share (media overlapping generation, rows grouped over the
-window) and sends back results and its figures, not the rows: the driver keeps them. The
-driver loads no model; it commits through the same writer as a local run, so progress,
-stop requests, resume, the lock, the settings check and the final atomic output are the
-local engine's.
+The driver holds no rows: it hands Ray a list of small items (where to start reading in the
+job file, and a bitmap of the pending rows after it), and each actor reads its rows with
+batchgen's own reader (robust to rows Arrow cannot type) — so the job file must be at the
+same path on every node, as for Ray Data's own readers. Each actor runs the local executor
+on its share (media overlapping generation, rows grouped over the window) and sends back
+each row's output record (its input values and result) and its own figures. The driver
+loads no model; it commits through the same writer as a local run, so progress, stop
+requests, resume, the lock, the settings check and the final atomic output are the local
+engine's.
 """
 
 from __future__ import annotations
 
 import atexit
+import bisect
 import json
 import logging
 import os
+import pickle
 import shutil
 import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
 from .config import RunConfig, WorkSettings, work_settings
-from .errors import ConfigError
+from .errors import ConfigError, one_line
 from .execute import merge_stats
-from .read import RawRow
+from .read import Mark, RawRow, RowPicker
 from .records import Job, Result
+from .resume import Pending
 from .write import RESULT_SCHEMA
 
 __all__ = ["RayExecutor", "RowWorker"]
 
 _OUT_SCHEMA = pa.schema(
     [
-        ("pos", pa.int64()),
+        ("index", pa.int64()),
+        ("line", pa.int64()),
         ("id_json", pa.string()),
+        ("value", pa.binary()),  # the row's input values, pickled: Parquet types survive
         *RESULT_SCHEMA,
         ("worker", pa.string()),
         ("stats", pa.string()),
     ]
 )
+_GAP = 64  # pending rows further apart than this start a new item: an actor never reads far for nothing
+
+
+def _items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
+    """The pending rows as items of at most `per_item` rows: the mark to read from, the first
+    row, and a bitmap of the wanted rows from there."""
+    marks = todo.index.marks
+    starts = [m.index for m in marks]
+
+    def item(group: list[int]) -> dict[str, Any]:
+        mark = marks[bisect.bisect_right(starts, group[0]) - 1]
+        bits = bytearray((group[-1] - group[0]) // 8 + 1)
+        for i in group:
+            bits[(i - group[0]) // 8] |= 1 << ((i - group[0]) % 8)
+        return {"mark": [mark.index, mark.seek, mark.base], "first": group[0], "want": bytes(bits)}
+
+    items, group = [], []
+    for i in todo.indices():
+        if group and (len(group) == per_item or i - group[-1] > _GAP):
+            items.append(item(group))
+            group = []
+        group.append(i)
+    if group:
+        items.append(item(group))
+    return items
+
+
+def _wanted(first: int, want: bytes) -> list[int]:
+    return [first + i for i in range(len(want) * 8) if want[i // 8] >> (i % 8) & 1]
 
 
 class RowWorker:
-    """A Ray actor: loads the models once, then runs the local executor on batches of rows."""
+    """A Ray actor: loads the models once, then reads and runs batches of items."""
 
-    def __init__(self, work: WorkSettings, tmp_root: str | None = None):
+    def __init__(self, work: WorkSettings, job: str, fmt: str, size: int, tmp_root: str | None = None):
         from .engine import Engines
         from .execute import LocalExecutor
 
+        path = Path(job)  # a shared folder or a copy: Ray Data's own readers ask the same
+        if not path.is_file() or path.stat().st_size != size:
+            raise ConfigError(
+                f"{job}: not the driver's job file on this node; put it where every node reads it"
+            )
+        self.rows = RowPicker(path, fmt)
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
         atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
         engines = Engines.from_config(work.engine)
         self.executor = LocalExecutor(work, engines, Path(self.tmp), threading.Event())
         self.worker = uuid.uuid4().hex
 
-    def __call__(self, batch: dict[str, Any]) -> pa.Table:
-        rows, pos_of = [], {}
-        for pos, packed in zip(batch["pos"], batch["row"], strict=True):
-            r = json.loads(packed)
-            rows.append(RawRow(index=r["index"], line=r["line"], value=r["value"], error=r["error"]))
-            pos_of[r["index"]] = int(pos)
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows: list[RawRow] = []
+        for item in batch.to_pylist():
+            rows += self.rows.pick(Mark(*item["mark"]), _wanted(item["first"], item["want"]))
+        values = {raw.index: raw.value for raw in rows}
         out: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
-        for results in self.executor.run(rows):
+        for results in self.executor.generate(rows):
             for job, result in results:
-                out["pos"].append(pos_of[job.index])
+                out["index"].append(job.index)
+                out["line"].append(job.line)
                 out["id_json"].append(json.dumps(result.id))
+                out["value"].append(pickle.dumps(values[job.index]))
                 for field in RESULT_SCHEMA:
                     out[field.name].append(getattr(result, field.name))
-        n = len(out["pos"])
+        n = len(out["index"])
         out["worker"] = [self.worker] * n
         out["stats"] = [json.dumps(self.executor.stats())] * n  # cumulative: the driver keeps the latest
         return pa.table(out, schema=_OUT_SCHEMA)
-
-
-def _pack(raw: RawRow) -> str:
-    return json.dumps(
-        {"index": raw.index, "line": raw.line, "value": raw.value, "error": raw.error}, default=str
-    )
 
 
 def _start_ray(config: RunConfig, temp_dir: str) -> bool:
@@ -122,51 +159,62 @@ class RayExecutor:
         self.config, self.stop = config, stop
         self._latest: dict[str, dict[str, Any]] = {}  # each actor's last figures
 
-    def run(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
+    def run(self, todo: Pending) -> Iterator[list[tuple[Job, Result]]]:
         import ray
         from ray.data import ActorPoolStrategy
 
         c = self.config
-        rows = list(rows)
-        if not rows:
+        count = sum(1 for _ in todo.indices())
+        if not count:
             return
+        # An actor groups rows and overlaps media over a window, but never takes so many that
+        # another actor idles: Ray Data coalesces blocks up to the batch size.
+        batch_rows = min(c.window, max(c.batch_size, -(-count // (2 * c.workers))))
+        per_item = max(1, min(_GAP, batch_rows // 4, -(-count // (2 * c.workers))))  # items for every actor
+        items = _items(todo, per_item)
         temp_dir = tempfile.mkdtemp(prefix="bg-ray-")  # short: Ray's socket paths must stay short
         started = False
         try:
             started = _start_ray(c, temp_dir)
             ray.data.DataContext.get_current().enable_progress_bars = False  # batchgen's bar counts rows
             logging.getLogger("ray.data").setLevel(logging.WARNING)
-            items = [{"pos": pos, "row": _pack(r)} for pos, r in enumerate(rows)]
-            ds = ray.data.from_items(items).repartition(min(max(c.workers * 2, 1), len(rows)))
-            # An actor groups rows and overlaps media over a window, but never takes so many that
-            # another actor idles: Ray Data coalesces blocks up to the batch size.
-            batch_rows = min(c.window, max(c.batch_size, -(-len(rows) // (2 * c.workers))))
+            ds = ray.data.from_items(items).repartition(min(max(c.workers * 2, 1), len(items)))
             local = started and not c.ray_address  # actors' temp folders inside ours, removed with it
+            job = str(todo.path.resolve())
             results = ds.map_batches(
                 RowWorker,
-                fn_constructor_kwargs={"work": work_settings(c), "tmp_root": temp_dir if local else None},
+                fn_constructor_kwargs={
+                    "work": work_settings(c), "job": job, "fmt": todo.index.format,
+                    "size": todo.path.stat().st_size, "tmp_root": temp_dir if local else None,
+                },
                 compute=ActorPoolStrategy(size=c.workers),
-                batch_size=batch_rows,
-                batch_format="numpy",
+                batch_size=max(1, batch_rows // per_item),
+                batch_format="pyarrow",
                 num_cpus=0.5,  # fractional: leaves room for Ray's own tasks
             )  # fmt: skip
-            for batch in results.iter_batches(batch_format="pyarrow", batch_size=None):
-                if self.stop.is_set():
-                    return
-                out = []
-                for record in batch.to_pylist():
-                    raw = rows[record.pop("pos")]
-                    self._latest[record.pop("worker")] = json.loads(record.pop("stats"))
-                    record["id"] = json.loads(record.pop("id_json"))
-                    job = Job(index=raw.index, id=record["id"], line=raw.line)
-                    job.raw = raw.value if isinstance(raw.value, dict) else {}
-                    out.append((job, Result(**record)))
-                if out:
-                    yield out
+            try:
+                for batch in results.iter_batches(batch_format="pyarrow", batch_size=None):
+                    if self.stop.is_set():
+                        return
+                    if out := self._records(batch):
+                        yield out
+            except ray.exceptions.RayError as e:
+                raise ConfigError(f"the Ray run failed: {one_line(e)}") from e
         finally:
             if started:
                 ray.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
+
+    def _records(self, batch: pa.Table) -> list[tuple[Job, Result]]:
+        out = []
+        for record in batch.to_pylist():
+            self._latest[record.pop("worker")] = json.loads(record.pop("stats"))
+            value = pickle.loads(record.pop("value"))
+            record["id"] = json.loads(record.pop("id_json"))
+            job = Job(index=record.pop("index"), id=record["id"], line=record.pop("line"))
+            job.raw = value if isinstance(value, dict) else {}
+            out.append((job, Result(**record)))
+        return out
 
     def stats(self) -> dict[str, Any]:
         return merge_stats(list(self._latest.values()))

@@ -20,6 +20,7 @@ from .media import MediaStage, Prefetcher, Prepared
 from .parse import parse_row
 from .read import RawRow
 from .records import TOTALS, Generation, Job, Media, Result
+from .resume import Pending
 from .schedule import schedule
 
 __all__ = ["LocalExecutor", "generate_window", "merge_stats"]
@@ -97,7 +98,10 @@ class LocalExecutor:
         engines.stop = stop
         engines.load_drafter()  # a drafter that cannot pair with its target stops the run before any row
 
-    def run(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
+    def run(self, todo: Pending) -> Iterator[list[tuple[Job, Result]]]:
+        return self.generate(todo.rows())
+
+    def generate(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
         c = self.work
         jobs = (parse_row(raw, c.defaults, c.prompt_template)[0] for raw in rows)
         prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)

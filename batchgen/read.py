@@ -7,9 +7,9 @@ import hashlib
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -18,7 +18,10 @@ from .errors import JobFileError
 from .openai import row_id
 from .params import NUMBERS
 
-__all__ = ["RawRow", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "valid_id", "shard_of"]
+__all__ = [
+    "RawRow", "Mark", "JobIndex", "RowPicker", "detect_format", "iter_rows", "scan", "id_key", "valid_id",
+    "shard_of",
+]  # fmt: skip
 
 _EXTENSIONS = {
     ".jsonl": "jsonl",
@@ -31,6 +34,7 @@ _EXTENSIONS = {
 # CSV cells are text: these columns are read as numbers, and `[...]` / `{...}` cells as JSON.
 _CSV_NUMBERS = (*NUMBERS, "video_fps", "video_max_frames")
 _BATCH_ROWS = 1024  # Parquet rows decoded at a time: bounded memory for any file size
+_MARK_ROWS = 64  # JSONL/CSV rows between two marks: a reader starting at a row reads at most this many more
 
 
 @dataclass(slots=True)
@@ -66,6 +70,20 @@ class RawRow:
         return hashlib.sha256(str(body).encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """Where reading can start again without reading what comes before: `seek` is a byte
+    offset (JSONL, CSV) or a row group (Parquet); `base` the lines before the row (JSONL, CSV)
+    or the row group's first row (Parquet)."""
+
+    index: int
+    seek: int
+    base: int
+
+
+START = Mark(0, 0, 0)
+
+
 def valid_id(value: Any) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
@@ -87,6 +105,7 @@ class JobIndex:
 
     rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
     kept_ids: list[Any] | None = None  # ids the output keeps, in order (the shard's); None = ids
+    marks: list[Mark] = field(default_factory=lambda: [START])  # where reading can start, by row index
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -185,11 +204,14 @@ def _parse_json(text: str) -> tuple[Any, str | None]:
         return None, f"invalid JSON: nested deeper than {_MAX_DEPTH} levels"
 
 
-def _iter_jsonl(path: Path) -> Iterator[RawRow]:
-    index = 0
+def _iter_jsonl(path: Path, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+    index, offset, line_no = start.index, start.seek, start.base
     with path.open("rb") as f:
-        for line_no, raw in enumerate(f, start=1):
-            if line_no == 1 and raw.startswith(codecs.BOM_UTF8):
+        f.seek(offset)
+        for raw in f:
+            here = Mark(index, offset, line_no)
+            offset, line_no = offset + len(raw), line_no + 1
+            if here.seek == 0 and raw.startswith(codecs.BOM_UTF8):
                 raw = raw[len(codecs.BOM_UTF8) :]
             if not raw.strip():
                 continue
@@ -199,22 +221,30 @@ def _iter_jsonl(path: Path) -> Iterator[RawRow]:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 row.error = f"not valid UTF-8 (byte {e.start})"
-                yield row
+                yield row, here
                 continue
             row.value, row.error = _parse_json(text)
-            yield _checked(row) if row.error is None else row
+            yield (_checked(row) if row.error is None else row), here
 
 
-def _iter_parquet(path: Path) -> Iterator[RawRow]:
-    index = 0
-    for batch in _open_parquet(path).iter_batches(batch_size=_BATCH_ROWS):
-        try:
-            rows = [RawRow(index=index + i, line=None, value=v) for i, v in enumerate(batch.to_pylist())]
-        except (UnicodeDecodeError, pa.ArrowException):
-            rows = _cell_by_cell(batch, index)
-        for row in rows:
-            yield _checked(row) if row.error is None else row
-        index += batch.num_rows
+def _iter_parquet(path: Path, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+    f = _open_parquet(path)
+    first = start.base  # the row group's first row
+    for group in range(start.seek, f.num_row_groups):
+        here = Mark(first, group, first)
+        index = first
+        for batch in f.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group]):
+            skip = max(0, min(start.index - index, batch.num_rows))  # rows before the start
+            if skip:
+                batch, index = batch.slice(skip), index + skip
+            try:
+                rows = [RawRow(index=index + i, line=None, value=v) for i, v in enumerate(batch.to_pylist())]
+            except (UnicodeDecodeError, pa.ArrowException):
+                rows = _cell_by_cell(batch, index)
+            for row in rows:
+                yield (_checked(row) if row.error is None else row), here
+            index += batch.num_rows
+        first += f.metadata.row_group(group).num_rows
 
 
 def _cell_by_cell(batch: pa.RecordBatch, index: int) -> list[RawRow]:
@@ -263,25 +293,66 @@ def _csv_cell(name: str, text: str) -> Any:
     return text
 
 
-def _iter_csv(path: Path) -> Iterator[RawRow]:
+_LONE_CR = re.compile(rb"(?<=\r)(?!\n)")  # old Mac line ends: a line break, as text mode reads them
+
+
+class _CsvLines:
+    """The file's lines as text from a byte offset, counting what the csv reader has taken:
+    a record's start is where reading can begin again."""
+
+    def __init__(self, f: BinaryIO, offset: int):
+        self.f, self.offset = f, offset
+        f.seek(offset)
+
+    def __iter__(self) -> Iterator[str]:
+        for raw in self.f:
+            for piece in _LONE_CR.split(raw):
+                start, self.offset = self.offset, self.offset + len(piece)
+                if start == 0 and piece.startswith(codecs.BOM_UTF8):  # not part of the header
+                    piece = piece[len(codecs.BOM_UTF8) :]
+                try:
+                    yield piece.decode("utf-8")
+                except UnicodeDecodeError as e:  # the byte named is the file's, not the line's
+                    e.start, e.end = start + e.start, start + e.end
+                    raise
+
+
+def _iter_csv(path: Path, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
     import csv
 
     try:
         csv.field_size_limit(2**31 - 1)  # a long prompt is a row (maybe too long), not an unreadable file
-        with path.open(newline="", encoding="utf-8-sig") as f:  # -sig: a BOM is not part of the header
-            reader = csv.DictReader(f)
-            for index, record in enumerate(reader):
+        with path.open("rb") as f:
+            head = _CsvLines(f, 0)
+            head_reader = csv.reader(head)
+            header = next(head_reader, None)
+            if header is None:
+                return
+            offset, base = (start.seek, start.base) if start.seek else (head.offset, head_reader.line_num)
+            lines = _CsvLines(f, offset)
+            reader = csv.DictReader(lines, fieldnames=header)
+            index = start.index
+            here = Mark(index, offset, base)
+            for record in reader:
                 value = {k: _csv_cell(k, v or "") for k, v in record.items() if k is not None}
-                yield _checked(RawRow(index=index, line=reader.line_num, value=value))
+                yield _checked(RawRow(index=index, line=base + reader.line_num, value=value)), here
+                index += 1
+                here = Mark(index, lines.offset, base + reader.line_num)
     except UnicodeDecodeError as e:
         raise JobFileError(f"{path}: not a UTF-8 CSV file ({e.reason} at byte {e.start})") from e
     except csv.Error as e:
         raise JobFileError(f"{path}: not a readable CSV file ({e})") from e
 
 
-def iter_rows(path: Path, fmt: str) -> Iterator[RawRow]:
-    """Every row of the file in order; a row that does not parse carries its `error`."""
-    return {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](path)
+def _positioned(path: Path, fmt: str, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+    """Rows from `start` on, each with where reading can resume to get it again."""
+    return {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](path, start)
+
+
+def iter_rows(path: Path, fmt: str, start: Mark | None = None) -> Iterator[RawRow]:
+    """Every row of the file in order (from `start`, a mark of `scan`); a row that does not
+    parse carries its `error`."""
+    return (row for row, _ in _positioned(path, fmt, start or START))
 
 
 def scan(path: Path, fmt: str | None = None) -> JobIndex:
@@ -294,9 +365,12 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
     digests: list[str] = []
     wheres: list[str] = []
     first_seen: dict[str, str] = {}
+    marks = [START]
     parsed = 0
     try:
-        for row in iter_rows(path, fmt):
+        for row, mark in _positioned(path, fmt, START):
+            if mark.seek != marks[-1].seek if fmt == "parquet" else row.index - marks[-1].index >= _MARK_ROWS:
+                marks.append(mark)
             parsed += row.error is None
             key = id_key(row.id)
             if key in first_seen:
@@ -314,4 +388,27 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
         raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
     if ids and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
-    return JobIndex(format=fmt, ids=ids, schema=schema, digests=digests, wheres=wheres)
+    return JobIndex(format=fmt, ids=ids, schema=schema, digests=digests, wheres=wheres, marks=marks)
+
+
+class RowPicker:
+    """Reads chosen rows of a job file, a few at a time, in file order: each pick continues
+    where the last one stopped when that is no further back than the mark it is given."""
+
+    def __init__(self, path: Path, fmt: str):
+        self.path, self.fmt = path, fmt
+        self._rows: Iterator[RawRow] | None = None
+        self._next = -1  # the index the open reader yields next
+
+    def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
+        """The rows at `indices` (ascending, none before `mark`)."""
+        if self._rows is None or not mark.index <= self._next <= indices[0]:
+            self._rows, self._next = iter_rows(self.path, self.fmt, mark), mark.index
+        wanted, out = set(indices), []
+        for row in self._rows:
+            self._next = row.index + 1
+            if row.index in wanted:
+                out.append(row)
+            if row.index >= indices[-1]:
+                break
+        return out

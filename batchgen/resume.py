@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 
 from .config import RunConfig
 from .errors import ConfigError
-from .read import JobIndex, RawRow, id_key
+from .read import JobIndex, RawRow, id_key, iter_rows
 
-__all__ = ["settings_of", "check_settings", "finished", "check_unchanged", "pending"]
+__all__ = ["settings_of", "check_settings", "finished", "check_unchanged", "Pending"]
 
 
 def settings_of(config: RunConfig) -> dict[str, Any]:
@@ -66,12 +66,27 @@ def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
         )
 
 
-def pending(rows: Iterable[RawRow], index: JobIndex, done: dict[str, str | None]) -> Iterator[RawRow]:
-    """The rows of the job (its shard and limit) whose ids are not done yet, in job order."""
-    kept = set(index.rows) if index.rows is not None else None
-    last = index.rows[-1] if index.rows else -1
-    for raw in rows:
-        if kept is not None and raw.index > last:
-            return
-        if (kept is None or raw.index in kept) and id_key(raw.id) not in done:
-            yield raw
+@dataclass(slots=True)
+class Pending:
+    """The rows of the job (its shard and limit) whose ids are not done yet, in job order:
+    read from the job file when asked for, never held."""
+
+    path: Path
+    index: JobIndex
+    done: dict[str, str | None]
+
+    def indices(self) -> Iterator[int]:
+        """Their row indices in the file."""
+        rows = self.index.rows if self.index.rows is not None else range(len(self.index.ids))
+        for i, row_id in zip(rows, self.index.ids, strict=True):
+            if id_key(row_id) not in self.done:
+                yield i
+
+    def rows(self) -> Iterator[RawRow]:
+        kept = set(self.index.rows) if self.index.rows is not None else None
+        last = self.index.rows[-1] if self.index.rows else -1
+        for raw in iter_rows(self.path, self.index.format):
+            if kept is not None and raw.index > last:
+                return
+            if (kept is None or raw.index in kept) and id_key(raw.id) not in self.done:
+                yield raw

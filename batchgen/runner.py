@@ -23,9 +23,9 @@ from .engine import Engines
 from .errors import ConfigError, FailFastError, Interrupted, StopRequested
 from .execute import LocalExecutor
 from .openai import write_batch_output
-from .read import JobIndex, id_key, iter_rows, scan
+from .read import JobIndex, id_key, scan
 from .records import TOTALS, Job, Result
-from .resume import check_unchanged, pending, settings_of
+from .resume import Pending, check_unchanged, settings_of
 from .write import OutputLock, ResultWriter, atomic_write, partial_dir
 
 __all__ = ["RunSummary", "run", "check_paths"]
@@ -220,7 +220,7 @@ def _run(
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         executor = _executor(config, work, engines, Path(tmp), signals.stop)
-        batches = executor.run(pending(iter_rows(config.input, index.format), index, done))
+        batches = executor.run(Pending(config.input, index, done))
         try:
             try:
                 for results in batches:

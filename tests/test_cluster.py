@@ -142,3 +142,37 @@ def test_sigterm_during_a_ray_run_exits_143_and_the_rerun_completes(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "resumed" in done.stderr
     assert [r["id"] for r in read(out)] == [r["id"] for r in rows]
+
+
+def test_ray_driver_reads_no_rows_and_parquet_types_survive(workdir, monkeypatch):
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import batchgen.resume
+
+    n = 150
+    table = pa.table({
+        "id": [f"r{i}" for i in range(n)],
+        "prompt": [f"Item {i} of the list." for i in range(n)],
+        "blob": [bytes([i % 256, 0, 255]) for i in range(n)],
+        "when": [datetime.datetime(2026, 1, 1) + datetime.timedelta(hours=i) for i in range(n)],
+        "tags": [[f"t{i}", "x"] for i in range(n)],
+    })  # fmt: skip
+    job = workdir / "jobs.parquet"
+    pq.write_table(table, job, row_group_size=40)  # four row groups: items start at each
+    assert _run(job, workdir / "local.parquet", "--max-tokens", "3")[0] == 0
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the driver read rows")
+
+    monkeypatch.setattr(batchgen.resume, "iter_rows", no_reading)
+    out = workdir / "ray.parquet"
+    code, output = _run(job, out, "--max-tokens", "3", "--engine", "ray", "--workers", "2", "--limit", "55")
+    assert code == 0, output
+    code, output = _run(job, out, "--max-tokens", "3", "--engine", "ray", "--workers", "2")
+    assert code == 0 and "(55 resumed)" in output, output
+    assert _content(out) == _content(workdir / "local.parquet")
+    assert pq.read_schema(out).field("when").type == table.schema.field("when").type
+    assert [r["blob"] for r in read(out)] == table.column("blob").to_pylist()

@@ -32,7 +32,7 @@ from typing import Any
 import pyarrow as pa
 
 from .config import RunConfig, WorkSettings, work_settings
-from .errors import ConfigError, one_line
+from .errors import ConfigError, short
 from .execute import merge_stats
 from .read import Mark, RawRow, RowPicker
 from .records import Job, Result
@@ -198,8 +198,9 @@ class RayExecutor:
                         return
                     if out := self._records(batch):
                         yield out
-            except ray.exceptions.RayError as e:
-                raise ConfigError(f"the Ray run failed: {one_line(e)}") from e
+            except ray.exceptions.RayError as e:  # its last line is the actor's own error
+                cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"the Ray run failed: {short(ValueError(cause), 300)}") from e
         finally:
             if started:
                 ray.shutdown()

@@ -101,6 +101,20 @@ def _attach_flat_media(messages: list[dict[str, Any]], flat: list[MediaRef], med
     target["content"] = head + target["content"]
 
 
+def _in_slot_order(messages: list[dict[str, Any]], media: list[MediaRef]) -> list[MediaRef]:
+    """The media in the order their parts come in the prompt, parts renumbered to match: the
+    processor fills the prompt's slots with the images in list order, so a flat image put
+    ahead of the messages' own must come first in the list too."""
+    ordered: list[MediaRef] = []
+    for message in messages:
+        if isinstance(message["content"], list):
+            for part in message["content"]:
+                if "media" in part:
+                    ordered.append(media[part["media"]])
+                    part["media"] = len(ordered) - 1
+    return ordered
+
+
 class _Columns(dict):
     def __missing__(self, key: str) -> str:
         raise KeyError(key)
@@ -186,7 +200,7 @@ def _parse_row(row: RawRow, defaults: GenParams, template: str | None) -> tuple[
             flat += [MediaRef(kind, v) for v in _media_values(name, value[name], problems)]
     if flat and job.messages:
         _attach_flat_media(job.messages, flat, media)
-    job.media = media
+    job.media = _in_slot_order(job.messages, media)
 
     system = job.params.system
     if system and job.messages and job.messages[0]["role"] != "system":

@@ -153,6 +153,7 @@ def make_tiny_model(
     hidden: int | None = None,
     layers: int | None = None,
     vision_embed: int = 64,
+    sensitive: bool = False,
 ) -> Path:
     """Write a loadable tiny checkpoint to `out_dir`, deterministic for a given seed.
 
@@ -163,6 +164,9 @@ def make_tiny_model(
     `kind="text-draft"` is a smaller qwen2 with the same tokenizer, a draft model for "lm";
     `kind="mtp-pair"` writes `out_dir/target` (a tiny qwen3_5 VLM whose weights also embed
     its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
+    `sensitive` scales the language layers (x3) and the vision merger (x4): random weights
+    otherwise repeat one token whatever they see, which hides position and image-order bugs
+    from a differential test.
     """
     import mlx.core as mx
 
@@ -234,11 +238,27 @@ def make_tiny_model(
         _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     else:
         raise ValueError(f"unknown tiny model kind {kind!r} (expected one of {', '.join(KINDS)})")
+    if sensitive:
+        _sharpen(model)
     mx.eval(model.parameters())
     _save_weights(model, out)
     _write_json(out / "config.json", config)
     _write_generation_config(out, ids)
     return out
+
+
+def _sharpen(model) -> None:
+    from mlx.utils import tree_flatten
+
+    gains = {"layers.": 3.0, "merger.": 4.0}
+    weights = [
+        (name, w * gain)
+        for name, w in tree_flatten(model.parameters())
+        for part, gain in gains.items()
+        if part in name and name.endswith("weight") and "norm" not in name and ".ln" not in name
+        and "vision_tower.blocks" not in name
+    ]  # fmt: skip
+    model.load_weights(weights, strict=False)
 
 
 def _write_generation_config(out: Path, ids: dict[str, int]) -> None:

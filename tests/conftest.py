@@ -88,3 +88,11 @@ def network(monkeypatch) -> FakeNetwork:
     monkeypatch.setattr(socket, "getaddrinfo", net.getaddrinfo)
     monkeypatch.setattr(socket.socket, "connect", lambda sock, address: net.connect(sock, address))
     return net
+
+
+@pytest.fixture(scope="session")
+def sensitive_vlm(tmp_path_factory) -> Path:
+    """A tiny qwen2_vl whose greedy output changes with every image, its order and position."""
+    from batchgen.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "sensitive-vlm", "vlm", sensitive=True)

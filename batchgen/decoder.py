@@ -24,11 +24,14 @@ from .records import GenParams
 
 __all__ = [
     "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch", "hit_stop", "final_text",
-    "sampler_for", "logits_processors_for",
+    "sampler_for", "logits_processors_for", "HISTORY",
 ]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
-_HISTORY = 256  # tokens handed to logits processors; their own context windows are shorter
+# Logits processors (penalties) see the prompt and then the generated tokens, on every lane
+# (mlx-lm's rule; single.py brings mlx-vlm's generate to it): its last HISTORY tokens, more
+# than any penalty's own window.
+HISTORY = 256
 
 
 @dataclass(slots=True)
@@ -219,9 +222,7 @@ def decode_batch(
             for j, i in enumerate(active):
                 row = batch_logits[j : j + 1]
                 if processors[i]:
-                    history = mx.array(
-                        (seqs[i].ids + seqs[i].tokens)[-_HISTORY:]
-                    )  # prompt too, as mlx-lm does
+                    history = mx.array((seqs[i].ids + seqs[i].tokens)[-HISTORY:])
                     for proc in processors[i]:
                         row = proc(history, row)
                 if samplers[i] is None:

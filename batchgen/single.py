@@ -4,10 +4,10 @@ families the batched decoder does not know, and both engines' speculative loops.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from .decoder import Watch, final_text, hit_stop, logits_processors_for, sampler_for
+from .decoder import HISTORY, Watch, final_text, hit_stop, logits_processors_for, sampler_for
 from .draft import Drafter, drafted_from_flags
 from .models import ModelInfo
 from .prompts import apply_template, template_parts, text_only
@@ -86,6 +86,45 @@ def generate_draft_lm(
     return gen
 
 
+def _prompt_ids(model: Any, processor: Any, prompt: str, images: list, videos: list) -> list[int]:
+    """The prompt's token ids as the model sees them (media slots expanded)."""
+    from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+    inputs = prepare_inputs(
+        processor, images=images or None, videos=videos or None, prompts=prompt,
+        image_token_index=getattr(model.config, "image_token_index", None),
+        add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+    )  # fmt: skip
+    return inputs["input_ids"][0].tolist()
+
+
+def _seeing_the_prompt(processors: list[Callable], prompt: list[int]) -> list[Callable]:
+    """Logits processors for mlx-vlm's generate under batchgen's one rule: they see the prompt
+    and then the generated tokens, as in mlx-lm and the batched lanes. mlx-vlm hands them its
+    own history (the last prompt token, or the whole prompt unchunked, then each generated
+    token): only its generated tail, as many tokens as calls so far, is taken from it."""
+    import mlx.core as mx
+
+    head = mx.array(prompt[-HISTORY:])
+    calls = [0]
+
+    def wrap(proc: Callable) -> Callable:
+        def seeing(tokens: mx.array, logits: mx.array) -> mx.array:
+            n = calls[0]
+            history = mx.concatenate([head, tokens[tokens.size - n :].astype(head.dtype)]) if n else head
+            return proc(history, logits)
+
+        return seeing
+
+    wrapped = [wrap(proc) for proc in processors]
+
+    def count(tokens: mx.array, logits: mx.array) -> mx.array:
+        calls[0] += 1
+        return logits
+
+    return [*wrapped, count]
+
+
 def generate_vlm(
     model: Any, processor: Any, info: ModelInfo, job: Job, media: Media, drafter: Drafter | None = None,
     watch: Watch | None = None,
@@ -110,6 +149,9 @@ def generate_vlm(
         import mlx.core as mx
 
         mx.random.seed(p.seed)
+    processors = logits_processors_for(p)
+    if processors:
+        processors = _seeing_the_prompt(processors, _prompt_ids(model, processor, prompt, images, videos))
     draft: dict[str, Any] = {}
     if drafter is not None:
         from mlx_vlm.speculative.common import speculative_stats_since, speculative_stats_snapshot
@@ -130,8 +172,7 @@ def generate_vlm(
         top_p=p.top_p,
         top_k=p.top_k,
         min_p=p.min_p,
-        repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
-        presence_penalty=p.presence_penalty or None,
+        logits_processors=processors or None,
         seed=p.seed,
         **draft,
     )

@@ -17,8 +17,12 @@ def _reference(model_dir, images, max_tokens=10):
     slots = "<|vision_start|><|image_pad|><|vision_end|>" * len(images)
     prompt = f"<|im_start|>user\n{slots}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
     ref = mlx_vlm.generate(model, processor, prompt, image=images, max_tokens=max_tokens, temperature=0.0)
+    return _text(processor, ref), len(ref.token_ids)
+
+
+def _text(processor, ref):
     tokens = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
-    return processor.tokenizer.decode(tokens), len(ref.token_ids)
+    return processor.tokenizer.decode(tokens)
 
 
 def test_a_flat_image_and_an_image_in_messages_reach_their_own_slots(tmp_path, sensitive_vlm):
@@ -45,3 +49,65 @@ def test_a_flat_image_and_an_image_in_messages_reach_their_own_slots(tmp_path, s
         assert code == 0, output
         got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
         assert got == {"flat-first": in_order, "explicit": in_order, "reversed": swapped}
+
+
+def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, sensitive_vlm):
+    """One rule (mlx-lm's): logits processors see the prompt, then the tokens generated. The
+    batched lanes and the one-row mlx-vlm lane agree, and mlx-lm's own generate agrees."""
+    import mlx_lm
+    import mlx_vlm
+    from conftest import MODELS
+    from mlx_lm.sample_utils import make_logits_processors
+
+    from batchgen.decoder import Watch
+    from batchgen.models import inspect_model
+    from batchgen.parse import parse_row
+    from batchgen.read import RawRow
+    from batchgen.records import GenParams, Media
+    from batchgen.single import generate_vlm
+
+    rng = np.random.default_rng(7)
+    Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(tmp_path / "a.png")
+    penalties = {"repetition_penalty": 1.6, "presence_penalty": 0.8, "max_tokens": 12}
+    rows = [
+        {"id": f"i{k}", "image": "a.png", "prompt": f"Question {k}: what is it?", **penalties}
+        for k in range(3)
+    ]
+    rows += [{"id": f"t{k}", "prompt": f"Say something about {k} {k} {k}.", **penalties} for k in range(3)]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(sensitive_vlm), "--text-model",
+                           str(MODELS / "tiny-lm"), "--temperature", "0", "-q")  # fmt: skip
+    assert code == 0, output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+
+    model, processor = mlx_vlm.load(str(sensitive_vlm))
+    image = Image.open(tmp_path / "a.png").convert("RGB")
+    differs = 0
+    for k in range(3):
+        parsed, _ = parse_row(RawRow(k, k + 1, rows[k]), GenParams(temperature=0.0), None)
+        single = generate_vlm(model, processor, inspect_model(str(sensitive_vlm)), parsed,
+                              Media(images=[image], image_digests=["a"]), watch=Watch())  # fmt: skip
+        assert got[f"i{k}"] == (single.text, single.completion_tokens)
+        prompt = f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Question {k}: what is it?<|im_end|>\n<|im_start|>assistant\n"  # noqa: E501
+        own = mlx_vlm.generate(model, processor, prompt, image=[image], max_tokens=12, temperature=0.0,
+                               repetition_penalty=1.6, presence_penalty=0.8)  # fmt: skip
+        differs += _text(processor, own) != single.text
+    assert differs  # mlx-vlm's own rule (the last prompt token only) gives other tokens here
+    lm, tokenizer = mlx_lm.load(str(MODELS / "tiny-lm"))
+    tokenizer.add_eos_token("<|im_end|>")
+    for k in range(3):
+        messages = [{"role": "user", "content": f"Say something about {k} {k} {k}."}]
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        procs = make_logits_processors(repetition_penalty=1.6, presence_penalty=0.8)
+        tokens = [
+            r.token
+            for r in mlx_lm.stream_generate(lm, tokenizer, ids, max_tokens=12, logits_processors=procs)
+        ]
+        plain = [r.token for r in mlx_lm.stream_generate(lm, tokenizer, ids, max_tokens=12)]
+        assert tokens != plain  # the penalties matter on this checkpoint
+        count = len(tokens)
+        if tokens[-1] in tokenizer.eos_token_ids:
+            tokens = tokens[:-1]
+        assert got[f"t{k}"] == (tokenizer.decode(tokens), count)

@@ -100,6 +100,13 @@ def _run_options(command):
         ),
         click.option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
         click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
+        click.option(
+            "--static-batches",
+            "continuous",
+            flag_value=False,
+            default=None,
+            help="Run batches to their end (no refilling of finished rows' slots), to compare.",
+        ),  # fmt: skip
         click.option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
         click.option(
             "--row-timeout", type=float, help="Seconds a row may generate; past it, a row error [none]."

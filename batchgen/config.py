@@ -83,10 +83,11 @@ class RunConfig:
     cache_entries: int = 50  # prefix snapshots kept (LRU)
     cache_bytes: int = 2 * 2**30  # ... and their memory
     batch_size: int = 32  # rows decoded together; 1 turns batching off
+    continuous: bool = True  # a finished row's slot goes to a waiting row; False: static batches
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first
-    row_timeout: float | None = None  # seconds a row may generate (from its batch's start); None = no limit
+    row_timeout: float | None = None  # seconds a row may generate (from its prefill); None = no limit
     quiet: bool = False
 
 
@@ -116,6 +117,7 @@ class WorkSettings:
     prompt_template: str | None
     window: int
     batch_size: int
+    continuous: bool
     base_dir: Path  # where the job's relative media paths start
 
 
@@ -123,7 +125,7 @@ def work_settings(config: RunConfig) -> WorkSettings:
     engine = EngineSettings(**{f.name: getattr(config, f.name) for f in dataclasses.fields(EngineSettings)})
     return WorkSettings(
         engine, config.media, config.defaults, config.prompt_template, config.window, config.batch_size,
-        config.input.parent,
+        config.continuous, config.input.parent,
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,8 @@ from .errors import StopRequested
 from .records import GenParams
 
 __all__ = [
-    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_batch", "hit_stop", "final_text",
+    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_stream", "decode_batch", "hit_stop",
+    "final_text",
     "sampler_for", "logits_processors_for", "HISTORY",
 ]  # fmt: skip
 
@@ -58,8 +59,11 @@ class Watch:
     row's deadline and the model's context (prompt plus completion)."""
 
     stop: threading.Event = field(default_factory=threading.Event)
-    deadline: float | None = None  # time.monotonic() past which rows end with finish reason "timeout"
+    timeout: float | None = None  # seconds a row may take from its start: then finish reason "timeout"
     context: int | None = None  # prompt plus completion tokens the model takes
+
+    def deadline(self, started: float) -> float:
+        return started + self.timeout if self.timeout is not None else float("inf")
 
     def check_stop(self) -> None:
         if self.stop.is_set():
@@ -77,7 +81,8 @@ class Adapter:
     def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
         raise NotImplementedError
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence], step: int) -> mx.array:
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+        """Logits after each row's last token, one row per sequence."""
         raise NotImplementedError
 
 
@@ -95,7 +100,7 @@ class LMAdapter(Adapter):
     def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
         return self.model(mx.array(seq.ids[a:b])[None], cache=cache)[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence], step: int) -> mx.array:
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
         return self.model(tokens[:, None], cache=cache)[:, -1]
 
 
@@ -119,8 +124,10 @@ class VLMAdapter(Adapter):
         out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions)
         return out.logits[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence], step: int) -> mx.array:
-        pos = mx.array([len(s.ids) + step + s.delta for s in seqs], dtype=mx.int32).reshape(1, -1, 1)
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+        # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
+        pos = mx.array([len(s.ids) + len(s.tokens) - 1 + s.delta for s in seqs], dtype=mx.int32)
+        pos = pos.reshape(1, -1, 1)
         positions = mx.broadcast_to(pos, (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
@@ -185,42 +192,41 @@ def final_text(
     return text[: min(hits)] if hits else text
 
 
-def decode_batch(
+def decode_stream(
     adapter: Adapter,
     seqs: list[Sequence],
     eos: set[int],
     decode: Callable[[list[int]], str],
     prefixes: PrefixCache | None = None,
     watch: Watch | None = None,
-) -> None:
-    """Generate every sequence of the batch; fills tokens, text, finish_reason, cached_tokens.
+    width: int | None = None,
+) -> Iterator[int]:
+    """Generate every sequence, at most `width` at a time (continuous batching): when a row
+    finishes, the next waiting one is prefilled from its longest cached prefix and joins the
+    running batch at the next step, so no slot idles while rows wait. Yields each row's index
+    as it finishes, with its tokens, text, finish_reason and cached_tokens filled in.
 
     A row with a seed and temperature > 0 must come alone: its draws then depend on nothing
-    but its seed (the scheduler sees to that). Rows past the watch's deadline end with finish
-    reason "timeout"; a stop request raises StopRequested between steps, whatever is running.
+    but its seed (the scheduler sees to that). Rows past the watch's timeout (from their own
+    prefill) end with finish reason "timeout"; a stop request raises StopRequested between
+    steps, whatever is running.
     """
     watch = watch or Watch()
-    prefilled = [_prefill(adapter, s, prefixes, watch) for s in seqs]
-    caches = [c for _, c in prefilled]
+    width = width or len(seqs)
     if len(seqs) == 1 and seqs[0].params.seed is not None:
         mx.random.seed(seqs[0].params.seed)
     samplers = [sampler_for(s.params) for s in seqs]
     processors = [logits_processors_for(s.params) for s in seqs]
-    batch_logits = mx.concatenate([logits for logits, _ in prefilled], axis=0)
-    active = list(range(len(seqs)))
-    merged = None
-    step = 0
-    while active:
-        watch.check_stop()
-        now = time.monotonic()
-        rows = [seqs[i] for i in active]
-        picked = []
-        plain = all(samplers[i] is None and not processors[i] for i in active)
-        if plain:
-            picked = mx.argmax(batch_logits, axis=-1).tolist()
+    deadlines = [float("inf")] * len(seqs)
+
+    def pick(rows: list[int], logits: mx.array) -> list[int]:
+        """Sample each row's next token and return the rows still running."""
+        if all(samplers[i] is None and not processors[i] for i in rows):
+            picked = mx.argmax(logits, axis=-1).tolist()
         else:
-            for j, i in enumerate(active):
-                row = batch_logits[j : j + 1]
+            picked = []
+            for j, i in enumerate(rows):
+                row = logits[j : j + 1]
                 if processors[i]:
                     history = mx.array((seqs[i].ids + seqs[i].tokens)[-HISTORY:])
                     for proc in processors[i]:
@@ -229,8 +235,10 @@ def decode_batch(
                     picked.append(mx.argmax(row, axis=-1).item())
                 else:
                     picked.append(samplers[i](row - mx.logsumexp(row, axis=-1, keepdims=True)).item())
-        keep = []
-        for j, (seq, token) in enumerate(zip(rows, picked, strict=True)):
+        now = time.monotonic()
+        running = []
+        for i, token in zip(rows, picked, strict=True):
+            seq = seqs[i]
             seq.tokens.append(token)
             if token in eos:
                 seq.finish_reason = "stop"
@@ -238,26 +246,65 @@ def decode_batch(
                 seq.finish_reason = "stop"
             elif len(seq.tokens) >= seq.params.max_tokens:
                 seq.finish_reason = "length"
-            elif watch.deadline is not None and now > watch.deadline:
+            elif now > deadlines[i]:
                 seq.finish_reason = "timeout"
             else:
-                keep.append(j)
-        if not keep:
-            break
-        if merged is None:  # rows decode together from here on
-            merged = _merge([caches[i] for i in active])
-        if len(keep) < len(active):
-            for c in merged:
-                c.filter(keep)
-            batch_tokens = mx.array([picked[j] for j in keep])
-            active = [active[j] for j in keep]
-        else:
-            batch_tokens = mx.array(picked)
-        batch_logits = adapter.decode(batch_tokens, merged, [seqs[i] for i in active], step)
-        mx.eval(batch_logits)
-        step += 1
-    for seq in seqs:
-        seq.text = final_text(seq.tokens, eos, seq.params.stop, decode)
+                running.append(i)
+                continue
+            seq.text = final_text(seq.tokens, eos, seq.params.stop, decode)
+        return running
+
+    waiting = list(range(len(seqs)))[::-1]  # popped from the end: job order
+    active: list[int] = []
+    merged: list[Any] | None = None  # the running rows' caches, one left-padded batch per layer
+    while active or waiting:
+        joined, caches = [], []
+        while waiting and len(active) + len(joined) < width:
+            i = waiting.pop()
+            deadlines[i] = watch.deadline(time.monotonic())
+            logits, cache = _prefill(adapter, seqs[i], prefixes, watch)
+            if pick([i], logits):
+                joined.append(i)
+                caches.append(cache)
+            else:
+                yield i
+        if joined:
+            batch = _merge(caches)
+            if merged is None:
+                merged = batch
+            else:
+                for layer, more in zip(merged, batch, strict=True):
+                    layer.extend(more)
+            active += joined
+        if not active:
+            continue
+        watch.check_stop()
+        tokens = mx.array([seqs[i].tokens[-1] for i in active])
+        logits = adapter.decode(tokens, merged, [seqs[i] for i in active])  # type: ignore[arg-type]
+        mx.eval(logits)
+        running = pick(active, logits)
+        if len(running) < len(active):
+            yield from (i for i in active if i not in set(running))
+            keep = [j for j, i in enumerate(active) if i in set(running)]
+            if keep:
+                for c in merged:  # type: ignore[union-attr]
+                    c.filter(keep)
+            else:
+                merged = None
+            active = running
+
+
+def decode_batch(
+    adapter: Adapter,
+    seqs: list[Sequence],
+    eos: set[int],
+    decode: Callable[[list[int]], str],
+    prefixes: PrefixCache | None = None,
+    watch: Watch | None = None,
+) -> None:
+    """Generate every sequence of the batch together (one static batch)."""
+    for _ in decode_stream(adapter, seqs, eos, decode, prefixes, watch):
+        pass
 
 
 def _merge(caches: list[list[Any]]) -> list[Any]:

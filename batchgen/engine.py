@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
+from collections.abc import Iterator
 from typing import Any
 
 from .cache import PrefixCache
@@ -184,22 +184,21 @@ class Engines:
             raise row_error(e) from e
 
     # -- generation ------------------------------------------------------------
-    def run(self, plans: list[Plan]) -> list[Generation | RowError]:
-        """One batch of plans of one lane; each row gets its Generation or its RowError. A row
-        past --row-timeout is a `generate` error; a stop request raises StopRequested."""
+    def run(self, plans: list[Plan], width: int) -> Iterator[tuple[int, Generation | RowError]]:
+        """Plans of one lane, at most `width` decoding at once; each row's Generation or RowError
+        as it finishes. A row past --row-timeout is a `generate` error; a stop request raises
+        StopRequested."""
         lane = plans[0].lane
-        deadline = time.monotonic() + self.row_timeout if self.row_timeout else None
-        outcomes = lane.run(plans, Watch(self.stop, deadline, lane.info.context))
-        for i, outcome in enumerate(outcomes):
+        for i, outcome in lane.run(plans, Watch(self.stop, self.row_timeout, lane.info.context), width):
             if isinstance(outcome, Generation):
                 self.capped += outcome.capped
                 if outcome.finish_reason == "timeout":
-                    outcomes[i] = RowError(
+                    outcome = RowError(
                         "generate",
                         f"no answer within --row-timeout {self.row_timeout:g} s "
                         f"({outcome.completion_tokens} tokens generated)",
                     )
-        return outcomes
+            yield i, outcome
 
     def _check_supported(self, media: Media) -> None:
         info = self.vision_info

@@ -48,11 +48,13 @@ def _result(
 
 
 def generate_window(
-    window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int
+    window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int, continuous: bool = True
 ) -> Iterator[list[tuple[Job, Result]]]:
     """Results for a window of rows, a list at a time: the rows that failed before generation,
-    then batch by batch in scheduled order. A batched row's `generate_ms` is its share of the
-    batch's time."""
+    then the rows of each scheduled run as they finish, `batch_size` at a time. With
+    `continuous`, a lane's rows are one run (a finished row's slot goes to the next waiting
+    row); without, static batches of `batch_size`. A batched row's `generate_ms` is its share
+    of the lane's time: the time since the run's previous row finished."""
     plans: list[Plan] = []
     failed: list[tuple[Job, Result]] = []
     for job, prepared in window:
@@ -70,18 +72,24 @@ def generate_window(
     if failed:
         yield failed
     prepared_of = {id(job): prepared for job, prepared in window}
-    for batch in schedule(plans, batch_size):
-        members = [plans[i] for i in batch]
-        t0 = time.perf_counter()
-        outcomes = engines.run(members)
-        share = (time.perf_counter() - t0) * 1000 / len(members)
-        yield [
-            (
-                plan.job,
-                _result(plan.job, prepared_of[id(plan.job)], outcome, engines.model_for(plan.job), share),
+    for run in schedule(plans, None if continuous else batch_size):
+        members = [plans[i] for i in run]
+        done: list[tuple[Job, Result]] = []
+        last = time.perf_counter()
+        for i, outcome in engines.run(members, batch_size):
+            now, job = time.perf_counter(), members[i].job
+            done.append(
+                (
+                    job,
+                    _result(job, prepared_of[id(job)], outcome, engines.model_for(job), (now - last) * 1000),
+                )
             )
-            for plan, outcome in zip(members, outcomes, strict=True)
-        ]
+            last = now
+            if len(done) >= batch_size:
+                yield done
+                done = []
+        if done:
+            yield done
 
 
 class LocalExecutor:
@@ -112,7 +120,7 @@ class LocalExecutor:
         least = max(1, c.batch_size // 4)  # the first batch starts early, then fills up
         while not self.stop.is_set() and (window := prefetcher.take(c.window, least)):
             least = c.batch_size
-            yield from generate_window(window, self.engines, c.batch_size)
+            yield from generate_window(window, self.engines, c.batch_size, c.continuous)
 
     def stats(self) -> dict[str, Any]:
         """The run's figures so far: media work, prefix reuse, rows capped at the context."""

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .cache import Memo, PrefixCache
-from .decoder import LMAdapter, Sequence, VLMAdapter, Watch, decode_batch
+from .decoder import LMAdapter, Sequence, VLMAdapter, Watch, decode_stream
 from .errors import BatchgenError, RowError, short
 from .models import ModelInfo
 from .prompts import after_media, apply_template, check_length, message_bounds, template_parts, text_only
@@ -61,7 +61,8 @@ class Lane:
     def plan(self, job: Job, media: Media) -> Plan:
         raise NotImplementedError
 
-    def run(self, plans: list[Plan], watch: Watch) -> list[Generation | RowError]:
+    def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
+        """(index in plans, outcome) of each row as it finishes, at most `width` rows at once."""
         raise NotImplementedError
 
     def _keys(self, ids: list[int], bounds: list[int], media: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -88,24 +89,28 @@ class Lane:
 
 
 class _Batched(Lane):
-    """Lanes whose rows decode together through decoder.decode_batch."""
+    """Lanes whose rows decode together through decoder.decode_stream."""
 
     def _engine(self) -> tuple[Any, set[int], Callable[[list[int]], str]]:
         raise NotImplementedError
 
-    def run(self, plans: list[Plan], watch: Watch) -> list[Generation | RowError]:
+    def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
         adapter, eos, decode = self._engine()
-        seqs = [plan.seq for plan in plans]
+        seqs: list[Sequence] = [plan.seq for plan in plans]  # type: ignore[misc]
+        finished: set[int] = set()
         try:
-            decode_batch(adapter, seqs, eos, decode, self.prefixes, watch)  # type: ignore[arg-type]
+            for i in decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width):
+                finished.add(i)
+                s = seqs[i]
+                tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
+                yield i, Generation(s.text, s.finish_reason, *tokens, capped=s.capped)
         except Exception as e:  # an engine error fails these rows, not the run
             if len(plans) == 1:
-                return [row_error(e)]
-            return [r for plan in plans for r in self.run([_fresh(plan)], watch)]  # find the culprit
-        return [
-            Generation(s.text, s.finish_reason, len(s.ids), len(s.tokens), s.cached_tokens, capped=s.capped)
-            for s in seqs  # type: ignore[union-attr]
-        ]
+                yield 0, row_error(e)
+                return
+            for i in (i for i in range(len(plans)) if i not in finished):  # find the culprit
+                for _, outcome in self.run([_fresh(plans[i])], watch, 1):
+                    yield i, outcome
 
 
 class TextLane(_Batched):
@@ -214,8 +219,9 @@ class VisionLane(_Batched):
 class _OneByOne(Lane):
     solo = True
 
-    def run(self, plans: list[Plan], watch: Watch) -> list[Generation | RowError]:
-        return [self._guarded(plan, watch) for plan in plans]
+    def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
+        for i, plan in enumerate(plans):
+            yield i, self._guarded(plan, watch)
 
     def _guarded(self, plan: Plan, watch: Watch) -> Generation | RowError:
         try:

@@ -16,10 +16,11 @@ class Schedulable(Protocol):
     def solo(self) -> bool: ...
 
 
-def schedule(rows: Sequence[Schedulable], batch_size: int) -> list[list[int]]:
-    """Batches of row indices. Rows of one group (same prompt prefix, same images) run
-    back to back so the first one's prefill serves the rest; lanes never mix; solo rows
-    run alone. Groups keep the order in which they first appear in the window."""
+def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[int]]:
+    """Runs of row indices. Rows of one group (same prompt prefix, same images) run back to
+    back so the first one's prefill serves the rest; lanes never mix; solo rows run alone.
+    Groups keep the order in which they first appear in the window. A run holds at most
+    `batch_size` rows; None: one run per lane (continuous batching refills its slots)."""
     groups: dict[tuple[str, Hashable], list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault((row.lane, row.group), []).append(i)
@@ -32,7 +33,7 @@ def schedule(rows: Sequence[Schedulable], batch_size: int) -> list[list[int]]:
                 continue
             batch = open_batch.setdefault(lane, [])
             batch.append(i)
-            if len(batch) >= batch_size:
+            if batch_size is not None and len(batch) >= batch_size:
                 batches.append(batch)
                 open_batch[lane] = []
     batches += [b for b in open_batch.values() if b]

@@ -24,6 +24,7 @@ def collect(
     prompt count from the engine; `length` when the token budget or the model's context ran
     out, `timeout` past the row's deadline."""
     watch = watch or Watch()
+    deadline = watch.deadline(time.monotonic())
     tokens: list[int] = []
     last = None
     stopped = capped = timed_out = False
@@ -42,7 +43,7 @@ def collect(
         if watch.context and int(last.prompt_tokens) + len(tokens) >= watch.context:
             capped = tokens[-1] not in eos
             break
-        if watch.deadline is not None and time.monotonic() > watch.deadline:
+        if time.monotonic() > deadline:
             timed_out = True
             break
     if last is None:

@@ -3,6 +3,10 @@ tiny qwen2 model: batchgen against a sequential mlx_lm.generate loop and against
 mlx_lm.batch_generate, in one process. Outputs are compared token for token.
 
     python bench/text.py     # last line: batchgen speedup vs loop: X; vs raw batch_generate: Y
+
+`python bench/text.py mixed`: 256 prompts (10-130 tokens) whose max_tokens vary from 8 to 256,
+as a dataset job's do: batchgen's continuous batching against the same engine in static
+batches (--static-batches) and against raw mlx_lm.batch_generate, outputs compared.
 """
 
 from __future__ import annotations
@@ -89,5 +93,50 @@ def main() -> None:
     print(f"batchgen speedup vs loop: {x:.2f}; vs raw batch_generate: {y:.2f}")
 
 
+def mixed() -> None:
+    import mlx_lm
+    import pyarrow.parquet as pq
+
+    rng = random.Random(1)
+    model, tokenizer = mlx_lm.load(str(MODEL))
+    tokenizer.add_eos_token("<|im_end|>")
+    prompts = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 120))) for _ in range(ROWS)]
+    budgets = [rng.randint(8, 256) for _ in range(ROWS)]
+    ids = [
+        tokenizer.encode(
+            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                          tokenize=False),
+            add_special_tokens=False,
+        )
+        for p in prompts
+    ]  # fmt: skip
+    print(f"{ROWS} prompts, max_tokens {min(budgets)}-{max(budgets)} (sum {sum(budgets)}), greedy")
+    mlx_lm.generate(model, tokenizer, ids[0], max_tokens=2)  # warm up
+    t0 = time.perf_counter()
+    raw = mlx_lm.batch_generate(model, tokenizer, ids, max_tokens=budgets, return_token_ids=True)
+    t_raw = time.perf_counter() - t0
+    raw_texts = [tokenizer.decode([t for t in r if t not in tokenizer.eos_token_ids]) for r in raw.token_ids]
+    print(f"raw mlx_lm.batch_generate:   {t_raw:7.2f} s")
+    times, texts = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "jobs.jsonl"
+        job.write_text("".join(json.dumps({"id": i, "prompt": p, "max_tokens": m}) + "\n"
+                               for i, (p, m) in enumerate(zip(prompts, budgets, strict=True))))  # fmt: skip
+        for name, continuous in (("continuous", True), ("static", False)):
+            config = batchgen.build_config(
+                job, Path(tmp) / f"{name}.parquet", None, {"temperature": 0.0}, model=str(MODEL), quiet=True,
+                continuous=continuous,
+            )  # fmt: skip
+            t0 = time.perf_counter()
+            batchgen.run(config)
+            times[name] = time.perf_counter() - t0
+            texts[name] = pq.read_table(Path(tmp) / f"{name}.parquet").column("generated_text").to_pylist()
+            print(f"batchgen, {name + ' batches:':20s}{times[name]:7.2f} s")
+    print(f"identical outputs: continuous = static: {texts['continuous'] == texts['static']}, "
+          f"= batch_generate: {texts['continuous'] == raw_texts}")  # fmt: skip
+    c = times["continuous"]
+    print(f"continuous vs static batches: {times['static'] / c:.2f}; vs raw batch_generate: {t_raw / c:.2f}")
+
+
 if __name__ == "__main__":
-    main()
+    mixed() if sys.argv[1:] == ["mixed"] else main()

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 
 import pytest
 from conftest import MODELS
 
 from batchgen.cache import PrefixCache
-from batchgen.decoder import LMAdapter, Sequence, Watch, decode_batch
+from batchgen.decoder import LMAdapter, Sequence, Watch, decode_batch, decode_stream
 from batchgen.errors import StopRequested
 from batchgen.records import GenParams
 
@@ -63,6 +62,52 @@ def test_a_stop_request_raises_between_steps(lm):
 
 def test_rows_past_the_deadline_end_with_timeout(lm):
     seqs = _seqs(lm[1], max_tokens=10_000)
-    _run(lm, seqs, watch=Watch(deadline=time.monotonic() - 1))
+    _run(lm, seqs, watch=Watch(timeout=-1))
     assert [s.finish_reason for s in seqs] == ["timeout"] * 3
     assert all(len(s.tokens) == 1 for s in seqs)
+
+
+class _Counting(LMAdapter):
+    """Records how many rows each decode step ran."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.widths: list[int] = []
+
+    def decode(self, tokens, cache, seqs):
+        self.widths.append(len(seqs))
+        return super().decode(tokens, cache, seqs)
+
+
+def test_finished_rows_slots_go_to_waiting_rows_with_the_tokens_of_one_row_at_a_time(lm):
+    """Continuous batching: rows of mixed lengths and budgets join a running batch as others
+    finish, each at its own positions; greedy tokens are those of each row alone."""
+    model, tokenizer = lm
+    budgets = [1, 40, 3, 17, 8, 25, 2, 12]
+    prompts = [SYSTEM * (k % 3 + 1) + " " + QUESTIONS[k % 3] * (k + 1) for k in range(len(budgets))]
+
+    def seqs():
+        return [
+            Sequence(ids=tokenizer.encode(p, add_special_tokens=False),
+                     params=GenParams(max_tokens=m, temperature=0.0))
+            for p, m in zip(prompts, budgets, strict=True)
+        ]  # fmt: skip
+
+    alone = [_run(lm, [s])[0] for s in seqs()]
+    assert len({tuple(t) for t in alone}) == len(alone)
+    eos = set(tokenizer.eos_token_ids)
+    rows = seqs()
+    adapter = _Counting(model)
+    order = list(decode_stream(adapter, rows, eos, tokenizer.decode, PrefixCache(), width=3))
+    assert sorted(order) == list(range(len(rows))) and order != sorted(order)  # as they finish
+    assert [s.tokens for s in rows] == alone
+    # Three slots stay busy while rows wait: no step runs fewer rows until the queue is empty.
+    steps_to_drain = len(adapter.widths) - adapter.widths[::-1].index(3)
+    assert set(adapter.widths[:steps_to_drain]) == {3}
+    static = _Counting(model)
+    rows = seqs()
+    for k in range(0, len(rows), 3):
+        decode_batch(static, rows[k : k + 3], eos, tokenizer.decode)
+    assert [s.tokens for s in rows] == alone
+    assert sum(static.widths) == sum(adapter.widths)  # the same tokens decoded, ...
+    assert len(static.widths) > len(adapter.widths)  # ... in more (emptier) steps when static

@@ -111,3 +111,26 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
         if tokens[-1] in tokenizer.eos_token_ids:
             tokens = tokens[:-1]
         assert got[f"t{k}"] == (tokenizer.decode(tokens), count)
+
+
+def test_vision_rows_joining_a_running_batch_keep_their_own_positions(tmp_path, sensitive_vlm):
+    """Rows of different images and budgets refill two slots as others finish (mRoPE positions
+    per row); each row's greedy output is mlx-vlm's for that row alone."""
+    rng = np.random.default_rng(11)
+    sizes = [(56, 56, 3), (40, 72, 3), (64, 48, 3)]
+    for k, shape in enumerate(sizes):
+        Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(tmp_path / f"p{k}.png")
+    budgets = [1, 14, 3, 9, 2, 12]
+    rows = [
+        {"id": f"r{n}", "image": f"p{n % 3}.png", "prompt": QUESTION, "max_tokens": m}
+        for n, m in enumerate(budgets)
+    ]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(sensitive_vlm),
+                           "--temperature", "0", "--batch-size", "2", "-q")  # fmt: skip
+    assert code == 0, output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    pictures = [Image.open(tmp_path / f"p{k}.png").convert("RGB") for k in range(3)]
+    want = {f"r{n}": _reference(sensitive_vlm, [pictures[n % 3]], m) for n, m in enumerate(budgets)}
+    assert got == want

@@ -223,7 +223,10 @@ def validate(job_file: Path, fmt: str | None) -> None:
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @click.option(
-    "--kind", type=click.Choice(["lm", "vlm", "text-draft", "mtp-pair"]), default="vlm", show_default=True
+    "--kind",
+    type=click.Choice(["lm", "vlm", "text-draft", "mtp-pair", "llava"]),
+    default="vlm",
+    show_default=True,
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--sensitive", is_flag=True, help="Outputs that vary with every input (for tests).")
@@ -231,7 +234,8 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool) -> Non
     """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
 
     lm: qwen2 text model; vlm: qwen2_vl; text-draft: a smaller qwen2 draft for lm;
-    mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp drafter)."""
+    mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp drafter); llava: llava
+    (llama + CLIP)."""
     from .tiny import make_tiny_model as build
 
     build(out_dir, kind=kind, seed=seed, sensitive=sensitive)  # type: ignore[arg-type]

@@ -23,9 +23,8 @@ from .errors import StopRequested
 from .records import GenParams
 
 __all__ = [
-    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "decode_stream", "decode_batch", "hit_stop",
-    "final_text",
-    "sampler_for", "logits_processors_for", "HISTORY",
+    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "decode_stream",
+    "decode_batch", "hit_stop", "final_text", "sampler_for", "logits_processors_for", "HISTORY",
 ]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
@@ -130,6 +129,19 @@ class VLMAdapter(Adapter):
         pos = pos.reshape(1, -1, 1)
         positions = mx.broadcast_to(pos, (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
+
+
+class OffsetVLMAdapter(VLMAdapter):
+    """mlx-vlm language models that take positions from the cache offsets (llava and most
+    families but Qwen's): a slice holding media tokens gets the merged embeddings from the
+    caller's `embed`, any other slice is embedded by the model itself."""
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        embeds = seq.embed(a, b) if seq.embed is not None else None
+        return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache).logits[:, -1]
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+        return self.lm(tokens[:, None], cache=cache).logits[:, -1]
 
 
 def _prefill(

@@ -16,7 +16,7 @@ from .config import EngineSettings
 from .decoder import Watch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
 from .errors import BatchgenError, ConfigError, RowError
-from .lanes import DraftLane, Lane, Plan, SingleLane, TextLane, VisionLane, row_error
+from .lanes import DraftLane, Lane, OffsetVisionLane, Plan, SingleLane, TextLane, VisionLane, row_error
 from .models import ModelInfo, inspect_model
 from .prompts import END_OF_TURN
 from .records import Generation, Job, Media
@@ -24,6 +24,33 @@ from .records import Generation, Job, Media
 __all__ = ["Plan", "Models", "Engines"]
 
 log = logging.getLogger(__name__)
+
+
+_TEXT_ONLY_KWARGS = frozenset({"padding", "padding_side", "truncation", "max_length", "add_special_tokens",
+                               "pad_to_multiple_of", "return_attention_mask"})  # fmt: skip
+
+
+class _ImagesOnly:
+    """An image processor that is handed only the keyword arguments meant for it."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def __call__(self, images: Any, **kwargs: Any) -> Any:
+        return self._inner(images, **{k: v for k, v in kwargs.items() if k not in _TEXT_ONLY_KWARGS})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _mend_processor(processor: Any) -> None:
+    """mlx-vlm 0.7.10's llava processors hand the tokenizer's `padding=True` to the image
+    processor too, which transformers 5 refuses (`ImagesKwargs.__init__() got an unexpected
+    keyword argument 'padding'`): every image row of a llava checkpoint would fail."""
+    if type(processor).__name__ in ("LlavaProcessor", "LlavaNextProcessor") and hasattr(
+        processor, "image_processor"
+    ):
+        processor.image_processor = _ImagesOnly(processor.image_processor)
 
 
 class Models:
@@ -56,6 +83,7 @@ class Models:
                     f"model {self.vision_info.name!r}: mlx-vlm cannot load it ({e})"
                 )
                 raise self._failed["vlm"] from e
+            _mend_processor(processor)
             tokenizer = getattr(processor, "tokenizer", processor)
             criteria = getattr(tokenizer, "stopping_criteria", None)
             if criteria is not None and END_OF_TURN in tokenizer.get_vocab():
@@ -122,6 +150,7 @@ class Engines:
         self.models = Models(self.vision_info, self.text_info, drafter)
         self.text = TextLane(self.models, self.text_info, prefix_cache)
         self.vision = VisionLane(self.models, self.vision_info, prefix_cache)
+        self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache)
         self.single = SingleLane(self.models, self.vision_info)
         self.draft = DraftLane(self.models, self.text_info, self.text)
         self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
@@ -165,11 +194,14 @@ class Engines:
         else one at a time through mlx-vlm."""
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             return self.draft if self.models.drafter_lane == "lm" else self.text
-        model, _ = self.models.vlm()
-        batchable = model.config.model_type in VisionLane.FAMILIES and not media.videos and not media.audio
-        if self.models.drafter_lane == "vlm":
-            batchable = False  # the drafter runs inside mlx-vlm's generate, one row at a time
-        return self.vision if batchable else self.single
+        family = self.models.vlm()[0].config.model_type
+        if self.models.drafter_lane == "vlm" or media.audio:
+            return self.single  # the drafter runs inside mlx-vlm's generate, one row at a time
+        if family in VisionLane.FAMILIES and not (media.images and media.videos):
+            return self.vision  # mlx-vlm's Qwen-VL embeds images or videos in one prompt, not both
+        if family in OffsetVisionLane.FAMILIES and not media.videos:
+            return self.offset
+        return self.single
 
     def plan(self, job: Job, media: Media) -> Plan:
         """Route and tokenize the row; unsupported media raise a `generate` RowError, a model

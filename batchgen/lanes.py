@@ -3,9 +3,11 @@
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse;
-- `VisionLane`: Qwen-VL image rows, batched, with prefix and vision-feature reuse;
-- `SingleLane`: mlx-vlm's own generate, one row at a time (video, audio, other families,
-  vision drafters);
+- `VisionLane`: Qwen-VL image or video rows, batched, with prefix and vision-feature reuse;
+- `OffsetVisionLane`: image rows of families positioned by the cache offsets (llava),
+  batched, with prefix reuse;
+- `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
+  other families, vision drafters);
 - `DraftLane`: mlx-lm's speculative loop with a text draft model, one row at a time.
 `Engines.route` (engine.py) chooses the lane of each row.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .cache import Memo, PrefixCache
-from .decoder import LMAdapter, Sequence, VLMAdapter, Watch, decode_stream
+from .decoder import LMAdapter, OffsetVLMAdapter, Sequence, VLMAdapter, Watch, decode_stream
 from .errors import BatchgenError, RowError, short
 from .models import ModelInfo
 from .prompts import after_media, apply_template, check_length, message_bounds, template_parts, text_only
@@ -29,7 +31,16 @@ from .single import generate_draft_lm, generate_vlm
 if TYPE_CHECKING:
     from .engine import Models
 
-__all__ = ["Plan", "Lane", "TextLane", "VisionLane", "SingleLane", "DraftLane", "row_error"]
+__all__ = [
+    "Plan",
+    "Lane",
+    "TextLane",
+    "VisionLane",
+    "OffsetVisionLane",
+    "SingleLane",
+    "DraftLane",
+    "row_error",
+]
 
 
 @dataclass(slots=True)
@@ -158,6 +169,7 @@ class VisionLane(_Batched):
         inputs = prepare_inputs(
             processor,
             images=media.images or None,
+            videos=media.videos or None,
             prompts=prompt,
             image_token_index=getattr(model.config, "image_token_index", None),
             add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
@@ -166,17 +178,19 @@ class VisionLane(_Batched):
         ids = input_ids[0].tolist()
         check_length(prompt, ids, self.info)
         lm = model.language_model
-        grid = inputs.get("image_grid_thw")
-        if media.images:
-            positions, delta = lm.get_rope_index(input_ids, grid, None, inputs.get("attention_mask"))
+        image_grid, video_grid = inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
+        if media.images or media.videos:
+            positions, delta = lm.get_rope_index(
+                input_ids, image_grid, video_grid, inputs.get("attention_mask")
+            )
             delta = int(delta.reshape(-1)[0].item())
         else:
             positions, delta = mx.broadcast_to(mx.arange(len(ids)).reshape(1, 1, -1), (3, 1, len(ids))), 0
         start_id = getattr(model.config, "vision_start_token_id", None)
         media_starts = [i for i, t in enumerate(ids) if t == start_id]
-        bounds = sorted({*media_starts, *(after_media(ids, model.config) if media.images else [])})
-        digests = list(media.image_digests)
-        embed = self._embedder(model, inputs, ids, digests) if media.images else None
+        bounds = sorted({*media_starts, *(after_media(ids, model.config) if media else [])})
+        digests = list(media.image_digests or media.video_digests)  # one kind per row here (Engines.route)
+        embed = self._embedder(model, inputs, ids, digests) if media else None
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
         group = (tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ())
@@ -184,25 +198,29 @@ class VisionLane(_Batched):
 
     def _embedder(self, model: Any, inputs: dict, ids: list[int], digests: list[str]):
         """Embeddings of any slice of the prompt; the vision tower runs only when a slice
-        holds image tokens, and once per set of images."""
+        holds image or video tokens, and once per set of images or video."""
         full: list[Any] = []
-        image_id = model.config.image_token_id
+        media_ids = {model.config.image_token_id, getattr(model.config, "video_token_id", None)}
         lm = model.language_model
+        video = inputs.get("pixel_values_videos") is not None and inputs.get("pixel_values") is None
 
         def embed(a: int, b: int):
             import mlx.core as mx
 
-            if image_id not in ids[a:b]:
+            if not media_ids.intersection(ids[a:b]):
                 return lm.model.embed_tokens(mx.array(ids[a:b])[None])
             if not full:
-                pixel_values, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+                kind = "video" if video else "image"
+                pixels = inputs["pixel_values_videos" if video else "pixel_values"]
+                grid = inputs[f"{kind}_grid_thw"]
                 dtype = model.vision_tower.patch_embed.proj.weight.dtype
                 features = self._features.get(
-                    tuple(digests), lambda: model.vision_tower(pixel_values.astype(dtype), grid)
+                    (kind, *digests), lambda: model.vision_tower(pixels.astype(dtype), grid)
                 )
+                given = {"pixel_values_videos": pixels} if video else {"pixel_values": pixels}
                 out = model.get_input_embeddings(
-                    inputs["input_ids"], pixel_values, image_grid_thw=grid,
-                    mask=inputs.get("attention_mask"), cached_image_features=features,
+                    inputs["input_ids"], mask=inputs.get("attention_mask"), cached_image_features=features,
+                    **given, **{f"{kind}_grid_thw": grid},
                 )  # fmt: skip
                 full.append(out.inputs_embeds)
             return full[0][:, a:b]
@@ -214,6 +232,69 @@ class VisionLane(_Batched):
         tokenizer = getattr(processor, "tokenizer", processor)
         tokenizer.stopping_criteria.reset(model.config.eos_token_id)
         return VLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
+
+
+class OffsetVisionLane(_Batched):
+    """Image rows of families whose language model takes positions from the cache offsets:
+    batched, with prefix reuse; a prefix never ends inside an image's tokens."""
+
+    name = "vlm-offset"
+    FAMILIES = {"llava"}
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+        model, processor = self.models.vlm()
+        p = job.params
+        messages = template_parts(job.messages) if media else text_only(job.messages)
+        prompt = apply_template(processor, messages, p.chat_template_kwargs)
+        check_length(prompt, None, self.info)
+        image_id = getattr(model.config, "image_token_index", None)
+        inputs = prepare_inputs(
+            processor, images=media.images or None, prompts=prompt, image_token_index=image_id,
+            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+        )  # fmt: skip
+        ids = inputs["input_ids"][0].tolist()
+        check_length(prompt, ids, self.info)
+        starts = [i for i, t in enumerate(ids) if t == image_id and (i == 0 or ids[i - 1] != image_id)]
+        ends = [
+            i + 1
+            for i, t in enumerate(ids)
+            if t == image_id and (i + 1 == len(ids) or ids[i + 1] != image_id)
+        ]
+        digests = list(media.image_digests)
+        # Adjacent images can make one run of image tokens: then every image keys from its start.
+        owners = starts if len(starts) == len(digests) else [starts[0]] * len(digests) if starts else []
+        keyed = self._keys(ids, sorted({*starts, *ends}), list(zip(owners, digests, strict=True)))
+        embed = self._embedder(model, inputs, ids, image_id) if media.images else None
+        seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed)
+        group = (tuple(digests), tuple(ids[: starts[0]]) if starts else ())
+        return Plan(job, media, self, self._fit(seq), group=group)
+
+    @staticmethod
+    def _embedder(model: Any, inputs: dict, ids: list[int], image_id: int):
+        """Merged embeddings of a slice holding image tokens (computed once for the row);
+        None for other slices, which the model embeds itself."""
+        full: list[Any] = []
+        extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+
+        def embed(a: int, b: int):
+            if image_id not in ids[a:b]:
+                return None
+            if not full:
+                out = model.get_input_embeddings(
+                    inputs["input_ids"], inputs["pixel_values"], mask=inputs.get("attention_mask"), **extra
+                )
+                full.append(out.inputs_embeds)
+            return full[0][:, a:b]
+
+        return embed
+
+    def _engine(self):
+        model, processor = self.models.vlm()
+        tokenizer = getattr(processor, "tokenizer", processor)
+        tokenizer.stopping_criteria.reset(model.config.eos_token_id)
+        return OffsetVLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
 
 
 class _OneByOne(Lane):

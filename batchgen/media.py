@@ -7,6 +7,7 @@ memos, so rows sharing an image (by URL, path or data URL) share one decode.
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import subprocess
 import threading
@@ -150,6 +151,7 @@ class MediaStage:
                     f"of the row's budget of {c.max_row_pixels} decoded pixels",
                 )
             out.media.videos.append(frames)
+            out.media.video_digests.append(hashlib.sha256(repr(key).encode()).hexdigest()[:32])
             if self._ffmpeg and not any(r.kind == "audio" for r in job.media):
                 track = self.audio_tracks.get(item.digest, lambda: self._audio_track(item))
                 if track:

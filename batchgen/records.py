@@ -80,6 +80,7 @@ class Media:
     videos: list[Any] = field(default_factory=list)  # (T, H, W, 3) uint8 arrays
     audio: list[str] = field(default_factory=list)  # local file paths
     image_digests: list[str] = field(default_factory=list)  # content digest of each image
+    video_digests: list[str] = field(default_factory=list)  # content and frame sampling of each video
 
     def __bool__(self) -> bool:
         return bool(self.images or self.videos or self.audio)

@@ -70,8 +70,15 @@ def _corpus(seed: int, n_sentences: int = 4000) -> list[str]:
     return lines
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int = 1024, seed: int = 0) -> int:
-    """Train a byte-level BPE and save it as a Hugging Face fast tokenizer; return vocab size."""
+def build_tokenizer(
+    out_dir: Path,
+    vocab_size: int = 1024,
+    seed: int = 0,
+    extra: tuple[str, ...] = (),
+    template: str = CHAT_TEMPLATE,
+) -> int:
+    """Train a byte-level BPE and save it as a Hugging Face fast tokenizer; return vocab size.
+    `extra`: a family's own special tokens (`<image>`), after the Qwen ones."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -79,7 +86,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 1024, seed: int = 0) -> int
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=[*SPECIAL_TOKENS, *extra],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -93,8 +100,8 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 1024, seed: int = 0) -> int
         "eos_token": "<|im_end|>",
         "pad_token": "<|endoftext|>",
         "unk_token": None,
-        "additional_special_tokens": SPECIAL_TOKENS[1:],
-        "chat_template": CHAT_TEMPLATE,
+        "additional_special_tokens": [*SPECIAL_TOKENS[1:], *extra],
+        "chat_template": template,
         "clean_up_tokenization_spaces": False,
     }
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
@@ -113,7 +120,7 @@ def _token_ids(out_dir: Path) -> dict[str, int]:
     vocab = json.loads((out_dir / "tokenizer.json").read_text())["model"]["vocab"]
     added = json.loads((out_dir / "tokenizer.json").read_text())["added_tokens"]
     ids = {t["content"]: t["id"] for t in added}
-    return {tok: ids.get(tok, vocab.get(tok)) for tok in SPECIAL_TOKENS}
+    return {tok: ids.get(tok, vocab.get(tok)) for tok in [*SPECIAL_TOKENS, *ids]}
 
 
 def _text_config(vocab: int, ids: dict[str, int], hidden: int, layers: int, heads: int) -> dict:
@@ -142,12 +149,12 @@ def _save_weights(model, out_dir: Path) -> None:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-KINDS = ("lm", "vlm", "text-draft", "mtp-pair")
+KINDS = ("lm", "vlm", "text-draft", "mtp-pair", "llava")
 
 
 def make_tiny_model(
     out_dir: str | Path,
-    kind: Literal["lm", "vlm", "text-draft", "mtp-pair"] = "vlm",
+    kind: Literal["lm", "vlm", "text-draft", "mtp-pair", "llava"] = "vlm",
     seed: int = 0,
     image_size: int = 56,
     hidden: int | None = None,
@@ -164,6 +171,8 @@ def make_tiny_model(
     `kind="text-draft"` is a smaller qwen2 with the same tokenizer, a draft model for "lm";
     `kind="mtp-pair"` writes `out_dir/target` (a tiny qwen3_5 VLM whose weights also embed
     its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
+    `kind="llava"` is a llava (llama text, CLIP vision, 16 tokens per 32² image) whose processor
+    is mlx-vlm's LlavaProcessor.
     `sensitive` scales the language layers (x3) and the vision merger (x4): random weights
     otherwise repeat one token whatever they see, which hides position and image-order bugs
     from a differential test.
@@ -173,6 +182,8 @@ def make_tiny_model(
     out = Path(out_dir)
     if kind == "mtp-pair":
         return _make_mtp_pair(out, seed)
+    if kind == "llava":
+        return _make_llava(out, seed, sensitive)
     vocab = build_tokenizer(out)  # one tokenizer for every kind, so drafts can pair with targets
     ids = _token_ids(out)
     mx.random.seed(seed)
@@ -279,6 +290,54 @@ def _build_vlm(config: dict):
     model_config = model_class.ModelConfig.from_dict(config)
     model_config = update_module_configs(model_config, model_class, config, ["text", "vision", "audio"])
     return model_class.Model(model_config)
+
+
+# The same template with llava's image placeholder.
+LLAVA_TEMPLATE = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
+
+
+def _make_llava(out: Path, seed: int, sensitive: bool) -> Path:
+    import mlx.core as mx
+
+    vocab = build_tokenizer(out, extra=("<image>",), template=LLAVA_TEMPLATE)
+    ids = _token_ids(out)
+    text = {"model_type": "llama", **_text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16}
+    side, patch = 32, 8
+    config = {
+        "model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "text_config": text,
+        "vision_config": {"model_type": "clip_vision_model", "num_hidden_layers": 2, "hidden_size": 32,
+                          "intermediate_size": 64, "num_attention_heads": 2, "image_size": side,
+                          "patch_size": patch, "projection_dim": 32},
+        "image_token_index": ids["<image>"], "vision_feature_select_strategy": "default",
+        "vision_feature_layer": -2, "projector_hidden_act": "gelu", "vocab_size": vocab,
+        "eos_token_id": ids["<|im_end|>"], "tie_word_embeddings": True,
+    }  # fmt: skip
+    mx.random.seed(seed)
+    model = _build_vlm(config)
+    if sensitive:
+        _sharpen(model)
+    mx.eval(model.parameters())
+    _save_weights(model, out)
+    _write_json(out / "config.json", config)
+    clip = {
+        "image_mean": [0.48145466, 0.4578275, 0.40821073],
+        "image_std": [0.26862954, 0.26130258, 0.27577711],
+    }
+    _write_json(
+        out / "preprocessor_config.json",
+        {"image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
+         "size": {"shortest_edge": side}, "crop_size": {"height": side, "width": side}, "do_resize": True,
+         "do_center_crop": True, "do_normalize": True, "do_rescale": True, "rescale_factor": 1 / 255,
+         "do_convert_rgb": True, "resample": 3, **clip},
+    )  # fmt: skip
+    _write_json(
+        out / "processor_config.json",
+        {"processor_class": "LlavaProcessor", "patch_size": patch, "image_token": "<image>",
+         "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1},
+    )  # fmt: skip
+    _write_json(out / "chat_template.json", {"chat_template": LLAVA_TEMPLATE})
+    _write_generation_config(out, ids)
+    return out
 
 
 def _make_mtp_pair(out: Path, seed: int) -> Path:

@@ -96,3 +96,11 @@ def sensitive_vlm(tmp_path_factory) -> Path:
     from batchgen.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "sensitive-vlm", "vlm", sensitive=True)
+
+
+@pytest.fixture(scope="session")
+def sensitive_llava(tmp_path_factory) -> Path:
+    """A tiny llava (positions from the cache offsets, mlx-vlm's LlavaProcessor)."""
+    from batchgen.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "llava", "llava", sensitive=True)

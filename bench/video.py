@@ -57,6 +57,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         model_dir = make_tiny_model(folder / "vlm", "vlm", image_size=SIDE, hidden=128, layers=4)
+        # The processor's max_pixels budgets a whole clip: room for 12 frames at full size, so a
+        # clip costs what a real one does (hundreds of tokens), not a thumbnail's.
+        config_path = model_dir / "preprocessor_config.json"
+        config = json.loads(config_path.read_text())
+        config.update(min_pixels=56 * 56, max_pixels=12 * SIDE * SIDE)
+        config_path.write_text(json.dumps(config))
         for c in range(CLIPS):
             write_clip(folder / f"clip{c}.avi", c)
         rows = [
@@ -74,8 +80,11 @@ def main() -> None:
         jobs = [parse_row(RawRow(c, c, rows[c * len(QUESTIONS)]), GenParams(), None)[0] for c in range(CLIPS)]
         frames = [stage.resolve(j).media.videos[0] for j in jobs]
         clip = "<|vision_start|><|video_pad|><|vision_end|>"
-        n_video = int(np.prod(frames[0].shape[:3])) // (14 * 14 * 2 * 4)
-        print(f"{len(rows)} rows: {CLIPS} clips of {frames[0].shape[0]} frames (~{n_video} video tokens) "
+        clip_tokens = processor.tokenizer.encode(f"{clip}")
+        n_video = len(
+            mlx_vlm.utils.prepare_inputs(processor, videos=[frames[0]], prompts=clip)["input_ids"][0]
+        ) - len(clip_tokens)
+        print(f"{len(rows)} rows: {CLIPS} clips of {frames[0].shape[0]} frames ({n_video + 1} video tokens) "
               f"x {len(QUESTIONS)} questions, max_tokens {MAX_TOKENS}")  # fmt: skip
 
         mlx_vlm.generate(

@@ -230,7 +230,8 @@ def validate(job_file: Path, fmt: str | None) -> None:
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--sensitive", is_flag=True, help="Outputs that vary with every input (for tests).")
-def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool) -> None:
+@click.option("--bits", type=click.Choice(["4", "8"]), help="Quantize the language model (vlm, llava).")
+def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: str | None) -> None:
     """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
 
     lm: qwen2 text model; vlm: qwen2_vl; text-draft: a smaller qwen2 draft for lm;
@@ -238,7 +239,7 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool) -> Non
     (llama + CLIP)."""
     from .tiny import make_tiny_model as build
 
-    build(out_dir, kind=kind, seed=seed, sensitive=sensitive)  # type: ignore[arg-type]
+    build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)  # type: ignore[arg-type]
     click.echo(f"wrote {kind} checkpoint to {out_dir}", err=True)
 
 

@@ -161,6 +161,7 @@ def make_tiny_model(
     layers: int | None = None,
     vision_embed: int = 64,
     sensitive: bool = False,
+    bits: int | None = None,
 ) -> Path:
     """Write a loadable tiny checkpoint to `out_dir`, deterministic for a given seed.
 
@@ -173,6 +174,8 @@ def make_tiny_model(
     its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
     `kind="llava"` is a llava (llama text, CLIP vision, 16 tokens per 32² image) whose processor
     is mlx-vlm's LlavaProcessor.
+    `bits` (4, 8) quantizes the language model the way mlx-community checkpoints are made
+    (`mlx_vlm convert -q`, group size 32); the vision tower stays in float.
     `sensitive` scales the language layers (x3) and the vision merger (x4): random weights
     otherwise repeat one token whatever they see, which hides position and image-order bugs
     from a differential test.
@@ -180,6 +183,9 @@ def make_tiny_model(
     import mlx.core as mx
 
     out = Path(out_dir)
+    if bits is not None:
+        shape = {"image_size": image_size, "hidden": hidden, "layers": layers, "vision_embed": vision_embed}
+        return _quantized(out, bits, kind=kind, seed=seed, sensitive=sensitive, **shape)
     if kind == "mtp-pair":
         return _make_mtp_pair(out, seed)
     if kind == "llava":
@@ -255,6 +261,21 @@ def make_tiny_model(
     _save_weights(model, out)
     _write_json(out / "config.json", config)
     _write_generation_config(out, ids)
+    return out
+
+
+def _quantized(out: Path, bits: int, **build) -> Path:
+    import shutil
+    import tempfile
+
+    from mlx_vlm import convert
+
+    if build["kind"] not in ("vlm", "llava"):
+        raise ValueError("only the vlm and llava kinds are quantized here")
+    with tempfile.TemporaryDirectory() as tmp:
+        source = make_tiny_model(Path(tmp) / "float", **build)
+        shutil.rmtree(out, ignore_errors=True)
+        convert(str(source), mlx_path=str(out), quantize=True, q_bits=bits, q_group_size=32)
     return out
 
 

@@ -104,3 +104,12 @@ def sensitive_llava(tmp_path_factory) -> Path:
     from batchgen.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "llava", "llava", sensitive=True)
+
+
+@pytest.fixture(scope="session")
+def quantized(tmp_path_factory) -> dict[str, Path]:
+    """4-bit (group 32) sensitive checkpoints of two families, made as mlx-community's are."""
+    from batchgen.tiny import make_tiny_model
+
+    root = tmp_path_factory.mktemp("quantized")
+    return {kind: make_tiny_model(root / kind, kind, sensitive=True, bits=4) for kind in ("vlm", "llava")}

@@ -5,6 +5,7 @@ rule, rows joining a running batch and video rows keep their own positions."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from conftest import read, run_cli, write_jsonl
 from PIL import Image
 
@@ -232,3 +233,39 @@ def test_llava_rows_batch_and_match_mlx_vlm(tmp_path, sensitive_llava):
         assert outputs["default"][row["id"]] == (_text(processor, ref), len(ref.token_ids))
         texts.add(_text(processor, ref))
     assert len(texts) >= 7  # outputs vary per row and per image: a position bug would show
+
+
+@pytest.mark.parametrize("kind", ["vlm", "llava"])
+def test_4bit_checkpoints_batch_and_match_mlx_vlm(tmp_path, quantized, kind):
+    import mlx_vlm
+
+    from batchgen.engine import _mend_processor
+
+    model_dir = quantized[kind]
+    rng = np.random.default_rng(9)
+    for k in range(2):
+        Image.fromarray(rng.integers(0, 256, (48, 40 + 16 * k, 3), dtype=np.uint8)).save(
+            tmp_path / f"q{k}.png"
+        )
+    rows = [
+        {"id": f"r{n}", "image": f"q{n % 2}.png", "prompt": QUESTION, "max_tokens": 3 + 4 * n}
+        for n in range(4)
+    ]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir), "--temperature", "0",
+                           "--batch-size", "2", "-q")  # fmt: skip
+    assert code == 0, output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"], r["cached_tokens"]) for r in read(out)}
+    assert got["r2"][2] > 0 and got["r3"][2] > 0  # each image's second question reuses its prefix
+
+    model, processor = mlx_vlm.load(str(model_dir))
+    _mend_processor(processor)
+    slot = "<image>" if kind == "llava" else "<|vision_start|><|image_pad|><|vision_end|>"
+    for n, row in enumerate(rows):
+        picture = Image.open(tmp_path / f"q{n % 2}.png").convert("RGB")
+        prompt = f"<|im_start|>user\n{slot}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+        ref = mlx_vlm.generate(
+            model, processor, prompt, image=[picture], max_tokens=row["max_tokens"], temperature=0.0
+        )
+        assert got[row["id"]][:2] == (_text(processor, ref), len(ref.token_ids))

@@ -4,7 +4,7 @@ A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares wor
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse;
 - `VisionLane`: Qwen-VL image or video rows, batched, with prefix and vision-feature reuse;
-- `OffsetVisionLane`: image rows of families positioned by the cache offsets (llava),
+- `OffsetVisionLane`: image rows of families positioned by the cache offsets (llava, SmolVLM),
   batched, with prefix reuse;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
   other families, vision drafters);
@@ -239,7 +239,7 @@ class OffsetVisionLane(_Batched):
     batched, with prefix reuse; a prefix never ends inside an image's tokens."""
 
     name = "vlm-offset"
-    FAMILIES = {"llava"}
+    FAMILIES = {"llava", "smolvlm", "idefics3"}
 
     def plan(self, job: Job, media: Media) -> Plan:
         from mlx_vlm.utils import prepare_inputs, should_add_special_tokens

@@ -149,12 +149,12 @@ def _save_weights(model, out_dir: Path) -> None:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-KINDS = ("lm", "vlm", "text-draft", "mtp-pair", "llava")
+KINDS = ("lm", "vlm", "text-draft", "mtp-pair", "llava", "smolvlm")
 
 
 def make_tiny_model(
     out_dir: str | Path,
-    kind: Literal["lm", "vlm", "text-draft", "mtp-pair", "llava"] = "vlm",
+    kind: Literal["lm", "vlm", "text-draft", "mtp-pair", "llava", "smolvlm"] = "vlm",
     seed: int = 0,
     image_size: int = 56,
     hidden: int | None = None,
@@ -173,7 +173,8 @@ def make_tiny_model(
     `kind="mtp-pair"` writes `out_dir/target` (a tiny qwen3_5 VLM whose weights also embed
     its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
     `kind="llava"` is a llava (llama text, CLIP vision, 16 tokens per 32² image) whose processor
-    is mlx-vlm's LlavaProcessor.
+    is mlx-vlm's LlavaProcessor; `kind="smolvlm"` a SmolVLM (llama text, SigLIP-like vision,
+    pixel shuffle to 4 tokens per 32² image, no image splitting).
     `bits` (4, 8) quantizes the language model the way mlx-community checkpoints are made
     (`mlx_vlm convert -q`, group size 32); the vision tower stays in float.
     `sensitive` scales the language layers (x3) and the vision merger (x4): random weights
@@ -188,8 +189,8 @@ def make_tiny_model(
         return _quantized(out, bits, kind=kind, seed=seed, sensitive=sensitive, **shape)
     if kind == "mtp-pair":
         return _make_mtp_pair(out, seed)
-    if kind == "llava":
-        return _make_llava(out, seed, sensitive)
+    if kind in ("llava", "smolvlm"):
+        return _make_llama_vision(out, kind, seed, sensitive)
     vocab = build_tokenizer(out)  # one tokenizer for every kind, so drafts can pair with targets
     ids = _token_ids(out)
     mx.random.seed(seed)
@@ -270,7 +271,7 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 
     from mlx_vlm import convert
 
-    if build["kind"] not in ("vlm", "llava"):
+    if build["kind"] not in ("vlm", "llava", "smolvlm"):
         raise ValueError("only the vlm and llava kinds are quantized here")
     with tempfile.TemporaryDirectory() as tmp:
         source = make_tiny_model(Path(tmp) / "float", **build)
@@ -317,21 +318,45 @@ def _build_vlm(config: dict):
 LLAVA_TEMPLATE = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
 
 
-def _make_llava(out: Path, seed: int, sensitive: bool) -> Path:
+_VISION = {  # per family: special tokens, vision config, processor files (32² images, patch 8)
+    "llava": (
+        ("<image>",),
+        {"model_type": "clip_vision_model", "projection_dim": 32},
+        {"image_token_index": "<image>", "vision_feature_select_strategy": "default",
+         "vision_feature_layer": -2, "projector_hidden_act": "gelu"},
+        {"image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
+         "size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}, "do_center_crop": True,
+         "image_mean": [0.48145466, 0.4578275, 0.40821073],
+         "image_std": [0.26862954, 0.26130258, 0.27577711]},
+        {"processor_class": "LlavaProcessor", "patch_size": 8, "image_token": "<image>",
+         "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1},
+    ),
+    "smolvlm": (
+        ("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"),
+        {"model_type": "smolvlm_vision"},
+        {"image_token_id": "<image>", "scale_factor": 2},
+        {"image_processor_type": "Idefics3ImageProcessor", "processor_class": "SmolVLMProcessor",
+         "do_image_splitting": False, "size": {"longest_edge": 32}, "max_image_size": {"longest_edge": 32},
+         "do_pad": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+        {"processor_class": "SmolVLMProcessor", "image_seq_len": 4},
+    ),
+}  # fmt: skip
+
+
+def _make_llama_vision(out: Path, kind: str, seed: int, sensitive: bool) -> Path:
+    """A llama language model under a family's vision tower, saved with the family's processor."""
     import mlx.core as mx
 
-    vocab = build_tokenizer(out, extra=("<image>",), template=LLAVA_TEMPLATE)
+    specials, vision, top, image_processor, processor = _VISION[kind]
+    vocab = build_tokenizer(out, extra=specials, template=LLAVA_TEMPLATE)
     ids = _token_ids(out)
     text = {"model_type": "llama", **_text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16}
-    side, patch = 32, 8
     config = {
-        "model_type": "llava", "architectures": ["LlavaForConditionalGeneration"], "text_config": text,
-        "vision_config": {"model_type": "clip_vision_model", "num_hidden_layers": 2, "hidden_size": 32,
-                          "intermediate_size": 64, "num_attention_heads": 2, "image_size": side,
-                          "patch_size": patch, "projection_dim": 32},
-        "image_token_index": ids["<image>"], "vision_feature_select_strategy": "default",
-        "vision_feature_layer": -2, "projector_hidden_act": "gelu", "vocab_size": vocab,
-        "eos_token_id": ids["<|im_end|>"], "tie_word_embeddings": True,
+        "model_type": kind, "text_config": text, "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"],
+        "tie_word_embeddings": True,
+        "vision_config": {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+                          "num_attention_heads": 2, "image_size": 32, "patch_size": 8, **vision},
+        **{k: ids[v] if isinstance(v, str) and v in ids else v for k, v in top.items()},
     }  # fmt: skip
     mx.random.seed(seed)
     model = _build_vlm(config)
@@ -340,22 +365,10 @@ def _make_llava(out: Path, seed: int, sensitive: bool) -> Path:
     mx.eval(model.parameters())
     _save_weights(model, out)
     _write_json(out / "config.json", config)
-    clip = {
-        "image_mean": [0.48145466, 0.4578275, 0.40821073],
-        "image_std": [0.26862954, 0.26130258, 0.27577711],
-    }
-    _write_json(
-        out / "preprocessor_config.json",
-        {"image_processor_type": "CLIPImageProcessor", "processor_class": "LlavaProcessor",
-         "size": {"shortest_edge": side}, "crop_size": {"height": side, "width": side}, "do_resize": True,
-         "do_center_crop": True, "do_normalize": True, "do_rescale": True, "rescale_factor": 1 / 255,
-         "do_convert_rgb": True, "resample": 3, **clip},
-    )  # fmt: skip
-    _write_json(
-        out / "processor_config.json",
-        {"processor_class": "LlavaProcessor", "patch_size": patch, "image_token": "<image>",
-         "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1},
-    )  # fmt: skip
+    common = {"do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+              "do_convert_rgb": True, "resample": 3}  # fmt: skip
+    _write_json(out / "preprocessor_config.json", {**common, **image_processor})
+    _write_json(out / "processor_config.json", processor)
     _write_json(out / "chat_template.json", {"chat_template": LLAVA_TEMPLATE})
     _write_generation_config(out, ids)
     return out

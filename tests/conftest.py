@@ -99,11 +99,12 @@ def sensitive_vlm(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def sensitive_llava(tmp_path_factory) -> Path:
-    """A tiny llava (positions from the cache offsets, mlx-vlm's LlavaProcessor)."""
+def offset_families(tmp_path_factory) -> dict[str, Path]:
+    """Tiny llava and SmolVLM checkpoints (positions from the cache offsets, their own processors)."""
     from batchgen.tiny import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("models") / "llava", "llava", sensitive=True)
+    root = tmp_path_factory.mktemp("models")
+    return {kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in ("llava", "smolvlm")}
 
 
 @pytest.fixture(scope="session")
@@ -112,4 +113,7 @@ def quantized(tmp_path_factory) -> dict[str, Path]:
     from batchgen.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("quantized")
-    return {kind: make_tiny_model(root / kind, kind, sensitive=True, bits=4) for kind in ("vlm", "llava")}
+    return {
+        kind: make_tiny_model(root / kind, kind, sensitive=True, bits=4)
+        for kind in ("vlm", "llava", "smolvlm")
+    }

@@ -183,10 +183,12 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, sensitive_vl
         assert outputs["default"][f"v{k}"] == (_text(processor, ref), len(ref.token_ids))
 
 
-def test_llava_rows_batch_and_match_mlx_vlm(tmp_path, sensitive_llava):
-    """llava on the offset-positioned batched lane (its processor mended for transformers 5):
-    a shared image under different system prompts, other images, mixed budgets, slots
-    refilled; the same with cache and batching off; each row as mlx-vlm generates it."""
+@pytest.mark.parametrize("family", ["llava", "smolvlm"])
+def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, family):
+    """llava (its processor mended for transformers 5) and SmolVLM on the offset-positioned
+    batched lane: a shared image under different system prompts, other images, mixed budgets,
+    slots refilled; the same with cache and batching off; each row as mlx-vlm generates it."""
+    model_dir = offset_families[family]
     import mlx_vlm
 
     from batchgen.engine import _mend_processor
@@ -210,7 +212,7 @@ def test_llava_rows_batch_and_match_mlx_vlm(tmp_path, sensitive_llava):
         "neither": ("--batch-size", "1", "--no-cache"),
     }.items():
         out = tmp_path / f"{name}.parquet"
-        code, output = run_cli("run", str(job), "-o", str(out), "--model", str(sensitive_llava),
+        code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir),
                                "--temperature", "0", "-q", *flags)  # fmt: skip
         assert code == 0, output
         outputs[name] = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
@@ -219,7 +221,7 @@ def test_llava_rows_batch_and_match_mlx_vlm(tmp_path, sensitive_llava):
     assert outputs["default"] == outputs["neither"]
     assert sum(c > 0 for c in cached.values()) >= 4  # system prompts and images shared
 
-    model, processor = mlx_vlm.load(str(sensitive_llava))
+    model, processor = mlx_vlm.load(str(model_dir))
     _mend_processor(processor)
     pictures = [Image.open(tmp_path / f"p{k}.png").convert("RGB") for k in range(3)]
     texts = set()
@@ -235,7 +237,7 @@ def test_llava_rows_batch_and_match_mlx_vlm(tmp_path, sensitive_llava):
     assert len(texts) >= 7  # outputs vary per row and per image: a position bug would show
 
 
-@pytest.mark.parametrize("kind", ["vlm", "llava"])
+@pytest.mark.parametrize("kind", ["vlm", "llava", "smolvlm"])
 def test_4bit_checkpoints_batch_and_match_mlx_vlm(tmp_path, quantized, kind):
     import mlx_vlm
 
@@ -261,7 +263,7 @@ def test_4bit_checkpoints_batch_and_match_mlx_vlm(tmp_path, quantized, kind):
 
     model, processor = mlx_vlm.load(str(model_dir))
     _mend_processor(processor)
-    slot = "<image>" if kind == "llava" else "<|vision_start|><|image_pad|><|vision_end|>"
+    slot = "<|vision_start|><|image_pad|><|vision_end|>" if kind == "vlm" else "<image>"
     for n, row in enumerate(rows):
         picture = Image.open(tmp_path / f"q{n % 2}.png").convert("RGB")
         prompt = f"<|im_start|>user\n{slot}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"

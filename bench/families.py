@@ -1,0 +1,103 @@
+"""Per model family: 16 images x 4 questions under a shared system prompt, max_tokens 24,
+greedy, on each family's tiny checkpoint (`make-tiny-model --kind ...`): batchgen against a
+per-row `mlx_vlm.generate` loop, outputs compared. Families on a batched lane should be >= 3x.
+
+    python bench/families.py            # one line per family, then the ratios
+    python bench/families.py llava      # only the named kinds
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import batchgen  # noqa: E402
+from batchgen.tiny import make_tiny_model  # noqa: E402
+
+IMAGES, MAX_TOKENS = 16, 24
+QUESTIONS = [
+    "What is in the picture?",
+    "What colour dominates?",
+    "Describe it briefly.",
+    "Is it busy or calm?",
+]
+SYSTEM = "You look at each picture and answer the question about it in one short sentence. " * 8
+KINDS = {"vlm": "qwen2_vl", "llava": "llava", "smolvlm": "smolvlm"}
+SLOT = {"vlm": "<|vision_start|><|image_pad|><|vision_end|>", "llava": "<image>", "smolvlm": "<image>"}
+
+
+def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, bool]:
+    import mlx_vlm
+    import pyarrow.parquet as pq
+
+    from batchgen.engine import _mend_processor
+
+    # qwen2_vl at 112² pixels: 16 tokens an image, as the llava checkpoint has
+    shape = {"image_size": 112} if kind == "vlm" else {}
+    model_dir = make_tiny_model(folder / kind, kind, sensitive=True, **shape)
+    rows = [{"id": f"{i}-{k}", "image": str(p), "system": SYSTEM, "prompt": q}
+            for i, p in enumerate(paths) for k, q in enumerate(QUESTIONS)]  # fmt: skip
+    job = folder / f"{kind}.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    model, processor = mlx_vlm.load(str(model_dir))
+    _mend_processor(processor)  # llava's processor fails under transformers 5 without it
+    images = [Image.open(p).convert("RGB") for p in paths]
+
+    def prompt(q: str) -> str:
+        return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{SLOT[kind]}{q}<|im_end|>\n"
+                "<|im_start|>assistant\n")  # fmt: skip
+
+    mlx_vlm.generate(model, processor, prompt("warm up"), image=[images[0]], max_tokens=2)
+    t0 = time.perf_counter()
+    loop = []
+    for image in images:
+        for q in QUESTIONS:
+            r = mlx_vlm.generate(
+                model, processor, prompt(q), image=[image], max_tokens=MAX_TOKENS, temperature=0.0
+            )
+            ids = list(r.token_ids)
+            loop.append(processor.tokenizer.decode(ids[:-1] if r.finish_reason == "stop" else ids))
+    t_loop = time.perf_counter() - t0
+
+    config = batchgen.build_config(
+        job, folder / f"{kind}.parquet", None, {"temperature": 0.0, "max_tokens": MAX_TOKENS},
+        model=str(model_dir), quiet=True,
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    batchgen.run(config)
+    t_batchgen = time.perf_counter() - t0
+    texts = pq.read_table(folder / f"{kind}.parquet").column("generated_text").to_pylist()
+    return t_loop, t_batchgen, texts == loop
+
+
+def main() -> None:
+    kinds = sys.argv[1:] or list(KINDS)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        rng = np.random.default_rng(0)
+        paths = []
+        for i in range(IMAGES):
+            paths.append(folder / f"img{i:02d}.png")
+            Image.fromarray(rng.integers(0, 256, (112, 112, 3), dtype=np.uint8)).save(paths[-1])
+        print(f"{IMAGES} images x {len(QUESTIONS)} questions, shared system prompt, max_tokens {MAX_TOKENS}")
+        ratios = {}
+        for kind in kinds:
+            t_loop, t_batchgen, same = bench(kind, folder, paths)
+            ratios[kind] = t_loop / t_batchgen
+            line = f"per-row mlx_vlm.generate {t_loop:6.2f} s, batchgen {t_batchgen:6.2f} s"
+            print(f"{KINDS[kind]:10s} {line}, {ratios[kind]:.2f}x, identical outputs: {same}")
+        print("ratios: " + ", ".join(f"{KINDS[k]} {r:.2f}" for k, r in ratios.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -3,7 +3,8 @@
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse;
-- `VisionLane`: Qwen-VL image or video rows, batched, with prefix and vision-feature reuse;
+- `VisionLane`: Qwen2/2.5-VL and Qwen3.5 image or video rows, batched, with prefix and
+  vision-feature reuse;
 - `OffsetVisionLane`: image rows of families positioned by the cache offsets (llava, SmolVLM),
   batched, with prefix reuse;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
@@ -148,10 +149,11 @@ class TextLane(_Batched):
 
 
 class VisionLane(_Batched):
-    """Qwen-VL families: the language model takes explicit (mRoPE) position ids."""
+    """Qwen-VL families (and Qwen3.5, whose linear-attention caches batch too): the language
+    model takes explicit (mRoPE) position ids."""
 
     name = "vlm"
-    FAMILIES = {"qwen2_vl", "qwen2_5_vl"}
+    FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_5"}
 
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
         super().__init__(models, info, prefixes)
@@ -215,7 +217,7 @@ class VisionLane(_Batched):
                 grid = inputs[f"{kind}_grid_thw"]
                 dtype = model.vision_tower.patch_embed.proj.weight.dtype
                 features = self._features.get(
-                    (kind, *digests), lambda: model.vision_tower(pixels.astype(dtype), grid)
+                    (kind, *digests), lambda: _tower(model, pixels.astype(dtype), grid)
                 )
                 given = {"pixel_values_videos": pixels} if video else {"pixel_values": pixels}
                 out = model.get_input_embeddings(
@@ -232,6 +234,12 @@ class VisionLane(_Batched):
         tokenizer = getattr(processor, "tokenizer", processor)
         tokenizer.stopping_criteria.reset(model.config.eos_token_id)
         return VLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
+
+
+def _tower(model: Any, pixels: Any, grid: Any) -> Any:
+    """The vision tower's features; Qwen3.5's tower also returns what only its drafters use."""
+    out = model.vision_tower(pixels, grid)
+    return out[0] if isinstance(out, tuple) else out
 
 
 class OffsetVisionLane(_Batched):

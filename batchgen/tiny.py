@@ -188,7 +188,7 @@ def make_tiny_model(
         shape = {"image_size": image_size, "hidden": hidden, "layers": layers, "vision_embed": vision_embed}
         return _quantized(out, bits, kind=kind, seed=seed, sensitive=sensitive, **shape)
     if kind == "mtp-pair":
-        return _make_mtp_pair(out, seed)
+        return _make_mtp_pair(out, seed, sensitive)
     if kind in ("llava", "smolvlm"):
         return _make_llama_vision(out, kind, seed, sensitive)
     vocab = build_tokenizer(out)  # one tokenizer for every kind, so drafts can pair with targets
@@ -374,7 +374,7 @@ def _make_llama_vision(out: Path, kind: str, seed: int, sensitive: bool) -> Path
     return out
 
 
-def _make_mtp_pair(out: Path, seed: int) -> Path:
+def _make_mtp_pair(out: Path, seed: int, sensitive: bool = False) -> Path:
     """A tiny qwen3_5 target (text hidden 64, 2 layers, one full-attention and one linear-
     attention layer, a 1-layer vision tower) and its qwen3_5_mtp drafter (one MTP layer,
     borrowing the target's embeddings and head)."""
@@ -409,6 +409,8 @@ def _make_mtp_pair(out: Path, seed: int) -> Path:
     }  # fmt: skip
     mx.random.seed(seed)
     model = _build_vlm(config)
+    if sensitive:
+        _sharpen(model)
     head_config = {"model_type": "qwen3_5_mtp", "text_config": text, "block_size": 3}
     head = Qwen3_5MTPDraftModel(Qwen3_5MTPConfig.from_dict(json.loads(json.dumps(head_config))))
     mx.eval(model.parameters(), head.parameters())

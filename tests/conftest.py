@@ -117,3 +117,11 @@ def quantized(tmp_path_factory) -> dict[str, Path]:
         kind: make_tiny_model(root / kind, kind, sensitive=True, bits=4)
         for kind in ("vlm", "llava", "smolvlm")
     }
+
+
+@pytest.fixture(scope="session")
+def sensitive_qwen3_5(tmp_path_factory) -> Path:
+    """A tiny Qwen3.5 (one linear-attention and one full-attention layer) that tells images apart."""
+    from batchgen.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "pair", "mtp-pair", sensitive=True) / "target"

@@ -138,9 +138,11 @@ def test_vision_rows_joining_a_running_batch_keep_their_own_positions(tmp_path, 
     assert got == want
 
 
-def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, sensitive_vlm):
+@pytest.mark.parametrize("family", ["sensitive_vlm", "sensitive_qwen3_5"])
+def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, family):
     """Several questions per clip (the captioning pattern) on the batched lane: the clip's
     prefix is computed once, and each row's greedy output is mlx-vlm's for that row alone."""
+    sensitive_vlm = request.getfixturevalue(family)
     import threading
 
     import mlx_vlm
@@ -237,13 +239,18 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     assert len(texts) >= 7  # outputs vary per row and per image: a position bug would show
 
 
-@pytest.mark.parametrize("kind", ["vlm", "llava", "smolvlm"])
-def test_4bit_checkpoints_batch_and_match_mlx_vlm(tmp_path, quantized, kind):
+@pytest.mark.parametrize("kind", ["vlm", "llava", "smolvlm", "qwen3_5"])
+def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, kind):
+    """4-bit checkpoints of three families, and Qwen3.5 (linear-attention caches): different
+    images, mixed budgets, two slots refilled; each row as mlx-vlm generates it."""
     import mlx_vlm
 
     from batchgen.engine import _mend_processor
 
-    model_dir = quantized[kind]
+    if kind == "qwen3_5":
+        model_dir = request.getfixturevalue("sensitive_qwen3_5")
+    else:
+        model_dir = request.getfixturevalue("quantized")[kind]
     rng = np.random.default_rng(9)
     for k in range(2):
         Image.fromarray(rng.integers(0, 256, (48, 40 + 16 * k, 3), dtype=np.uint8)).save(
@@ -263,7 +270,7 @@ def test_4bit_checkpoints_batch_and_match_mlx_vlm(tmp_path, quantized, kind):
 
     model, processor = mlx_vlm.load(str(model_dir))
     _mend_processor(processor)
-    slot = "<|vision_start|><|image_pad|><|vision_end|>" if kind == "vlm" else "<image>"
+    slot = "<image>" if kind in ("llava", "smolvlm") else "<|vision_start|><|image_pad|><|vision_end|>"
     for n, row in enumerate(rows):
         picture = Image.open(tmp_path / f"q{n % 2}.png").convert("RGB")
         prompt = f"<|im_start|>user\n{slot}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"

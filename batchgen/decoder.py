@@ -28,6 +28,7 @@ __all__ = [
 ]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
+_SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
 # Logits processors (penalties) see the prompt and then the generated tokens, on every lane
 # (mlx-lm's rule; single.py brings mlx-vlm's generate to it): its last HISTORY tokens, more
 # than any penalty's own window.
@@ -155,9 +156,11 @@ def _prefill(
     cache = cache if cache is not None else adapter.make_cache()
     seq.cached_tokens = start
     stops = [(p, k) for p, k in seq.boundaries if start < p < n] if prefixes is not None else []
-    # Everything but the last token only fills the cache: its logits are never evaluated,
-    # so MLX never computes them (the vocabulary projection is a large share of a tiny model).
-    for end, key in [*stops, (n - 1, None)]:
+    # A long tail is filled without its logits (never evaluated, so MLX never computes the
+    # vocabulary projection for it), then the last token gives them; a short tail (a question
+    # after a cached image) goes in one forward pass: each pass has a fixed cost.
+    tail = [(n - 1, None)] if n - max([start, *(p for p, _ in stops)]) > _SHORT_TAIL else []
+    for end, key in [*stops, *tail]:
         while start < end:
             watch.check_stop()
             step_end = min(end, start + PREFILL_STEP)

@@ -31,8 +31,8 @@ QUESTIONS = [
     "Is it busy or calm?",
 ]
 SYSTEM = "You look at each picture and answer the question about it in one short sentence. " * 8
-KINDS = {"vlm": "qwen2_vl", "llava": "llava", "smolvlm": "smolvlm"}
-SLOT = {"vlm": "<|vision_start|><|image_pad|><|vision_end|>", "llava": "<image>", "smolvlm": "<image>"}
+KINDS = {"vlm": "qwen2_vl", "qwen3_5": "qwen3_5", "llava": "llava", "smolvlm": "smolvlm"}
+SLOT = {"llava": "<image>", "smolvlm": "<image>"}  # the others: Qwen's vision block
 
 
 def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, bool]:
@@ -41,9 +41,11 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
 
     from batchgen.engine import _mend_processor
 
-    # qwen2_vl at 112² pixels: 16 tokens an image, as the llava checkpoint has
-    shape = {"image_size": 112} if kind == "vlm" else {}
-    model_dir = make_tiny_model(folder / kind, kind, sensitive=True, **shape)
+    if kind == "qwen3_5":  # the tiny Qwen3.5 (16 tokens an image) is the target of the MTP pair
+        model_dir = make_tiny_model(folder / kind, "mtp-pair", sensitive=True) / "target"
+    else:  # qwen2_vl at 112² pixels: 16 tokens an image, as the llava checkpoint has
+        shape = {"image_size": 112} if kind == "vlm" else {}
+        model_dir = make_tiny_model(folder / kind, kind, sensitive=True, **shape)
     rows = [{"id": f"{i}-{k}", "image": str(p), "system": SYSTEM, "prompt": q}
             for i, p in enumerate(paths) for k, q in enumerate(QUESTIONS)]  # fmt: skip
     job = folder / f"{kind}.jsonl"
@@ -54,7 +56,8 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
     images = [Image.open(p).convert("RGB") for p in paths]
 
     def prompt(q: str) -> str:
-        return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{SLOT[kind]}{q}<|im_end|>\n"
+        slot = SLOT.get(kind, "<|vision_start|><|image_pad|><|vision_end|>")
+        return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{slot}{q}<|im_end|>\n"
                 "<|im_start|>assistant\n")  # fmt: skip
 
     mlx_vlm.generate(model, processor, prompt("warm up"), image=[images[0]], max_tokens=2)

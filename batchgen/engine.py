@@ -53,6 +53,11 @@ def _mend_processor(processor: Any) -> None:
         processor.image_processor = _ImagesOnly(processor.image_processor)
 
 
+_UNBATCHED = {  # families that cannot batch, and why
+    "paligemma": "its prompt prefix attends both ways, so padding and prefix snapshots change results",
+}
+
+
 class Models:
     """The run's checkpoints, each loaded once on first use. A load failure is a ConfigError,
     kept and raised again for every later use rather than retried for every row."""
@@ -156,6 +161,7 @@ class Engines:
         self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
         self.stop = threading.Event()  # the runner's stop request, checked between decode steps
         self.capped = 0  # rows whose max_tokens was lowered to fit the model's context
+        self.one_at_a_time: dict[str, int] = {}  # media rows that could not batch, by reason
 
     @classmethod
     def from_config(cls, config: EngineSettings) -> Engines:
@@ -195,12 +201,21 @@ class Engines:
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             return self.draft if self.models.drafter_lane == "lm" else self.text
         family = self.models.vlm()[0].config.model_type
-        if self.models.drafter_lane == "vlm" or media.audio:
-            return self.single  # the drafter runs inside mlx-vlm's generate, one row at a time
-        if family in VisionLane.FAMILIES and not (media.images and media.videos):
-            return self.vision  # mlx-vlm's Qwen-VL embeds images or videos in one prompt, not both
-        if family in OffsetVisionLane.FAMILIES and not media.videos:
-            return self.offset
+        if self.models.drafter_lane == "vlm":
+            return self._alone("the vision drafter runs inside mlx-vlm's generate")
+        if media.audio:
+            return self._alone("rows with audio")
+        if family in VisionLane.FAMILIES:
+            if media.images and media.videos:  # mlx-vlm's Qwen-VL embeds one kind per prompt
+                return self._alone(f"{family}: rows with images beside a video")
+            return self.vision
+        if family in OffsetVisionLane.FAMILIES:
+            return self.offset if not media.videos else self._alone(f"{family}: video rows")
+        return self._alone(f"{family}: {_UNBATCHED.get(family, 'no batched lane for this family yet')}")
+
+    def _alone(self, reason: str) -> Lane:
+        """The one-row lane, with the reason counted for the run summary."""
+        self.one_at_a_time[reason] = self.one_at_a_time.get(reason, 0) + 1
         return self.single
 
     def plan(self, job: Job, media: Media) -> Plan:

@@ -129,6 +129,7 @@ class LocalExecutor:
             "media": self.stage.stats(),
             "cache": prefixes.stats() if prefixes else {},
             "max_tokens_capped": self.engines.capped,
+            "one_at_a_time": dict(self.engines.one_at_a_time),
         }
 
     def close(self) -> None:
@@ -150,4 +151,8 @@ def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
         lookups = cache["prefix_hits"] + cache["prefix_misses"]
         cache["prefix_hit_rate"] = round(cache["prefix_hits"] / lookups, 4) if lookups else 0.0
     capped = sum(part.get("max_tokens_capped", 0) for part in parts)
-    return {"media": media, "cache": cache, "max_tokens_capped": capped}
+    alone: dict[str, int] = {}
+    for part in parts:
+        for reason, n in part.get("one_at_a_time", {}).items():
+            alone[reason] = alone.get(reason, 0) + n
+    return {"media": media, "cache": cache, "max_tokens_capped": capped, "one_at_a_time": alone}

@@ -48,6 +48,7 @@ class RunSummary:
     mtp_accepted: int = 0
     acceptance_rate: float = 0.0  # accepted / drafted
     max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
+    one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
     wall_s: float = 0.0
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
@@ -71,6 +72,7 @@ class RunSummary:
         if self.mtp_drafts:
             drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
         capped = f" · {self.max_tokens_capped} rows capped at the context" if self.max_tokens_capped else ""
+        capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())
         return (
             f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
@@ -245,6 +247,7 @@ def _run(
         stats = executor.stats()
         summary.media, summary.cache = stats["media"], stats["cache"]
         summary.max_tokens_capped = stats["max_tokens_capped"]
+        summary.one_at_a_time = stats["one_at_a_time"]
         return _conclude(config, writer, summary, started)
 
 

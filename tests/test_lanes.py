@@ -278,3 +278,23 @@ def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, 
             model, processor, prompt, image=[picture], max_tokens=row["max_tokens"], temperature=0.0
         )
         assert got[row["id"]][:2] == (_text(processor, ref), len(ref.token_ids))
+
+
+def test_rows_that_cannot_batch_are_counted_once_per_reason(workdir):
+    import json
+
+    from conftest import MODELS
+
+    rows = [
+        {"id": "both", "image": "media/red_circle.png", "video": "media/moving_dot.mp4", "prompt": "Same?"},
+        {"id": "both2", "image": "media/blue_square.webp", "video": "media/moving_dot.mp4", "prompt": "And?"},
+        {"id": "image", "image": "media/red_circle.png", "prompt": "Shape?"},
+    ]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(MODELS / "tiny-vlm"),
+                           "--max-tokens", "2")  # fmt: skip
+    assert code == 0, output
+    assert output.count("2 rows one at a time (qwen2_vl: rows with images beside a video)") == 1
+    stats = json.loads(out.with_name(out.name + ".stats.json").read_text())
+    assert stats["one_at_a_time"] == {"qwen2_vl: rows with images beside a video": 2}

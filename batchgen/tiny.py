@@ -149,12 +149,12 @@ def _save_weights(model, out_dir: Path) -> None:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-KINDS = ("lm", "vlm", "text-draft", "mtp-pair", "llava", "smolvlm")
+KINDS = ("lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm")
 
 
 def make_tiny_model(
     out_dir: str | Path,
-    kind: Literal["lm", "vlm", "text-draft", "mtp-pair", "llava", "smolvlm"] = "vlm",
+    kind: Literal["lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm"] = "vlm",
     seed: int = 0,
     image_size: int = 56,
     hidden: int | None = None,
@@ -167,7 +167,8 @@ def make_tiny_model(
 
     `kind="lm"` is a qwen2 text model (hidden 128, 4 layers) for mlx-lm;
     `kind="vlm"` is a qwen2_vl model (hidden 64, 2 layers, vision depth 2) for mlx-vlm,
-    whose processor sees `image_size`² pixels (so 4 image tokens at the default 56).
+    whose processor sees `image_size`² pixels (so 4 image tokens at the default 56);
+    `kind="qwen2_5_vl"` the same with Qwen2.5-VL's windowed vision tower.
     Benchmarks pass larger `hidden`, `layers` and `vision_embed` so prefill costs something.
     `kind="text-draft"` is a smaller qwen2 with the same tokenizer, a draft model for "lm";
     `kind="mtp-pair"` writes `out_dir/target` (a tiny qwen3_5 VLM whose weights also embed
@@ -202,8 +203,10 @@ def make_tiny_model(
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
         config.update(_text_config(vocab, ids, hidden=hidden or 128, layers=layers or 4, heads=4))
         model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
-    elif kind == "vlm":
+    elif kind in ("vlm", "qwen2_5_vl"):
         from mlx_vlm.models import qwen2_vl
+
+        qwen2_5 = kind == "qwen2_5_vl"
 
         text = _text_config(vocab, ids, hidden=hidden or 64, layers=layers or 2, heads=4)
         head_dim = text["hidden_size"] // text["num_attention_heads"]
@@ -233,11 +236,21 @@ def make_tiny_model(
                 "in_channels": 3,
             },
         }
-        # Build the config objects the way mlx_vlm.load does, so what we save is what it loads.
-        model_config = qwen2_vl.ModelConfig.from_dict(json.loads(json.dumps(config)))
-        model_config.text_config = qwen2_vl.TextConfig.from_dict(model_config.text_config)
-        model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
-        model = qwen2_vl.Model(model_config)
+        if qwen2_5:  # windowed vision attention, full attention in its last block
+            config.update(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"])
+            config["vision_config"] = {
+                "model_type": "qwen2_5_vl", "depth": 2, "hidden_size": vision_embed,
+                "intermediate_size": vision_embed * 2, "out_hidden_size": text["hidden_size"], "num_heads": 2,
+                "patch_size": 14, "window_size": 112, "fullatt_block_indexes": [1], "spatial_merge_size": 2,
+                "temporal_patch_size": 2, "in_channels": 3,
+            }  # fmt: skip
+            model = _build_vlm(config)
+        else:
+            # Build the config objects the way mlx_vlm.load does, so what we save is what it loads.
+            model_config = qwen2_vl.ModelConfig.from_dict(json.loads(json.dumps(config)))
+            model_config.text_config = qwen2_vl.TextConfig.from_dict(model_config.text_config)
+            model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
+            model = qwen2_vl.Model(model_config)
         pixels = image_size * image_size
         _write_json(
             out / "preprocessor_config.json",
@@ -271,7 +284,7 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 
     from mlx_vlm import convert
 
-    if build["kind"] not in ("vlm", "llava", "smolvlm"):
+    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm"):
         raise ValueError("only the vlm and llava kinds are quantized here")
     with tempfile.TemporaryDirectory() as tmp:
         source = make_tiny_model(Path(tmp) / "float", **build)

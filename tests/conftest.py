@@ -125,3 +125,11 @@ def sensitive_qwen3_5(tmp_path_factory) -> Path:
     from batchgen.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "pair", "mtp-pair", sensitive=True) / "target"
+
+
+@pytest.fixture(scope="session")
+def sensitive_qwen2_5(tmp_path_factory) -> Path:
+    """A tiny Qwen2.5-VL (windowed vision attention) that tells images apart."""
+    from batchgen.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen2_5_vl", "qwen2_5_vl", sensitive=True)

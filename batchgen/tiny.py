@@ -76,9 +76,11 @@ def build_tokenizer(
     seed: int = 0,
     extra: tuple[str, ...] = (),
     template: str = CHAT_TEMPLATE,
+    named: dict[str, str] | None = None,
 ) -> int:
     """Train a byte-level BPE and save it as a Hugging Face fast tokenizer; return vocab size.
-    `extra`: a family's own special tokens (`<image>`), after the Qwen ones."""
+    `extra`: a family's own special tokens (`<image>`), after the Qwen ones; `named`: those
+    its processor reads as tokenizer attributes (`image_token`, `boi_token`, ...)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -103,6 +105,7 @@ def build_tokenizer(
         "additional_special_tokens": [*SPECIAL_TOKENS[1:], *extra],
         "chat_template": template,
         "clean_up_tokenization_spaces": False,
+        **({"extra_special_tokens": named} if named else {}),
     }
     _write_json(out_dir / "tokenizer_config.json", tokenizer_config)
     _write_json(
@@ -149,12 +152,12 @@ def _save_weights(model, out_dir: Path) -> None:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-KINDS = ("lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm")
+KINDS = ("lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3")
 
 
 def make_tiny_model(
     out_dir: str | Path,
-    kind: Literal["lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm"] = "vlm",
+    kind: Literal["lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3"] = "vlm",
     seed: int = 0,
     image_size: int = 56,
     hidden: int | None = None,
@@ -175,7 +178,8 @@ def make_tiny_model(
     its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
     `kind="llava"` is a llava (llama text, CLIP vision, 16 tokens per 32² image) whose processor
     is mlx-vlm's LlavaProcessor; `kind="smolvlm"` a SmolVLM (llama text, SigLIP-like vision,
-    pixel shuffle to 4 tokens per 32² image, no image splitting).
+    pixel shuffle to 4 tokens per 32² image, no image splitting); `kind="gemma3"` a Gemma 3
+    (sliding-window layers, SigLIP vision pooled to 4 tokens).
     `bits` (4, 8) quantizes the language model the way mlx-community checkpoints are made
     (`mlx_vlm convert -q`, group size 32); the vision tower stays in float.
     `sensitive` scales the language layers (x3) and the vision merger (x4): random weights
@@ -190,8 +194,8 @@ def make_tiny_model(
         return _quantized(out, bits, kind=kind, seed=seed, sensitive=sensitive, **shape)
     if kind == "mtp-pair":
         return _make_mtp_pair(out, seed, sensitive)
-    if kind in ("llava", "smolvlm"):
-        return _make_llama_vision(out, kind, seed, sensitive)
+    if kind in _VISION:
+        return _make_vision_family(out, kind, seed, sensitive)
     vocab = build_tokenizer(out)  # one tokenizer for every kind, so drafts can pair with targets
     ids = _token_ids(out)
     mx.random.seed(seed)
@@ -284,7 +288,7 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 
     from mlx_vlm import convert
 
-    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm"):
+    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm", "gemma3"):
         raise ValueError("only the vlm and llava kinds are quantized here")
     with tempfile.TemporaryDirectory() as tmp:
         source = make_tiny_model(Path(tmp) / "float", **build)
@@ -327,11 +331,8 @@ def _build_vlm(config: dict):
     return model_class.Model(model_config)
 
 
-# The same template with llava's image placeholder.
-LLAVA_TEMPLATE = CHAT_TEMPLATE.replace("<|vision_start|><|image_pad|><|vision_end|>", "<image>")
-
-
-_VISION = {  # per family: special tokens, vision config, processor files (32² images, patch 8)
+# Per family: special tokens, vision config, top-level config, processor files (32² images, patch 8).
+_VISION = {
     "llava": (
         ("<image>",),
         {"model_type": "clip_vision_model", "projection_dim": 32},
@@ -353,17 +354,42 @@ _VISION = {  # per family: special tokens, vision config, processor files (32² 
          "do_pad": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
         {"processor_class": "SmolVLMProcessor", "image_seq_len": 4},
     ),
+    "gemma3": (  # the processor reads image_token / boi_token / eoi_token from the tokenizer
+        ("<image_soft_token>", "<start_of_image>", "<end_of_image>"),
+        {"model_type": "siglip_vision_model"},
+        {"image_token_index": "<image_soft_token>", "hidden_size": 64, "pad_token_id": "<|endoftext|>",
+         "mm_tokens_per_image": 4},
+        {"image_processor_type": "Gemma3ImageProcessor", "processor_class": "Gemma3Processor",
+         "size": {"height": 32, "width": 32}, "do_pan_and_scan": False, "image_mean": [0.5, 0.5, 0.5],
+         "image_std": [0.5, 0.5, 0.5]},
+        {"processor_class": "Gemma3Processor", "image_seq_length": 4},
+    ),
 }  # fmt: skip
+_TEXT = {  # the language model under each family's vision tower
+    "llava": {"model_type": "llama"},
+    "smolvlm": {"model_type": "llama"},
+    "gemma3": {"model_type": "gemma3_text", "query_pre_attn_scalar": 16, "sliding_window": 512,
+               "sliding_window_pattern": 2, "mm_tokens_per_image": 4},
+}  # fmt: skip
+_SLOT = {"gemma3": "<start_of_image>"}  # what the chat template writes for an image; else "<image>"
 
 
-def _make_llama_vision(out: Path, kind: str, seed: int, sensitive: bool) -> Path:
-    """A llama language model under a family's vision tower, saved with the family's processor."""
+def _make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path:
+    """A small language model under a family's vision tower, saved with the family's processor."""
     import mlx.core as mx
 
     specials, vision, top, image_processor, processor = _VISION[kind]
-    vocab = build_tokenizer(out, extra=specials, template=LLAVA_TEMPLATE)
+    template = CHAT_TEMPLATE.replace(
+        "<|vision_start|><|image_pad|><|vision_end|>", _SLOT.get(kind, "<image>")
+    )
+    named = (
+        dict(zip(("image_token", "boi_token", "eoi_token"), specials, strict=True))
+        if kind == "gemma3"
+        else None
+    )
+    vocab = build_tokenizer(out, extra=specials, template=template, named=named)
     ids = _token_ids(out)
-    text = {"model_type": "llama", **_text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16}
+    text = {**_text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16, **_TEXT[kind]}
     config = {
         "model_type": kind, "text_config": text, "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"],
         "tie_word_embeddings": True,
@@ -382,7 +408,7 @@ def _make_llama_vision(out: Path, kind: str, seed: int, sensitive: bool) -> Path
               "do_convert_rgb": True, "resample": 3}  # fmt: skip
     _write_json(out / "preprocessor_config.json", {**common, **image_processor})
     _write_json(out / "processor_config.json", processor)
-    _write_json(out / "chat_template.json", {"chat_template": LLAVA_TEMPLATE})
+    _write_json(out / "chat_template.json", {"chat_template": template})
     _write_generation_config(out, ids)
     return out
 

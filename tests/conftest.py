@@ -100,11 +100,13 @@ def sensitive_vlm(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def offset_families(tmp_path_factory) -> dict[str, Path]:
-    """Tiny llava and SmolVLM checkpoints (positions from the cache offsets, their own processors)."""
+    """Tiny llava, SmolVLM and Gemma 3 (positions from the cache offsets, their own processors)."""
     from batchgen.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("models")
-    return {kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in ("llava", "smolvlm")}
+    return {
+        kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in ("llava", "smolvlm", "gemma3")
+    }
 
 
 @pytest.fixture(scope="session")

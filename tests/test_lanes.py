@@ -185,7 +185,7 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
         assert outputs["default"][f"v{k}"] == (_text(processor, ref), len(ref.token_ids))
 
 
-@pytest.mark.parametrize("family", ["llava", "smolvlm"])
+@pytest.mark.parametrize("family", ["llava", "smolvlm", "gemma3"])
 def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, family):
     """llava (its processor mended for transformers 5) and SmolVLM on the offset-positioned
     batched lane: a shared image under different system prompts, other images, mixed budgets,
@@ -229,7 +229,8 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     texts = set()
     for n, row in enumerate(rows):
         system = f"<|im_start|>system\n{row['system']}<|im_end|>\n" if "system" in row else ""
-        prompt = f"{system}<|im_start|>user\n<image>{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+        slot = "<start_of_image>" if family == "gemma3" else "<image>"
+        prompt = f"{system}<|im_start|>user\n{slot}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
         budget = row["max_tokens"]
         ref = mlx_vlm.generate(
             model, processor, prompt, image=[pictures[n % 3]], max_tokens=budget, temperature=0.0

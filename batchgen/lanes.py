@@ -242,12 +242,29 @@ def _tower(model: Any, pixels: Any, grid: Any) -> Any:
     return out[0] if isinstance(out, tuple) else out
 
 
+def _media_blocks(ids: list[int], image_id: int, specials: set[int], gap: int = 4) -> list[tuple[int, int]]:
+    """(start, end) of each image's tokens in a prompt: runs of the image token, joined across
+    a few special tokens between them (Pixtral's row breaks, a tile's markers), so that no
+    prefix boundary falls inside an image."""
+    blocks: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t != image_id:
+            continue
+        if blocks and blocks[-1][1] == i:
+            blocks[-1] = (blocks[-1][0], i + 1)
+        elif blocks and i - blocks[-1][1] <= gap and all(x in specials for x in ids[blocks[-1][1] : i]):
+            blocks[-1] = (blocks[-1][0], i + 1)
+        else:
+            blocks.append((i, i + 1))
+    return blocks
+
+
 class OffsetVisionLane(_Batched):
     """Image rows of families whose language model takes positions from the cache offsets:
     batched, with prefix reuse; a prefix never ends inside an image's tokens."""
 
     name = "vlm-offset"
-    FAMILIES = {"llava", "smolvlm", "idefics3", "gemma3"}
+    FAMILIES = {"llava", "smolvlm", "idefics3", "gemma3", "mistral3"}
 
     def plan(self, job: Job, media: Media) -> Plan:
         from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
@@ -264,14 +281,11 @@ class OffsetVisionLane(_Batched):
         )  # fmt: skip
         ids = inputs["input_ids"][0].tolist()
         check_length(prompt, ids, self.info)
-        starts = [i for i, t in enumerate(ids) if t == image_id and (i == 0 or ids[i - 1] != image_id)]
-        ends = [
-            i + 1
-            for i, t in enumerate(ids)
-            if t == image_id and (i + 1 == len(ids) or ids[i + 1] != image_id)
-        ]
+        tokenizer = getattr(processor, "tokenizer", processor)
+        blocks = _media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
+        starts, ends = [a for a, _ in blocks], [b for _, b in blocks]
         digests = list(media.image_digests)
-        # Adjacent images can make one run of image tokens: then every image keys from its start.
+        # Adjacent images can make one block: then every image keys from the first one's start.
         owners = starts if len(starts) == len(digests) else [starts[0]] * len(digests) if starts else []
         keyed = self._keys(ids, sorted({*starts, *ends}), list(zip(owners, digests, strict=True)))
         embed = self._embedder(model, inputs, ids, image_id) if media.images else None

@@ -152,12 +152,14 @@ def _save_weights(model, out_dir: Path) -> None:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-KINDS = ("lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3")
+KINDS = ("lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3", "mistral3")
 
 
 def make_tiny_model(
     out_dir: str | Path,
-    kind: Literal["lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3"] = "vlm",
+    kind: Literal[
+        "lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3", "mistral3"
+    ] = "vlm",
     seed: int = 0,
     image_size: int = 56,
     hidden: int | None = None,
@@ -288,7 +290,7 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 
     from mlx_vlm import convert
 
-    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm", "gemma3"):
+    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm", "gemma3", "mistral3"):
         raise ValueError("only the vlm and llava kinds are quantized here")
     with tempfile.TemporaryDirectory() as tmp:
         source = make_tiny_model(Path(tmp) / "float", **build)
@@ -364,14 +366,30 @@ _VISION = {
          "image_std": [0.5, 0.5, 0.5]},
         {"processor_class": "Gemma3Processor", "image_seq_length": 4},
     ),
+    "mistral3": (  # Pixtral vision: [IMG] tokens in rows ended by [IMG_BREAK], then [IMG_END]
+        ("[IMG]", "[IMG_BREAK]", "[IMG_END]"),
+        {"model_type": "pixtral", "head_dim": 16, "rope_theta": 10000.0},
+        {"image_token_index": "[IMG]", "spatial_merge_size": 2, "vision_feature_layer": -1,
+         "multimodal_projector_bias": False},
+        {"image_processor_type": "PixtralImageProcessor", "processor_class": "PixtralProcessor",
+         "size": {"longest_edge": 32}, "patch_size": {"height": 8, "width": 8},
+         "image_mean": [0.48145466, 0.4578275, 0.40821073],
+         "image_std": [0.26862954, 0.26130258, 0.27577711]},
+        {"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2,
+         "image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"},
+    ),
 }  # fmt: skip
 _TEXT = {  # the language model under each family's vision tower
     "llava": {"model_type": "llama"},
     "smolvlm": {"model_type": "llama"},
     "gemma3": {"model_type": "gemma3_text", "query_pre_attn_scalar": 16, "sliding_window": 512,
                "sliding_window_pattern": 2, "mm_tokens_per_image": 4},
+    "mistral3": {"model_type": "mistral", "rope_theta": 10000.0},
 }  # fmt: skip
-_SLOT = {"gemma3": "<start_of_image>"}  # what the chat template writes for an image; else "<image>"
+_SLOT = {
+    "gemma3": "<start_of_image>",
+    "mistral3": "[IMG]",
+}  # what the chat template writes for an image; else "<image>"
 
 
 def _make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path:

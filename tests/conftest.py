@@ -100,13 +100,12 @@ def sensitive_vlm(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def offset_families(tmp_path_factory) -> dict[str, Path]:
-    """Tiny llava, SmolVLM and Gemma 3 (positions from the cache offsets, their own processors)."""
+    """Tiny llava, SmolVLM, Gemma 3 and Mistral 3 (positions from the cache offsets, own processors)."""
     from batchgen.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("models")
-    return {
-        kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in ("llava", "smolvlm", "gemma3")
-    }
+    kinds = ("llava", "smolvlm", "gemma3", "mistral3")
+    return {kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in kinds}
 
 
 @pytest.fixture(scope="session")

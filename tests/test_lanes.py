@@ -185,11 +185,12 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
         assert outputs["default"][f"v{k}"] == (_text(processor, ref), len(ref.token_ids))
 
 
-@pytest.mark.parametrize("family", ["llava", "smolvlm", "gemma3"])
+@pytest.mark.parametrize("family", ["llava", "smolvlm", "gemma3", "mistral3"])
 def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, family):
-    """llava (its processor mended for transformers 5) and SmolVLM on the offset-positioned
-    batched lane: a shared image under different system prompts, other images, mixed budgets,
-    slots refilled; the same with cache and batching off; each row as mlx-vlm generates it."""
+    """llava (its processor mended for transformers 5), SmolVLM, Gemma 3 and Mistral 3 on the
+    offset-positioned batched lane: a shared image under different system prompts, other
+    images, mixed budgets, slots refilled; the same with cache and batching off; each row as
+    mlx-vlm generates it."""
     model_dir = offset_families[family]
     import mlx_vlm
 
@@ -229,7 +230,7 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     texts = set()
     for n, row in enumerate(rows):
         system = f"<|im_start|>system\n{row['system']}<|im_end|>\n" if "system" in row else ""
-        slot = "<start_of_image>" if family == "gemma3" else "<image>"
+        slot = {"gemma3": "<start_of_image>", "mistral3": "[IMG]"}.get(family, "<image>")
         prompt = f"{system}<|im_start|>user\n{slot}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
         budget = row["max_tokens"]
         ref = mlx_vlm.generate(
@@ -301,3 +302,12 @@ def test_rows_that_cannot_batch_are_counted_once_per_reason(workdir):
     assert output.count("2 rows one at a time (qwen2_vl: rows with images beside a video)") == 1
     stats = json.loads(out.with_name(out.name + ".stats.json").read_text())
     assert stats["one_at_a_time"] == {"qwen2_vl: rows with images beside a video": 2}
+
+
+def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
+    from batchgen.lanes import _media_blocks
+
+    IMG, BREAK, END, TEXT = 7, 8, 9, 100
+    ids = [1, IMG, IMG, BREAK, IMG, IMG, END, TEXT, TEXT, IMG, IMG, BREAK, IMG, IMG, END, TEXT]
+    assert _media_blocks(ids, IMG, {BREAK, END, 1}) == [(1, 6), (9, 14)]
+    assert _media_blocks([IMG, TEXT, IMG], IMG, {BREAK}) == [(0, 1), (2, 3)]  # text between: two images

@@ -239,7 +239,7 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
     lm: qwen2 text model; vlm: qwen2_vl; qwen2_5_vl; text-draft: a smaller qwen2 draft for lm;
     mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp drafter); llava: llava
     (llama + CLIP); smolvlm: SmolVLM (llama + SigLIP-like, pixel shuffle); gemma3: Gemma 3;
-    mistral3: Mistral 3 (Pixtral vision)."""
+    mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL (qwen3 text)."""
     from .tiny import make_tiny_model as build
 
     build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)  # type: ignore[arg-type]

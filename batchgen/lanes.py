@@ -264,7 +264,7 @@ class OffsetVisionLane(_Batched):
     batched, with prefix reuse; a prefix never ends inside an image's tokens."""
 
     name = "vlm-offset"
-    FAMILIES = {"llava", "smolvlm", "idefics3", "gemma3", "mistral3"}
+    FAMILIES = {"llava", "smolvlm", "idefics3", "gemma3", "mistral3", "internvl_chat"}
 
     def plan(self, job: Job, media: Media) -> Plan:
         from mlx_vlm.utils import prepare_inputs, should_add_special_tokens

@@ -36,12 +36,16 @@ def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def template_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Media parts as the chat templates expect them: `{"type": "image"}` and friends."""
+    """Media parts as the chat templates expect them: `{"type": "image"}` and friends. A text
+    part also carries its text as `content`: some templates read that key (mlx-vlm's InternVL
+    processor brings its own template, which would drop every question otherwise)."""
     out = []
     for m in messages:
         content = m["content"]
         if not isinstance(content, str):
-            content = [p if p["type"] == "text" else {"type": p["type"]} for p in content]
+            content = [
+                {**p, "content": p["text"]} if p["type"] == "text" else {"type": p["type"]} for p in content
+            ]
         out.append({"role": m["role"], "content": content})
     return out
 

@@ -152,7 +152,18 @@ def _save_weights(model, out_dir: Path) -> None:
     mx.save_safetensors(str(out_dir / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-KINDS = ("lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3", "mistral3")
+KINDS = (
+    "lm",
+    "vlm",
+    "qwen2_5_vl",
+    "text-draft",
+    "mtp-pair",
+    "llava",
+    "smolvlm",
+    "gemma3",
+    "mistral3",
+    "internvl_chat",
+)
 
 
 def make_tiny_model(
@@ -290,7 +301,7 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 
     from mlx_vlm import convert
 
-    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm", "gemma3", "mistral3"):
+    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm", "gemma3", "mistral3", "internvl_chat"):
         raise ValueError("only the vlm and llava kinds are quantized here")
     with tempfile.TemporaryDirectory() as tmp:
         source = make_tiny_model(Path(tmp) / "float", **build)
@@ -378,6 +389,14 @@ _VISION = {
         {"processor_class": "PixtralProcessor", "patch_size": 8, "spatial_merge_size": 2,
          "image_token": "[IMG]", "image_break_token": "[IMG_BREAK]", "image_end_token": "[IMG_END]"},
     ),
+    "internvl_chat": (  # the processor turns the template's <image> into <img><IMG_CONTEXT>...</img>
+        ("<img>", "</img>", "<IMG_CONTEXT>"),
+        {"model_type": "intern_vit_6b"},
+        {"image_token_index": "<IMG_CONTEXT>", "downsample_ratio": 0.5, "max_dynamic_patch": 1,
+         "use_thumbnail": False, "force_image_size": 32},
+        {"image_processor_type": "InternVLImageProcessor", "size": 32},
+        {"num_image_token": 4, "image_size": 32, "patch_size": 8, "downsample_ratio": 0.5},
+    ),
 }  # fmt: skip
 _TEXT = {  # the language model under each family's vision tower
     "llava": {"model_type": "llama"},
@@ -385,6 +404,7 @@ _TEXT = {  # the language model under each family's vision tower
     "gemma3": {"model_type": "gemma3_text", "query_pre_attn_scalar": 16, "sliding_window": 512,
                "sliding_window_pattern": 2, "mm_tokens_per_image": 4},
     "mistral3": {"model_type": "mistral", "rope_theta": 10000.0},
+    "internvl_chat": {"model_type": "qwen3"},
 }  # fmt: skip
 _SLOT = {
     "gemma3": "<start_of_image>",

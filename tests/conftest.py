@@ -100,11 +100,11 @@ def sensitive_vlm(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def offset_families(tmp_path_factory) -> dict[str, Path]:
-    """Tiny llava, SmolVLM, Gemma 3 and Mistral 3 (positions from the cache offsets, own processors)."""
+    """Tiny llava, SmolVLM, Gemma 3, Mistral 3, InternVL (positions from the cache offsets)."""
     from batchgen.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("models")
-    kinds = ("llava", "smolvlm", "gemma3", "mistral3")
+    kinds = ("llava", "smolvlm", "gemma3", "mistral3", "internvl_chat")
     return {kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in kinds}
 
 

@@ -185,14 +185,15 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
         assert outputs["default"][f"v{k}"] == (_text(processor, ref), len(ref.token_ids))
 
 
-@pytest.mark.parametrize("family", ["llava", "smolvlm", "gemma3", "mistral3"])
+@pytest.mark.parametrize("family", ["llava", "smolvlm", "gemma3", "mistral3", "internvl_chat"])
 def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, family):
-    """llava (its processor mended for transformers 5), SmolVLM, Gemma 3 and Mistral 3 on the
-    offset-positioned batched lane: a shared image under different system prompts, other
+    """llava (its processor mended for transformers 5), SmolVLM, Gemma 3, Mistral 3 and InternVL
+    on the offset-positioned batched lane: a shared image under different system prompts, other
     images, mixed budgets, slots refilled; the same with cache and batching off; each row as
     mlx-vlm generates it."""
     model_dir = offset_families[family]
     import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
 
     from batchgen.engine import _mend_processor
 
@@ -229,9 +230,13 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     pictures = [Image.open(tmp_path / f"p{k}.png").convert("RGB") for k in range(3)]
     texts = set()
     for n, row in enumerate(rows):
-        system = f"<|im_start|>system\n{row['system']}<|im_end|>\n" if "system" in row else ""
-        slot = {"gemma3": "<start_of_image>", "mistral3": "[IMG]"}.get(family, "<image>")
-        prompt = f"{system}<|im_start|>user\n{slot}{QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+        # The prompt as the checkpoint's processor renders it (mlx-vlm's InternVL processor
+        # brings its own template); media first, as batchgen puts them.
+        user = [{"type": "image"}, {"type": "text", "text": QUESTION, "content": QUESTION}]
+        turns = ([{"role": "system", "content": row["system"]}] if "system" in row else []) + [
+            {"role": "user", "content": user}
+        ]
+        prompt = get_chat_template(processor, turns, True)
         budget = row["max_tokens"]
         ref = mlx_vlm.generate(
             model, processor, prompt, image=[pictures[n % 3]], max_tokens=budget, temperature=0.0

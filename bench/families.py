@@ -31,20 +31,29 @@ QUESTIONS = [
     "Is it busy or calm?",
 ]
 SYSTEM = "You look at each picture and answer the question about it in one short sentence. " * 8
-KINDS = {"vlm": "qwen2_vl", "qwen3_5": "qwen3_5", "llava": "llava", "smolvlm": "smolvlm"}
-SLOT = {"llava": "<image>", "smolvlm": "<image>"}  # the others: Qwen's vision block
+KINDS = {
+    "vlm": "qwen2_vl",
+    "qwen2_5_vl": "qwen2_5_vl",
+    "qwen3_5": "qwen3_5",
+    "llava": "llava",
+    "smolvlm": "smolvlm",
+    "gemma3": "gemma3",
+    "mistral3": "mistral3",
+    "internvl_chat": "internvl_chat",
+}
 
 
 def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, bool]:
     import mlx_vlm
     import pyarrow.parquet as pq
+    from mlx_vlm.prompt_utils import get_chat_template
 
     from batchgen.engine import _mend_processor
 
     if kind == "qwen3_5":  # the tiny Qwen3.5 (16 tokens an image) is the target of the MTP pair
         model_dir = make_tiny_model(folder / kind, "mtp-pair", sensitive=True) / "target"
-    else:  # qwen2_vl at 112² pixels: 16 tokens an image, as the llava checkpoint has
-        shape = {"image_size": 112} if kind == "vlm" else {}
+    else:  # the Qwen-VLs at 112² pixels: 16 tokens an image, as the llava checkpoint has
+        shape = {"image_size": 112} if kind in ("vlm", "qwen2_5_vl") else {}
         model_dir = make_tiny_model(folder / kind, kind, sensitive=True, **shape)
     rows = [{"id": f"{i}-{k}", "image": str(p), "system": SYSTEM, "prompt": q}
             for i, p in enumerate(paths) for k, q in enumerate(QUESTIONS)]  # fmt: skip
@@ -55,10 +64,11 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
     _mend_processor(processor)  # llava's processor fails under transformers 5 without it
     images = [Image.open(p).convert("RGB") for p in paths]
 
-    def prompt(q: str) -> str:
-        slot = SLOT.get(kind, "<|vision_start|><|image_pad|><|vision_end|>")
-        return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{slot}{q}<|im_end|>\n"
-                "<|im_start|>assistant\n")  # fmt: skip
+    def prompt(q: str) -> str:  # as batchgen renders it: the checkpoint's processor's template, media first
+        user = [{"type": "image"}, {"type": "text", "text": q, "content": q}]
+        return get_chat_template(
+            processor, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], True
+        )
 
     mlx_vlm.generate(model, processor, prompt("warm up"), image=[images[0]], max_tokens=2)
     t0 = time.perf_counter()

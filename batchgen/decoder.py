@@ -42,7 +42,9 @@ class Sequence:
     ids: list[int]
     params: GenParams
     boundaries: list[tuple[int, str]] = field(default_factory=list)  # (prefix length, cache key)
-    embed: Callable[[int, int], mx.array] | None = None  # embeddings of ids[a:b] (media rows)
+    embed: Callable[[int, int], Any] | None = (
+        None  # embeddings of ids[a:b] (media rows), maybe with LM kwargs
+    )
     positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
     capped: bool = False  # max_tokens was lowered to fit the model's context
@@ -119,9 +121,9 @@ class VLMAdapter(Adapter):
 
     def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
         ids = mx.array(seq.ids[a:b])[None]
-        embeds = seq.embed(a, b) if seq.embed is not None else None
+        embeds, extra = _embedded(seq, a, b)
         positions = seq.positions[:, :, a:b] if seq.positions is not None else None
-        out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions)
+        out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **extra)
         return out.logits[:, -1]
 
     def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
@@ -132,14 +134,21 @@ class VLMAdapter(Adapter):
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
 
+def _embedded(seq: Sequence, a: int, b: int) -> tuple[mx.array | None, dict[str, Any]]:
+    """A slice's embeddings and what else the language model takes with them (Qwen3-VL's
+    DeepStack features and their positions, for a slice holding media)."""
+    out = seq.embed(a, b) if seq.embed is not None else None
+    return out if isinstance(out, tuple) else (out, {})
+
+
 class OffsetVLMAdapter(VLMAdapter):
     """mlx-vlm language models that take positions from the cache offsets (llava and most
     families but Qwen's): a slice holding media tokens gets the merged embeddings from the
     caller's `embed`, any other slice is embedded by the model itself."""
 
     def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
-        embeds = seq.embed(a, b) if seq.embed is not None else None
-        return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache).logits[:, -1]
+        embeds, extra = _embedded(seq, a, b)
+        return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache, **extra).logits[:, -1]
 
     def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
         return self.lm(tokens[:, None], cache=cache).logits[:, -1]

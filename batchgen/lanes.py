@@ -3,7 +3,7 @@
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse;
-- `VisionLane`: Qwen2/2.5-VL and Qwen3.5 image or video rows, batched, with prefix and
+- `VisionLane`: Qwen2/2.5/3-VL and Qwen3.5 image or video rows, batched, with prefix and
   vision-feature reuse;
 - `OffsetVisionLane`: image rows of families positioned by the cache offsets (llava, SmolVLM),
   batched, with prefix reuse;
@@ -150,10 +150,11 @@ class TextLane(_Batched):
 
 class VisionLane(_Batched):
     """Qwen-VL families (and Qwen3.5, whose linear-attention caches batch too): the language
-    model takes explicit (mRoPE) position ids."""
+    model takes explicit (mRoPE) position ids; Qwen3-VL also takes DeepStack features."""
 
     name = "vlm"
-    FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_5"}
+    FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_vl"}
+    DEEPSTACK = {"qwen3_vl"}  # vision features also feed early language layers
 
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
         super().__init__(models, info, prefixes)
@@ -205,6 +206,7 @@ class VisionLane(_Batched):
         media_ids = {model.config.image_token_id, getattr(model.config, "video_token_id", None)}
         lm = model.language_model
         video = inputs.get("pixel_values_videos") is not None and inputs.get("pixel_values") is None
+        deepstack = model.config.model_type in VisionLane.DEEPSTACK
 
         def embed(a: int, b: int):
             import mlx.core as mx
@@ -214,18 +216,27 @@ class VisionLane(_Batched):
             if not full:
                 kind = "video" if video else "image"
                 pixels = inputs["pixel_values_videos" if video else "pixel_values"]
-                grid = inputs[f"{kind}_grid_thw"]
-                dtype = model.vision_tower.patch_embed.proj.weight.dtype
-                features = self._features.get(
-                    (kind, *digests), lambda: _tower(model, pixels.astype(dtype), grid)
-                )
                 given = {"pixel_values_videos": pixels} if video else {"pixel_values": pixels}
+                grid = inputs[f"{kind}_grid_thw"]
+                if not deepstack:
+                    dtype = model.vision_tower.patch_embed.proj.weight.dtype
+                    given["cached_image_features"] = self._features.get(
+                        (kind, *digests), lambda: _tower(model, pixels.astype(dtype), grid)
+                    )
                 out = model.get_input_embeddings(
-                    inputs["input_ids"], mask=inputs.get("attention_mask"), cached_image_features=features,
-                    **given, **{f"{kind}_grid_thw": grid},
-                )  # fmt: skip
-                full.append(out.inputs_embeds)
-            return full[0][:, a:b]
+                    inputs["input_ids"],
+                    mask=inputs.get("attention_mask"),
+                    **given,
+                    **{f"{kind}_grid_thw": grid},
+                )
+                # DeepStack features come from the tower's own run (not from cached features); the
+                # language model aligns them with each slice it is given, by its cache offset.
+                extra = {k: getattr(out, k, None) for k in ("visual_pos_masks", "deepstack_visual_embeds")}
+                full.append(
+                    (out.inputs_embeds, {k: v for k, v in extra.items() if v is not None and deepstack})
+                )
+            embeds, extra = full[0]
+            return (embeds[:, a:b], extra) if extra else embeds[:, a:b]
 
         return embed
 

@@ -220,6 +220,8 @@ def make_tiny_model(
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
         config.update(_text_config(vocab, ids, hidden=hidden or 128, layers=layers or 4, heads=4))
         model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+    elif kind == "qwen3_vl":
+        return _make_qwen3_vl(out, vocab, ids, sensitive)
     elif kind in ("vlm", "qwen2_5_vl"):
         from mlx_vlm.models import qwen2_vl
 
@@ -307,6 +309,42 @@ def _quantized(out: Path, bits: int, **build) -> Path:
         source = make_tiny_model(Path(tmp) / "float", **build)
         shutil.rmtree(out, ignore_errors=True)
         convert(str(source), mlx_path=str(out), quantize=True, q_bits=bits, q_group_size=32)
+    return out
+
+
+def _make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool) -> Path:
+    """A tiny Qwen3-VL: interleaved mRoPE, 16-pixel patches, DeepStack features from the
+    first vision block fed to the first language layer (4 tokens per 64² image)."""
+    import mlx.core as mx
+
+    rope = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}
+    text = {"model_type": "qwen3_vl_text", **_text_config(vocab, ids, hidden=64, layers=2, heads=4),
+            "head_dim": 16, "rope_theta": 10000.0, "rope_scaling": rope}  # fmt: skip
+    config = {
+        "model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"], "text_config": text,
+        "vision_config": {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+                          "out_hidden_size": 64, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
+                          "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
+                          "deepstack_visual_indexes": [0]},
+        "image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
+        "eos_token_id": ids["<|im_end|>"], "tie_word_embeddings": True, "vocab_size": vocab,
+    }  # fmt: skip
+    model = _build_vlm(config)
+    if sensitive:
+        _sharpen(model)
+    mx.eval(model.parameters())
+    _save_weights(model, out)
+    _write_json(out / "config.json", config)
+    side = 64
+    _write_json(
+        out / "preprocessor_config.json",
+        {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
+         "min_pixels": side * side, "max_pixels": side * side, "patch_size": 16, "temporal_patch_size": 2,
+         "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+    )  # fmt: skip
+    _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    _write_generation_config(out, ids)
     return out
 
 

@@ -134,3 +134,11 @@ def sensitive_qwen2_5(tmp_path_factory) -> Path:
     from batchgen.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen2_5_vl", "qwen2_5_vl", sensitive=True)
+
+
+@pytest.fixture(scope="session")
+def sensitive_qwen3_vl(tmp_path_factory) -> Path:
+    """A tiny Qwen3-VL (interleaved mRoPE, DeepStack) that tells images apart."""
+    from batchgen.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen3_vl", "qwen3_vl", sensitive=True)

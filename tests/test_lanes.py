@@ -138,7 +138,9 @@ def test_vision_rows_joining_a_running_batch_keep_their_own_positions(tmp_path, 
     assert got == want
 
 
-@pytest.mark.parametrize("family", ["sensitive_vlm", "sensitive_qwen2_5", "sensitive_qwen3_5"])
+@pytest.mark.parametrize(
+    "family", ["sensitive_vlm", "sensitive_qwen2_5", "sensitive_qwen3_5", "sensitive_qwen3_vl"]
+)
 def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, family):
     """Several questions per clip (the captioning pattern) on the batched lane: the clip's
     prefix is computed once, and each row's greedy output is mlx-vlm's for that row alone."""
@@ -246,18 +248,22 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     assert len(texts) >= 7  # outputs vary per row and per image: a position bug would show
 
 
-@pytest.mark.parametrize("kind", ["vlm", "llava", "smolvlm", "qwen3_5", "qwen2_5_vl"])
+@pytest.mark.parametrize("kind", ["vlm", "llava", "smolvlm", "qwen3_5", "qwen2_5_vl", "qwen3_vl"])
 def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, kind):
-    """4-bit checkpoints of three families, Qwen3.5 (linear-attention caches) and Qwen2.5-VL:
+    """4-bit checkpoints of three families, Qwen3.5 (linear-attention caches), Qwen2.5-VL and
+    Qwen3-VL (DeepStack):
     different images, mixed budgets, two slots refilled; each row as mlx-vlm generates it."""
     import mlx_vlm
 
     from batchgen.engine import _mend_processor
 
-    if kind in ("qwen3_5", "qwen2_5_vl"):
-        model_dir = request.getfixturevalue(
-            {"qwen3_5": "sensitive_qwen3_5", "qwen2_5_vl": "sensitive_qwen2_5"}[kind]
-        )
+    float_ones = {
+        "qwen3_5": "sensitive_qwen3_5",
+        "qwen2_5_vl": "sensitive_qwen2_5",
+        "qwen3_vl": "sensitive_qwen3_vl",
+    }
+    if kind in float_ones:
+        model_dir = request.getfixturevalue(float_ones[kind])
     else:
         model_dir = request.getfixturevalue("quantized")[kind]
     rng = np.random.default_rng(9)

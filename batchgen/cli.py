@@ -225,7 +225,18 @@ def validate(job_file: Path, fmt: str | None) -> None:
 @click.option(
     "--kind",
     type=click.Choice(
-        ["lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3", "mistral3"]
+        [
+            "lm",
+            "vlm",
+            "qwen2_5_vl",
+            "text-draft",
+            "mtp-pair",
+            "llava",
+            "llava_next",
+            "smolvlm",
+            "gemma3",
+            "mistral3",
+        ]
     ),
     default="vlm",
     show_default=True,
@@ -238,8 +249,8 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
 
     lm: qwen2 text model; vlm: qwen2_vl; qwen2_5_vl; qwen3_vl; text-draft: a smaller qwen2 draft for lm;
     mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp drafter); llava: llava
-    (llama + CLIP); smolvlm: SmolVLM (llama + SigLIP-like, pixel shuffle); gemma3: Gemma 3;
-    mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL (qwen3 text)."""
+    (llama + CLIP); llava_next: LLaVA-NeXT; smolvlm: SmolVLM (llama + SigLIP-like, pixel shuffle);
+    gemma3: Gemma 3; mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL (qwen3 text)."""
     from .tiny import make_tiny_model as build
 
     build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)  # type: ignore[arg-type]

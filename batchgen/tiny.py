@@ -169,7 +169,17 @@ KINDS = (
 def make_tiny_model(
     out_dir: str | Path,
     kind: Literal[
-        "lm", "vlm", "qwen2_5_vl", "text-draft", "mtp-pair", "llava", "smolvlm", "gemma3", "mistral3"
+        "lm",
+        "vlm",
+        "qwen2_5_vl",
+        "qwen3_vl",
+        "text-draft",
+        "mtp-pair",
+        "llava",
+        "llava_next",
+        "smolvlm",
+        "gemma3",
+        "mistral3",
     ] = "vlm",
     seed: int = 0,
     image_size: int = 56,
@@ -303,7 +313,16 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 
     from mlx_vlm import convert
 
-    if build["kind"] not in ("vlm", "qwen2_5_vl", "llava", "smolvlm", "gemma3", "mistral3", "internvl_chat"):
+    if build["kind"] not in (
+        "vlm",
+        "qwen2_5_vl",
+        "llava",
+        "llava_next",
+        "smolvlm",
+        "gemma3",
+        "mistral3",
+        "internvl_chat",
+    ):
         raise ValueError("only the vlm and llava kinds are quantized here")
     with tempfile.TemporaryDirectory() as tmp:
         source = make_tiny_model(Path(tmp) / "float", **build)
@@ -396,6 +415,19 @@ _VISION = {
         {"processor_class": "LlavaProcessor", "patch_size": 8, "image_token": "<image>",
          "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1},
     ),
+    "llava_next": (  # one 32² tile (the grid's only pinpoint) plus the base image, rows ended by a newline
+        ("<image>",),
+        {"model_type": "clip_vision_model", "projection_dim": 32},
+        {"image_token_index": "<image>", "vision_feature_select_strategy": "default",
+         "vision_feature_layer": -2, "projector_hidden_act": "gelu", "image_grid_pinpoints": [[32, 32]]},
+        {"image_processor_type": "LlavaNextImageProcessor", "processor_class": "LlavaNextProcessor",
+         "size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}, "do_center_crop": True,
+         "image_grid_pinpoints": [[32, 32]], "do_pad": True,
+         "image_mean": [0.48145466, 0.4578275, 0.40821073],
+         "image_std": [0.26862954, 0.26130258, 0.27577711]},
+        {"processor_class": "LlavaNextProcessor", "patch_size": 8, "image_token": "<image>",
+         "vision_feature_select_strategy": "default", "num_additional_image_tokens": 1},
+    ),
     "smolvlm": (
         ("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"),
         {"model_type": "smolvlm_vision"},
@@ -439,6 +471,7 @@ _VISION = {
 _TEXT = {  # the language model under each family's vision tower
     "llava": {"model_type": "llama"},
     "smolvlm": {"model_type": "llama"},
+    "llava_next": {"model_type": "llama"},
     "gemma3": {"model_type": "gemma3_text", "query_pre_attn_scalar": 16, "sliding_window": 512,
                "sliding_window_pattern": 2, "mm_tokens_per_image": 4},
     "mistral3": {"model_type": "mistral", "rope_theta": 10000.0},

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .errors import BatchgenError
+from .tiny import KINDS
 
 __all__ = ["main"]
 
@@ -224,26 +225,13 @@ def validate(job_file: Path, fmt: str | None) -> None:
 @click.argument("out_dir", type=click.Path(path_type=Path))
 @click.option(
     "--kind",
-    type=click.Choice(
-        [
-            "lm",
-            "vlm",
-            "qwen2_5_vl",
-            "text-draft",
-            "mtp-pair",
-            "llava",
-            "llava_next",
-            "smolvlm",
-            "gemma3",
-            "mistral3",
-        ]
-    ),
+    type=click.Choice(KINDS),
     default="vlm",
     show_default=True,
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--sensitive", is_flag=True, help="Outputs that vary with every input (for tests).")
-@click.option("--bits", type=click.Choice(["4", "8"]), help="Quantize the language model (vlm, llava).")
+@click.option("--bits", type=click.Choice(["4", "8"]), help="Quantize the language model (vision kinds).")
 def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: str | None) -> None:
     """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
 

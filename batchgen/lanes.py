@@ -148,7 +148,37 @@ class TextLane(_Batched):
         return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode
 
 
-class VisionLane(_Batched):
+class _MediaLane(_Batched):
+    """Batched mlx-vlm lanes: the row's prompt as the checkpoint's processor renders and
+    expands it, decoded by the lane's adapter."""
+
+    adapter: type[VLMAdapter] = VLMAdapter
+
+    def _inputs(self, job: Job, media: Media) -> tuple[Any, Any, dict, list[int]]:
+        """(model, processor, the processor's inputs, the prompt's token ids)."""
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+        model, processor = self.models.vlm()
+        messages = template_parts(job.messages) if media else text_only(job.messages)
+        prompt = apply_template(processor, messages, job.params.chat_template_kwargs)
+        check_length(prompt, None, self.info)
+        inputs = prepare_inputs(
+            processor, images=media.images or None, videos=media.videos or None, prompts=prompt,
+            image_token_index=getattr(model.config, "image_token_index", None),
+            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+        )  # fmt: skip
+        ids = inputs["input_ids"][0].tolist()
+        check_length(prompt, ids, self.info)
+        return model, processor, inputs, ids
+
+    def _engine(self):
+        model, processor = self.models.vlm()
+        tokenizer = getattr(processor, "tokenizer", processor)
+        tokenizer.stopping_criteria.reset(model.config.eos_token_id)
+        return self.adapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
+
+
+class VisionLane(_MediaLane):
     """Qwen-VL families (and Qwen3.5, whose linear-attention caches batch too): the language
     model takes explicit (mRoPE) position ids; Qwen3-VL also takes DeepStack features."""
 
@@ -162,24 +192,10 @@ class VisionLane(_Batched):
 
     def plan(self, job: Job, media: Media) -> Plan:
         import mlx.core as mx
-        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
-        model, processor = self.models.vlm()
+        model, _, inputs, ids = self._inputs(job, media)
         p = job.params
-        messages = template_parts(job.messages) if media else text_only(job.messages)
-        prompt = apply_template(processor, messages, p.chat_template_kwargs)
-        check_length(prompt, None, self.info)
-        inputs = prepare_inputs(
-            processor,
-            images=media.images or None,
-            videos=media.videos or None,
-            prompts=prompt,
-            image_token_index=getattr(model.config, "image_token_index", None),
-            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
-        )
         input_ids = inputs["input_ids"]
-        ids = input_ids[0].tolist()
-        check_length(prompt, ids, self.info)
         lm = model.language_model
         image_grid, video_grid = inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
         if media.images or media.videos:
@@ -240,12 +256,6 @@ class VisionLane(_Batched):
 
         return embed
 
-    def _engine(self):
-        model, processor = self.models.vlm()
-        tokenizer = getattr(processor, "tokenizer", processor)
-        tokenizer.stopping_criteria.reset(model.config.eos_token_id)
-        return VLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
-
 
 def _tower(model: Any, pixels: Any, grid: Any) -> Any:
     """The vision tower's features; Qwen3.5's tower also returns what only its drafters use."""
@@ -270,28 +280,18 @@ def _media_blocks(ids: list[int], image_id: int, specials: set[int], gap: int = 
     return blocks
 
 
-class OffsetVisionLane(_Batched):
+class OffsetVisionLane(_MediaLane):
     """Image rows of families whose language model takes positions from the cache offsets:
     batched, with prefix reuse; a prefix never ends inside an image's tokens."""
 
     name = "vlm-offset"
+    adapter = OffsetVLMAdapter
     FAMILIES = {"llava", "smolvlm", "idefics3", "gemma3", "mistral3", "internvl_chat"}
 
     def plan(self, job: Job, media: Media) -> Plan:
-        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
-
-        model, processor = self.models.vlm()
+        model, processor, inputs, ids = self._inputs(job, media)
         p = job.params
-        messages = template_parts(job.messages) if media else text_only(job.messages)
-        prompt = apply_template(processor, messages, p.chat_template_kwargs)
-        check_length(prompt, None, self.info)
         image_id = getattr(model.config, "image_token_index", None)
-        inputs = prepare_inputs(
-            processor, images=media.images or None, prompts=prompt, image_token_index=image_id,
-            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
-        )  # fmt: skip
-        ids = inputs["input_ids"][0].tolist()
-        check_length(prompt, ids, self.info)
         tokenizer = getattr(processor, "tokenizer", processor)
         blocks = _media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
         starts, ends = [a for a, _ in blocks], [b for _, b in blocks]
@@ -322,12 +322,6 @@ class OffsetVisionLane(_Batched):
             return full[0][:, a:b]
 
         return embed
-
-    def _engine(self):
-        model, processor = self.models.vlm()
-        tokenizer = getattr(processor, "tokenizer", processor)
-        tokenizer.stopping_criteria.reset(model.config.eos_token_id)
-        return OffsetVLMAdapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
 
 
 class _OneByOne(Lane):

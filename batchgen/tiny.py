@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Literal
 
 __all__ = ["SPECIAL_TOKENS", "CHAT_TEMPLATE", "build_tokenizer", "make_tiny_model"]
 
@@ -153,34 +152,14 @@ def _save_weights(model, out_dir: Path) -> None:
 
 
 KINDS = (
-    "lm",
-    "vlm",
-    "qwen2_5_vl",
-    "text-draft",
-    "mtp-pair",
-    "llava",
-    "smolvlm",
-    "gemma3",
-    "mistral3",
-    "internvl_chat",
-)
+    "lm", "vlm", "qwen2_5_vl", "qwen3_vl", "text-draft", "mtp-pair", "llava", "llava_next", "smolvlm",
+    "gemma3", "mistral3", "internvl_chat",
+)  # fmt: skip
 
 
 def make_tiny_model(
     out_dir: str | Path,
-    kind: Literal[
-        "lm",
-        "vlm",
-        "qwen2_5_vl",
-        "qwen3_vl",
-        "text-draft",
-        "mtp-pair",
-        "llava",
-        "llava_next",
-        "smolvlm",
-        "gemma3",
-        "mistral3",
-    ] = "vlm",
+    kind: str = "vlm",  # one of KINDS
     seed: int = 0,
     image_size: int = 56,
     hidden: int | None = None,
@@ -298,13 +277,20 @@ def make_tiny_model(
         _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     else:
         raise ValueError(f"unknown tiny model kind {kind!r} (expected one of {', '.join(KINDS)})")
+    _store(model, config, out, sensitive)
+    _write_generation_config(out, ids)
+    return out
+
+
+def _store(model, config: dict, out: Path, sensitive: bool) -> None:
+    """The weights (made sensitive if asked) and the config, as mlx-vlm / mlx-lm load them."""
+    import mlx.core as mx
+
     if sensitive:
         _sharpen(model)
     mx.eval(model.parameters())
     _save_weights(model, out)
     _write_json(out / "config.json", config)
-    _write_generation_config(out, ids)
-    return out
 
 
 def _quantized(out: Path, bits: int, **build) -> Path:
@@ -313,17 +299,8 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 
     from mlx_vlm import convert
 
-    if build["kind"] not in (
-        "vlm",
-        "qwen2_5_vl",
-        "llava",
-        "llava_next",
-        "smolvlm",
-        "gemma3",
-        "mistral3",
-        "internvl_chat",
-    ):
-        raise ValueError("only the vlm and llava kinds are quantized here")
+    if build["kind"] in ("lm", "text-draft", "mtp-pair"):
+        raise ValueError("only the single-checkpoint vision kinds are quantized here")
     with tempfile.TemporaryDirectory() as tmp:
         source = make_tiny_model(Path(tmp) / "float", **build)
         shutil.rmtree(out, ignore_errors=True)
@@ -334,7 +311,6 @@ def _quantized(out: Path, bits: int, **build) -> Path:
 def _make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool) -> Path:
     """A tiny Qwen3-VL: interleaved mRoPE, 16-pixel patches, DeepStack features from the
     first vision block fed to the first language layer (4 tokens per 64² image)."""
-    import mlx.core as mx
 
     rope = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}
     text = {"model_type": "qwen3_vl_text", **_text_config(vocab, ids, hidden=64, layers=2, heads=4),
@@ -350,11 +326,13 @@ def _make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool) 
         "eos_token_id": ids["<|im_end|>"], "tie_word_embeddings": True, "vocab_size": vocab,
     }  # fmt: skip
     model = _build_vlm(config)
-    if sensitive:
-        _sharpen(model)
-    mx.eval(model.parameters())
-    _save_weights(model, out)
-    _write_json(out / "config.json", config)
+    _store(model, config, out, sensitive)
+    _write_qwen3_processor(out, ids)
+    return out
+
+
+def _write_qwen3_processor(out: Path, ids: dict[str, int]) -> None:
+    """Qwen3-VL's processor files: 16-pixel patches, 2x2 merge, 64² images (4 tokens)."""
     side = 64
     _write_json(
         out / "preprocessor_config.json",
@@ -364,7 +342,6 @@ def _make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool) 
     )  # fmt: skip
     _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
     _write_generation_config(out, ids)
-    return out
 
 
 def _sharpen(model) -> None:
@@ -508,11 +485,7 @@ def _make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Pat
     }  # fmt: skip
     mx.random.seed(seed)
     model = _build_vlm(config)
-    if sensitive:
-        _sharpen(model)
-    mx.eval(model.parameters())
-    _save_weights(model, out)
-    _write_json(out / "config.json", config)
+    _store(model, config, out, sensitive)
     common = {"do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
               "do_convert_rgb": True, "resample": 3}  # fmt: skip
     _write_json(out / "preprocessor_config.json", {**common, **image_processor})
@@ -569,13 +542,5 @@ def _make_mtp_pair(out: Path, seed: int, sensitive: bool = False) -> Path:
     mx.save_safetensors(str(drafter / "model.safetensors"), head_weights, metadata={"format": "mlx"})
     _write_json(target / "config.json", config)
     _write_json(drafter / "config.json", head_config)
-    side = 64  # 16-pixel patches, 2x2 merge: 4 image tokens
-    _write_json(
-        target / "preprocessor_config.json",
-        {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
-         "min_pixels": side * side, "max_pixels": side * side, "patch_size": 16, "temporal_patch_size": 2,
-         "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
-    )  # fmt: skip
-    _write_json(target / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_generation_config(target, ids)
+    _write_qwen3_processor(target, ids)
     return out

@@ -42,9 +42,8 @@ class Sequence:
     ids: list[int]
     params: GenParams
     boundaries: list[tuple[int, str]] = field(default_factory=list)  # (prefix length, cache key)
-    embed: Callable[[int, int], Any] | None = (
-        None  # embeddings of ids[a:b] (media rows), maybe with LM kwargs
-    )
+    # embeddings of ids[a:b] (media rows), or (embeddings, more language-model kwargs)
+    embed: Callable[[int, int], Any] | None = None
     positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
     capped: bool = False  # max_tokens was lowered to fit the model's context

@@ -34,7 +34,7 @@ import pyarrow as pa
 from .config import RunConfig, WorkSettings, work_settings
 from .errors import ConfigError, short
 from .execute import merge_stats
-from .read import Mark, RawRow, RowPicker
+from .read import Mark, RawRow, iter_rows
 from .records import Job, Result
 from .resume import Pending
 from .write import RESULT_SCHEMA
@@ -81,6 +81,29 @@ def _items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
 
 def _wanted(first: int, want: bytes) -> list[int]:
     return [first + i for i in range(len(want) * 8) if want[i // 8] >> (i % 8) & 1]
+
+
+class RowPicker:
+    """Reads chosen rows of a job file, a few at a time, in file order: each pick continues
+    where the last one stopped when that is no further back than the mark it is given."""
+
+    def __init__(self, path: Path, fmt: str):
+        self.path, self.fmt = path, fmt
+        self._rows: Iterator[RawRow] | None = None
+        self._next = -1  # the index the open reader yields next
+
+    def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
+        """The rows at `indices` (ascending, none before `mark`)."""
+        if self._rows is None or not mark.index <= self._next <= indices[0]:
+            self._rows, self._next = iter_rows(self.path, self.fmt, mark), mark.index
+        wanted, out = set(indices), []
+        for row in self._rows:
+            self._next = row.index + 1
+            if row.index in wanted:
+                out.append(row)
+            if row.index >= indices[-1]:
+                break
+        return out
 
 
 class RowWorker:

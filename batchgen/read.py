@@ -19,7 +19,7 @@ from .openai import row_id
 from .params import NUMBERS
 
 __all__ = [
-    "RawRow", "Mark", "JobIndex", "RowPicker", "detect_format", "iter_rows", "scan", "id_key", "valid_id",
+    "RawRow", "Mark", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "valid_id",
     "shard_of",
 ]  # fmt: skip
 
@@ -389,26 +389,3 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
     if ids and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
     return JobIndex(format=fmt, ids=ids, schema=schema, digests=digests, wheres=wheres, marks=marks)
-
-
-class RowPicker:
-    """Reads chosen rows of a job file, a few at a time, in file order: each pick continues
-    where the last one stopped when that is no further back than the mark it is given."""
-
-    def __init__(self, path: Path, fmt: str):
-        self.path, self.fmt = path, fmt
-        self._rows: Iterator[RawRow] | None = None
-        self._next = -1  # the index the open reader yields next
-
-    def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
-        """The rows at `indices` (ascending, none before `mark`)."""
-        if self._rows is None or not mark.index <= self._next <= indices[0]:
-            self._rows, self._next = iter_rows(self.path, self.fmt, mark), mark.index
-        wanted, out = set(indices), []
-        for row in self._rows:
-            self._next = row.index + 1
-            if row.index in wanted:
-                out.append(row)
-            if row.index >= indices[-1]:
-                break
-        return out

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.cluster import _items, _wanted
-from batchgen.read import RowPicker, iter_rows, scan
+from batchgen.cluster import RowPicker, _items, _wanted
+from batchgen.read import iter_rows, scan
 from batchgen.resume import Pending
 
 

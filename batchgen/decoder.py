@@ -24,7 +24,7 @@ from .records import GenParams
 
 __all__ = [
     "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "decode_stream",
-    "decode_batch", "hit_stop", "final_text", "sampler_for", "logits_processors_for", "HISTORY",
+    "hit_stop", "final_text", "sampler_for", "logits_processors_for", "HISTORY",
 ]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
@@ -37,7 +37,7 @@ HISTORY = 256
 
 @dataclass(slots=True)
 class Sequence:
-    """One row inside the decoder; the outputs are filled in by `decode_batch`."""
+    """One row inside the decoder; the outputs are filled in by `decode_stream`."""
 
     ids: list[int]
     params: GenParams
@@ -315,19 +315,6 @@ def decode_stream(
             else:
                 merged = None
             active = running
-
-
-def decode_batch(
-    adapter: Adapter,
-    seqs: list[Sequence],
-    eos: set[int],
-    decode: Callable[[list[int]], str],
-    prefixes: PrefixCache | None = None,
-    watch: Watch | None = None,
-) -> None:
-    """Generate every sequence of the batch together (one static batch)."""
-    for _ in decode_stream(adapter, seqs, eos, decode, prefixes, watch):
-        pass
 
 
 def _merge(caches: list[list[Any]]) -> list[Any]:

@@ -1,4 +1,4 @@
-"""decode_batch on the tiny text checkpoint: batching and prefix reuse leave greedy tokens
+"""decode_stream on the tiny text checkpoint: batching and prefix reuse leave greedy tokens
 unchanged; a stop request and a deadline end generation between steps."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from conftest import MODELS
 
 from batchgen.cache import PrefixCache
-from batchgen.decoder import LMAdapter, Sequence, Watch, decode_batch, decode_stream
+from batchgen.decoder import LMAdapter, Sequence, Watch, decode_stream
 from batchgen.errors import StopRequested
 from batchgen.records import GenParams
 
@@ -39,7 +39,9 @@ def _seqs(tokenizer, max_tokens: int = 12) -> list[Sequence]:
 
 def _run(lm, seqs, prefixes=None, watch=None):
     model, tokenizer = lm
-    decode_batch(LMAdapter(model), seqs, set(tokenizer.eos_token_ids), tokenizer.decode, prefixes, watch)
+    list(
+        decode_stream(LMAdapter(model), seqs, set(tokenizer.eos_token_ids), tokenizer.decode, prefixes, watch)
+    )
     return [s.tokens for s in seqs]
 
 
@@ -107,7 +109,7 @@ def test_finished_rows_slots_go_to_waiting_rows_with_the_tokens_of_one_row_at_a_
     static = _Counting(model)
     rows = seqs()
     for k in range(0, len(rows), 3):
-        decode_batch(static, rows[k : k + 3], eos, tokenizer.decode)
+        list(decode_stream(static, rows[k : k + 3], eos, tokenizer.decode))  # one static batch
     assert [s.tokens for s in rows] == alone
     assert sum(static.widths) == sum(adapter.widths)  # the same tokens decoded, ...
     assert len(static.widths) > len(adapter.widths)  # ... in more (emptier) steps when static

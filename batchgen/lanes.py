@@ -286,7 +286,7 @@ class OffsetVisionLane(_MediaLane):
 
     name = "vlm-offset"
     adapter = OffsetVLMAdapter
-    FAMILIES = {"llava", "smolvlm", "idefics3", "gemma3", "mistral3", "internvl_chat"}
+    FAMILIES = {"llava", "smolvlm", "gemma3", "mistral3", "internvl_chat"}
 
     def plan(self, job: Job, media: Media) -> Plan:
         model, processor, inputs, ids = self._inputs(job, media)

@@ -325,8 +325,11 @@ def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
 
 
 @pytest.mark.parametrize(
-    "family", ["sensitive_vlm", "sensitive_qwen3_vl", "offset_families:gemma3", "offset_families:llava"]
-)
+    "family",
+    ["sensitive_vlm", "sensitive_qwen2_5", "sensitive_qwen3_vl", "sensitive_qwen3_5", "offset_families:llava",
+     "offset_families:smolvlm", "offset_families:gemma3", "offset_families:mistral3",
+     "offset_families:internvl_chat"],
+)  # fmt: skip
 def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     """The issue's mixed job on a batched lane: multi-turn with the image in a later turn, a
     stop string, max_tokens 1, a ~600-token prompt beside a ~12-token one, two images in both

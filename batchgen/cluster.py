@@ -171,8 +171,8 @@ def _start_ray(config: RunConfig, temp_dir: str) -> bool:
 
 
 class RayExecutor:
-    """Raw rows in, results out, like LocalExecutor; the work happens in Ray actors. A set
-    `stop` ends the run between two result batches."""
+    """The pending rows in, results out, like LocalExecutor; the rows are read and run in Ray
+    actors. A set `stop` ends the run between two result batches."""
 
     def __init__(self, config: RunConfig, stop: threading.Event):
         try:

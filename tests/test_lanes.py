@@ -27,6 +27,22 @@ def _text(processor, ref):
     return processor.tokenizer.decode(tokens)
 
 
+def _on_and_off(job, model_dir, *flags):
+    """Greedy outputs by id, (text, completion tokens), with cache and batching on (and
+    `flags`) and with both off, checked equal; and the cached tokens of the first run."""
+    outputs, cached = {}, {}
+    for name, more in {"default": flags, "neither": ("--batch-size", "1", "--no-cache")}.items():
+        out = job.with_name(f"{name}.parquet")
+        code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir),
+                               "--temperature", "0", "-q", *more)  # fmt: skip
+        assert code == 0, output
+        rows = read(out)
+        outputs[name] = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in rows}
+        cached = cached or {r["id"]: r["cached_tokens"] for r in rows}
+    assert outputs["default"] == outputs["neither"]
+    return outputs, cached
+
+
 def test_a_flat_image_and_an_image_in_messages_reach_their_own_slots(tmp_path, sensitive_vlm):
     rng = np.random.default_rng(5)
     for name, shape in (("a", (56, 56, 3)), ("b", (40, 72, 3))):
@@ -161,16 +177,7 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
             for k, q in enumerate(questions)]  # fmt: skip
     rows.append({"id": "img", "image": "media/red_circle.png", "prompt": questions[0]})
     job = write_jsonl(workdir / "jobs.jsonl", rows)
-    outputs = {}
-    for name, flags in {"default": (), "neither": ("--batch-size", "1", "--no-cache")}.items():
-        out = workdir / f"{name}.parquet"
-        code, output = run_cli("run", str(job), "-o", str(out), "--model", str(sensitive_vlm),
-                               "--temperature", "0", "-q", *flags)  # fmt: skip
-        assert code == 0, output
-        outputs[name] = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
-        if name == "default":
-            cached = {r["id"]: r["cached_tokens"] for r in read(out)}
-    assert outputs["default"] == outputs["neither"]
+    outputs, cached = _on_and_off(job, sensitive_vlm)
     assert cached["v0"] == 0 and cached["v1"] == cached["v2"] == cached["v3"] > 4  # the clip, once
 
     info = inspect_model(str(sensitive_vlm))
@@ -212,19 +219,7 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
             row["system"] = systems[n // 3]
         rows.append(row)
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)
-    outputs = {}
-    for name, flags in {
-        "default": ("--batch-size", "3"),
-        "neither": ("--batch-size", "1", "--no-cache"),
-    }.items():
-        out = tmp_path / f"{name}.parquet"
-        code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir),
-                               "--temperature", "0", "-q", *flags)  # fmt: skip
-        assert code == 0, output
-        outputs[name] = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
-        if name == "default":
-            cached = {r["id"]: r["cached_tokens"] for r in read(out)}
-    assert outputs["default"] == outputs["neither"]
+    outputs, cached = _on_and_off(job, model_dir, "--batch-size", "3")
     assert sum(c > 0 for c in cached.values()) >= 4  # system prompts and images shared
 
     model, processor = mlx_vlm.load(str(model_dir))

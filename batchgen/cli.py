@@ -235,10 +235,11 @@ def validate(job_file: Path, fmt: str | None) -> None:
 def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: str | None) -> None:
     """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
 
-    lm: qwen2 text model; vlm: qwen2_vl; qwen2_5_vl; qwen3_vl; text-draft: a smaller qwen2 draft for lm;
-    mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp drafter); llava: llava
-    (llama + CLIP); llava_next: LLaVA-NeXT; smolvlm: SmolVLM (llama + SigLIP-like, pixel shuffle);
-    gemma3: Gemma 3; mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL (qwen3 text)."""
+    lm: qwen2 text model; vlm: qwen2_vl; qwen2_5_vl; qwen3_vl; qwen3_vl_moe; text-draft: a smaller
+    qwen2 draft for lm; mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp
+    drafter); llava: llava (llama + CLIP); llava_next: LLaVA-NeXT; smolvlm: SmolVLM (llama +
+    SigLIP-like, pixel shuffle); idefics3: Idefics3; gemma3: Gemma 3; gemma4: Gemma 4 (per-layer
+    inputs, no audio tower); mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL."""
     from .tiny import make_tiny_model as build
 
     build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)  # type: ignore[arg-type]

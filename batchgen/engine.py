@@ -55,7 +55,8 @@ def _mend_processor(processor: Any) -> None:
 
 _UNBATCHED = {  # families that cannot batch, and why
     "paligemma": "its prompt prefix attends both ways, so padding and prefix snapshots change results",
-    "llava_next": "a prompt prefilled in pieces gives other tokens than in one pass (mlx-vlm 0.7.10)",
+    "bidirectional": "its image tokens attend both ways (use_bidirectional_attention: vision), so padding "
+    "and prefix snapshots change results",
 }
 
 
@@ -201,7 +202,8 @@ class Engines:
         else one at a time through mlx-vlm."""
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             return self.draft if self.models.drafter_lane == "lm" else self.text
-        family = self.models.vlm()[0].config.model_type
+        model = self.models.vlm()[0]
+        family = model.config.model_type
         if self.models.drafter_lane == "vlm":
             return self._alone("the vision drafter runs inside mlx-vlm's generate")
         if media.audio:
@@ -211,7 +213,13 @@ class Engines:
                 return self._alone(f"{family}: rows with images beside a video")
             return self.vision
         if family in OffsetVisionLane.FAMILIES:
-            return self.offset if not media.videos else self._alone(f"{family}: video rows")
+            if media.videos:
+                return self._alone(f"{family}: video rows")
+            if getattr(model.config.text_config, "use_bidirectional_attention", None) == "vision":
+                return self._alone(f"{family}: {_UNBATCHED['bidirectional']}")
+            if family in OffsetVisionLane.RELAID and len(media.images) > 1:
+                return self._alone(f"{family}: rows with several images (mlx-vlm merges the first only)")
+            return self.offset
         return self._alone(f"{family}: {_UNBATCHED.get(family, 'no batched lane for this family yet')}")
 
     def _alone(self, reason: str) -> Lane:

@@ -3,10 +3,10 @@
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse;
-- `VisionLane`: Qwen2/2.5/3-VL and Qwen3.5 image or video rows, batched, with prefix and
-  vision-feature reuse;
-- `OffsetVisionLane`: image rows of families positioned by the cache offsets (llava, SmolVLM),
-  batched, with prefix reuse;
+- `VisionLane`: Qwen2/2.5/3-VL (and MoE) and Qwen3.5 image or video rows, batched, with
+  prefix and vision-feature reuse;
+- `OffsetVisionLane`: image rows of families positioned by the cache offsets (llava, SmolVLM,
+  Gemma, Mistral 3, InternVL, …), batched, with prefix reuse;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
   other families, vision drafters);
 - `DraftLane`: mlx-lm's speculative loop with a text draft model, one row at a time.
@@ -183,8 +183,8 @@ class VisionLane(_MediaLane):
     model takes explicit (mRoPE) position ids; Qwen3-VL also takes DeepStack features."""
 
     name = "vlm"
-    FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_vl"}
-    DEEPSTACK = {"qwen3_vl"}  # vision features also feed early language layers
+    FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_vl", "qwen3_vl_moe"}
+    DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}  # vision features also feed early language layers
 
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
         super().__init__(models, info, prefixes)
@@ -286,12 +286,20 @@ class OffsetVisionLane(_MediaLane):
 
     name = "vlm-offset"
     adapter = OffsetVLMAdapter
-    FAMILIES = {"llava", "smolvlm", "gemma3", "mistral3", "internvl_chat"}
+    FAMILIES = {"llava", "llava_next", "smolvlm", "idefics3", "gemma3", "gemma4", "mistral3", "internvl_chat"}
+    # mlx-vlm 0.7.10's llava_next puts a whole tile's features at each of the processor's image
+    # tokens and keeps what fits: the language model sees a longer prompt than the token ids.
+    RELAID = {"llava_next"}
 
     def plan(self, job: Job, media: Media) -> Plan:
         model, processor, inputs, ids = self._inputs(job, media)
         p = job.params
-        image_id = getattr(model.config, "image_token_index", None)
+        image_id = getattr(model.config, "image_token_index", None) or model.config.image_token_id
+        merged = None
+        if media.images and model.config.model_type in self.RELAID:
+            merged = _merged(model, inputs)  # a lazy graph: the tower runs only if a slice needs it
+            ids = _relaid(ids, image_id, merged[0].shape[1])
+            check_length("", ids, self.info)
         tokenizer = getattr(processor, "tokenizer", processor)
         blocks = _media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
         starts, ends = [a for a, _ in blocks], [b for _, b in blocks]
@@ -299,29 +307,49 @@ class OffsetVisionLane(_MediaLane):
         # Adjacent images can make one block: then every image keys from the first one's start.
         owners = starts if len(starts) == len(digests) else [starts[0]] * len(digests) if starts else []
         keyed = self._keys(ids, sorted({*starts, *ends}), list(zip(owners, digests, strict=True)))
-        embed = self._embedder(model, inputs, ids, image_id) if media.images else None
+        embed = self._embedder(model, inputs, ids, image_id, merged) if media.images else None
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed)
         group = (tuple(digests), tuple(ids[: starts[0]]) if starts else ())
         return Plan(job, media, self, self._fit(seq), group=group)
 
     @staticmethod
-    def _embedder(model: Any, inputs: dict, ids: list[int], image_id: int):
+    def _embedder(model: Any, inputs: dict, ids: list[int], image_id: int, merged: tuple | None = None):
         """Merged embeddings of a slice holding image tokens (computed once for the row);
         None for other slices, which the model embeds itself."""
-        full: list[Any] = []
-        extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+        full: list[Any] = [] if merged is None else [merged]
 
         def embed(a: int, b: int):
             if image_id not in ids[a:b]:
                 return None
             if not full:
-                out = model.get_input_embeddings(
-                    inputs["input_ids"], inputs["pixel_values"], mask=inputs.get("attention_mask"), **extra
-                )
-                full.append(out.inputs_embeds)
-            return full[0][:, a:b]
+                full.append(_merged(model, inputs))
+            embeds, per_layer = full[0]
+            return (
+                embeds[:, a:b]
+                if per_layer is None
+                else (embeds[:, a:b], {"per_layer_inputs": per_layer[:, a:b]})
+            )
 
         return embed
+
+
+def _merged(model: Any, inputs: dict) -> tuple[Any, Any]:
+    """The prompt's embeddings with the image features merged in, as mlx-vlm's generate makes
+    them, and Gemma 4's per-layer inputs (made from the ids with media tokens blanked)."""
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+    out = model.get_input_embeddings(
+        inputs["input_ids"], inputs["pixel_values"], mask=inputs.get("attention_mask"), **extra
+    )
+    return out.inputs_embeds, getattr(out, "per_layer_inputs", None)
+
+
+def _relaid(ids: list[int], image_id: int, length: int) -> list[int]:
+    """Token ids laid out as the language model sees them when the merged embeddings are
+    `length` long: the image's run of tokens widened (or narrowed) to the features'."""
+    at = [i for i, t in enumerate(ids) if t == image_id]
+    if not at or at[-1] - at[0] + 1 != len(at):
+        raise RowError("generate", "a llava_next prompt takes one image")
+    return ids[: at[0]] + [image_id] * (length - len(ids) + len(at)) + ids[at[-1] + 1 :]
 
 
 class _OneByOne(Lane):

@@ -152,8 +152,8 @@ def _save_weights(model, out_dir: Path) -> None:
 
 
 KINDS = (
-    "lm", "vlm", "qwen2_5_vl", "qwen3_vl", "text-draft", "mtp-pair", "llava", "llava_next", "smolvlm",
-    "gemma3", "mistral3", "internvl_chat",
+    "lm", "vlm", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "text-draft", "mtp-pair", "llava", "llava_next",
+    "smolvlm", "idefics3", "gemma3", "gemma4", "mistral3", "internvl_chat",
 )  # fmt: skip
 
 
@@ -211,8 +211,8 @@ def make_tiny_model(
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
         config.update(_text_config(vocab, ids, hidden=hidden or 128, layers=layers or 4, heads=4))
         model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
-    elif kind == "qwen3_vl":
-        return families.make_qwen3_vl(out, vocab, ids, sensitive)
+    elif kind in ("qwen3_vl", "qwen3_vl_moe"):
+        return families.make_qwen3_vl(out, vocab, ids, sensitive, moe=kind == "qwen3_vl_moe")
     elif kind in ("vlm", "qwen2_5_vl"):
         from mlx_vlm.models import qwen2_vl
 
@@ -284,12 +284,13 @@ def make_tiny_model(
     return out
 
 
-def _store(model, config: dict, out: Path, sensitive: bool) -> None:
-    """The weights (made sensitive if asked) and the config, as mlx-vlm / mlx-lm load them."""
+def _store(model, config: dict, out: Path, sensitive: bool, gains: dict | None = None) -> None:
+    """The weights (made sensitive if asked, with a family's own `gains`) and the config, as
+    mlx-vlm / mlx-lm load them."""
     import mlx.core as mx
 
     if sensitive:
-        _sharpen(model)
+        _sharpen(model, gains)
     mx.eval(model.parameters())
     _save_weights(model, out)
     _write_json(out / "config.json", config)
@@ -310,18 +311,25 @@ def _quantized(out: Path, bits: int, **build) -> Path:
     return out
 
 
-def _sharpen(model) -> None:
+def _sharpen(model, more: dict[tuple[str, str], float] | None = None) -> None:
+    """Language layers x3 and the vision merger x4; `more`: gains by (name prefix, part of the
+    name) on top, for families whose norms would undo those (Gemma's post-norms)."""
     from mlx.utils import tree_flatten
 
     gains = {"layers.": 3.0, "merger.": 4.0}
-    weights = [
+    params = tree_flatten(model.parameters())
+    weights = dict(
         (name, w * gain)
-        for name, w in tree_flatten(model.parameters())
+        for name, w in params
         for part, gain in gains.items()
         if part in name and name.endswith("weight") and "norm" not in name and ".ln" not in name
         and "vision_tower.blocks" not in name
-    ]  # fmt: skip
-    model.load_weights(weights, strict=False)
+    )  # fmt: skip
+    for name, w in params:
+        for (prefix, part), gain in (more or {}).items():
+            if name.startswith(prefix) and part in name:
+                weights[name] = weights.get(name, w) * gain
+    model.load_weights(list(weights.items()), strict=False)
 
 
 def _write_generation_config(out: Path, ids: dict[str, int]) -> None:

@@ -1,8 +1,8 @@
-"""Tiny checkpoints of the other model families (Qwen3-VL, Qwen3.5 with its MTP drafter,
-llava, SmolVLM, Gemma 3, Mistral 3, InternVL), built the way `tiny.make_tiny_model` builds
-the qwen2 ones: a local tokenizer with the family's special tokens, random weights from
-mlx-vlm's own model classes, the family's processor files. Notes on each family's pitfalls:
-`docs/families-notes.md` in the shared folder."""
+"""Tiny checkpoints of the other model families (Qwen3-VL and its MoE, Qwen3.5 with its MTP
+drafter, llava, LLaVA-NeXT, SmolVLM, Idefics3, Gemma 3, Gemma 4, Mistral 3, InternVL), built
+the way `tiny.make_tiny_model` builds the qwen2 ones: a local tokenizer with the family's
+special tokens, random weights from mlx-vlm's own model classes, the family's processor files.
+Notes on each family's pitfalls: `docs/families-notes.md` in the shared folder."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ from .tiny import (
 __all__ = ["VISION_KINDS", "make_qwen3_vl", "make_vision_family", "make_mtp_pair"]
 
 
+_GEMMA4_IMAGES = {"patch_size": 8, "max_soft_tokens": 4, "pooling_kernel_size": 2, "do_normalize": True,
+                  "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
 # Per family: special tokens, vision config, top-level config, processor files (32² images, patch 8).
 _VISION = {
     "llava": (
@@ -60,6 +62,15 @@ _VISION = {
          "do_pad": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
         {"processor_class": "SmolVLMProcessor", "image_seq_len": 4},
     ),
+    "idefics3": (  # SmolVLM's ancestor: the same tower and connector, its own processor
+        ("<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"),
+        {"model_type": "idefics3_vision"},
+        {"image_token_id": "<image>", "scale_factor": 2},
+        {"image_processor_type": "Idefics3ImageProcessor", "processor_class": "Idefics3Processor",
+         "do_image_splitting": False, "size": {"longest_edge": 32}, "max_image_size": {"longest_edge": 32},
+         "do_pad": True, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
+        {"processor_class": "Idefics3Processor", "image_seq_len": 4},
+    ),
     "gemma3": (  # the processor reads image_token / boi_token / eoi_token from the tokenizer
         ("<image_soft_token>", "<start_of_image>", "<end_of_image>"),
         {"model_type": "siglip_vision_model"},
@@ -69,6 +80,16 @@ _VISION = {
          "size": {"height": 32, "width": 32}, "do_pan_and_scan": False, "image_mean": [0.5, 0.5, 0.5],
          "image_std": [0.5, 0.5, 0.5]},
         {"processor_class": "Gemma3Processor", "image_seq_length": 4},
+    ),
+    "gemma4": (  # soft tokens pooled 2x2 from 8-pixel patches, at most 4 an image; no audio tower
+        ("<|image|>", "<|boi|>", "<|eoi|>", "<|audio|>", "<|boa|>", "<|eoa|>", "<|video|>"),
+        {"model_type": "gemma4_vision", "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 16,
+         "pooling_kernel_size": 2, "position_embedding_size": 64, "default_output_length": 4},
+        {"image_token_id": "<|image|>", "boi_token_id": "<|boi|>", "eoi_token_id": "<|eoi|>",
+         "audio_token_id": "<|audio|>", "video_token_id": "<|video|>", "hidden_size": 64,
+         "vision_soft_tokens_per_image": 4, "audio_config": None},
+        {"image_processor": _GEMMA4_IMAGES},
+        {"image_processor": _GEMMA4_IMAGES},
     ),
     "mistral3": (  # Pixtral vision: [IMG] tokens in rows ended by [IMG_BREAK], then [IMG_END]
         ("[IMG]", "[IMG_BREAK]", "[IMG_END]"),
@@ -94,16 +115,36 @@ _VISION = {
 _TEXT = {  # the language model under each family's vision tower
     "llava": {"model_type": "llama"},
     "smolvlm": {"model_type": "llama"},
+    "idefics3": {"model_type": "llama"},
     "llava_next": {"model_type": "llama"},
     "gemma3": {"model_type": "gemma3_text", "query_pre_attn_scalar": 16, "sliding_window": 512,
                "sliding_window_pattern": 2, "mm_tokens_per_image": 4},
     "mistral3": {"model_type": "mistral", "rope_theta": 10000.0},
+    "gemma4": {"model_type": "gemma4_text", "global_head_dim": 16, "num_kv_shared_layers": 0,
+               "hidden_size_per_layer_input": 16, "layer_types": ["sliding_attention", "full_attention"],
+               "sliding_window": 512, "use_double_wide_mlp": False,
+               "rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 1000000.0,
+                                                      "partial_rotary_factor": 0.25},
+                                   "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
     "internvl_chat": {"model_type": "qwen3"},
 }  # fmt: skip
 _SLOT = {
     "gemma3": "<start_of_image>",
+    "gemma4": "<|image|>",
     "mistral3": "[IMG]",
 }  # what the chat template writes for an image; else "<image>"
+
+
+_GAINS = {  # `sensitive` gains on top of tiny._sharpen's, where a family's norms undo those
+    "gemma4": {("language_model.", "post_attention_layernorm"): 4.0,
+               ("language_model.", "post_feedforward_layernorm"): 4.0, ("embed_vision.", ""): 4.0,
+               ("vision_tower.patch_embedder.input_proj", ""): 4.0},
+}  # fmt: skip
+_NAMED = {  # the special tokens a family's processor reads as tokenizer attributes, in order
+    "gemma3": ("image_token", "boi_token", "eoi_token"),
+    "gemma4": ("image_token", "boi_token", "eoi_token", "audio_token", "boa_token", "eoa_token",
+               "video_token"),
+}  # fmt: skip
 
 
 def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path:
@@ -114,14 +155,13 @@ def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path
     template = CHAT_TEMPLATE.replace(
         "<|vision_start|><|image_pad|><|vision_end|>", _SLOT.get(kind, "<image>")
     )
-    named = (
-        dict(zip(("image_token", "boi_token", "eoi_token"), specials, strict=True))
-        if kind == "gemma3"
-        else None
-    )
+    named = _NAMED.get(kind)
+    named = dict(zip(named, specials, strict=False)) if named else None
     vocab = build_tokenizer(out, extra=specials, template=template, named=named)
     ids = _token_ids(out)
     text = {**_text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16, **_TEXT[kind]}
+    if "hidden_size_per_layer_input" in text:  # Gemma 4's per-layer token embeddings
+        text["vocab_size_per_layer_input"] = vocab
     config = {
         "model_type": kind, "text_config": text, "vocab_size": vocab, "eos_token_id": ids["<|im_end|>"],
         "tie_word_embeddings": True,
@@ -131,7 +171,7 @@ def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path
     }  # fmt: skip
     mx.random.seed(seed)
     model = _build_vlm(config)
-    _store(model, config, out, sensitive)
+    _store(model, config, out, sensitive, _GAINS.get(kind))
     common = {"do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
               "do_convert_rgb": True, "resample": 3}  # fmt: skip
     _write_json(out / "preprocessor_config.json", {**common, **image_processor})
@@ -141,16 +181,22 @@ def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path
     return out
 
 
-def make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool) -> Path:
+def make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool, moe: bool = False) -> Path:
     """A tiny Qwen3-VL: interleaved mRoPE, 16-pixel patches, DeepStack features from the
-    first vision block fed to the first language layer (4 tokens per 64² image)."""
+    first vision block fed to the first language layer (4 tokens per 64² image). `moe`: the
+    Qwen3-VL-MoE language model (4 experts, 2 a token, in every layer)."""
 
+    family = "qwen3_vl_moe" if moe else "qwen3_vl"
     rope = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}
-    text = {"model_type": "qwen3_vl_text", **_text_config(vocab, ids, hidden=64, layers=2, heads=4),
+    text = {"model_type": f"{family}_text", **_text_config(vocab, ids, hidden=64, layers=2, heads=4),
             "head_dim": 16, "rope_theta": 10000.0, "rope_scaling": rope}  # fmt: skip
+    if moe:
+        text.update(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
+                    moe_intermediate_size=64)  # fmt: skip
+    architecture = "Qwen3VLMoeForConditionalGeneration" if moe else "Qwen3VLForConditionalGeneration"
     config = {
-        "model_type": "qwen3_vl", "architectures": ["Qwen3VLForConditionalGeneration"], "text_config": text,
-        "vision_config": {"model_type": "qwen3_vl", "depth": 2, "hidden_size": 32, "intermediate_size": 64,
+        "model_type": family, "architectures": [architecture], "text_config": text,
+        "vision_config": {"model_type": family, "depth": 2, "hidden_size": 32, "intermediate_size": 64,
                           "out_hidden_size": 64, "num_heads": 2, "patch_size": 16, "spatial_merge_size": 2,
                           "temporal_patch_size": 2, "num_position_embeddings": 64, "in_channels": 3,
                           "deepstack_visual_indexes": [0]},

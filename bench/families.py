@@ -32,8 +32,9 @@ QUESTIONS = [
 ]
 SYSTEM = "You look at each picture and answer the question about it in one short sentence. " * 8
 KINDS = {
-    "vlm": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_5": "qwen3_5",
-    "llava": "llava", "smolvlm": "smolvlm", "gemma3": "gemma3", "mistral3": "mistral3",
+    "vlm": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl_moe",
+    "qwen3_5": "qwen3_5", "llava": "llava", "llava_next": "llava_next", "smolvlm": "smolvlm",
+    "idefics3": "idefics3", "gemma3": "gemma3", "gemma4": "gemma4", "mistral3": "mistral3",
     "internvl_chat": "internvl_chat",
 }  # fmt: skip
 

@@ -100,11 +100,12 @@ def sensitive_vlm(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def offset_families(tmp_path_factory) -> dict[str, Path]:
-    """Tiny llava, SmolVLM, Gemma 3, Mistral 3, InternVL (positions from the cache offsets)."""
+    """Tiny llava, LLaVA-NeXT, SmolVLM, Idefics3, Gemma 3, Gemma 4, Mistral 3, InternVL (positions
+    from the cache offsets)."""
     from batchgen.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("models")
-    kinds = ("llava", "smolvlm", "gemma3", "mistral3", "internvl_chat")
+    kinds = ("llava", "llava_next", "smolvlm", "idefics3", "gemma3", "gemma4", "mistral3", "internvl_chat")
     return {kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in kinds}
 
 
@@ -142,3 +143,11 @@ def sensitive_qwen3_vl(tmp_path_factory) -> Path:
     from batchgen.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen3_vl", "qwen3_vl", sensitive=True)
+
+
+@pytest.fixture(scope="session")
+def sensitive_qwen3_vl_moe(tmp_path_factory) -> Path:
+    """A tiny Qwen3-VL-MoE (4 experts, 2 a token) that tells images apart."""
+    from batchgen.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen3_vl_moe", "qwen3_vl_moe", sensitive=True)

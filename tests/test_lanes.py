@@ -155,7 +155,14 @@ def test_vision_rows_joining_a_running_batch_keep_their_own_positions(tmp_path, 
 
 
 @pytest.mark.parametrize(
-    "family", ["sensitive_vlm", "sensitive_qwen2_5", "sensitive_qwen3_5", "sensitive_qwen3_vl"]
+    "family",
+    [
+        "sensitive_vlm",
+        "sensitive_qwen2_5",
+        "sensitive_qwen3_5",
+        "sensitive_qwen3_vl",
+        "sensitive_qwen3_vl_moe",
+    ],
 )
 def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, family):
     """Several questions per clip (the captioning pattern) on the batched lane: the clip's
@@ -194,12 +201,24 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
         assert outputs["default"][f"v{k}"] == (_text(processor, ref), len(ref.token_ids))
 
 
-@pytest.mark.parametrize("family", ["llava", "smolvlm", "gemma3", "mistral3", "internvl_chat"])
+OFFSET_FAMILIES = [
+    "llava",
+    "llava_next",
+    "smolvlm",
+    "idefics3",
+    "gemma3",
+    "gemma4",
+    "mistral3",
+    "internvl_chat",
+]
+
+
+@pytest.mark.parametrize("family", OFFSET_FAMILIES)
 def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, family):
-    """llava (its processor mended for transformers 5), SmolVLM, Gemma 3, Mistral 3 and InternVL
-    on the offset-positioned batched lane: a shared image under different system prompts, other
-    images, mixed budgets, slots refilled; the same with cache and batching off; each row as
-    mlx-vlm generates it."""
+    """llava and LLaVA-NeXT (their processors mended for transformers 5), SmolVLM, Idefics3,
+    Gemma 3, Gemma 4 (per-layer inputs), Mistral 3 and InternVL on the offset-positioned
+    batched lane: a shared image under different system prompts, other images, mixed budgets,
+    slots refilled; the same with cache and batching off; each row as mlx-vlm generates it."""
     model_dir = offset_families[family]
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
@@ -321,9 +340,8 @@ def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
 
 @pytest.mark.parametrize(
     "family",
-    ["sensitive_vlm", "sensitive_qwen2_5", "sensitive_qwen3_vl", "sensitive_qwen3_5", "offset_families:llava",
-     "offset_families:smolvlm", "offset_families:gemma3", "offset_families:mistral3",
-     "offset_families:internvl_chat"],
+    ["sensitive_vlm", "sensitive_qwen2_5", "sensitive_qwen3_vl", "sensitive_qwen3_vl_moe",
+     "sensitive_qwen3_5", *(f"offset_families:{kind}" for kind in OFFSET_FAMILIES)],
 )  # fmt: skip
 def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     """The issue's mixed job on a batched lane: multi-turn with the image in a later turn, a
@@ -352,9 +370,9 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
         {"id": "long", "image": "m1.png", "system": long_system, "prompt": "Short?", "max_tokens": 6},
         {"id": "short", "image": "m1.png", "prompt": "Hm?", "max_tokens": 9},
         {"id": "one-token", "image": "m0.png", "prompt": "One word.", "max_tokens": 1},
-        {"id": "stop", "image": "m0.png", "prompt": "Go on.", "max_tokens": 12, "stop": ["e"]},
+        {"id": "stop", "image": "m0.png", "prompt": "Go on.", "max_tokens": 12, "stop": ["e", "4"]},
     ]  # fmt: skip
-    several = kind not in ("llava",)  # llava takes one image a prompt
+    several = kind not in ("llava", "llava_next")  # one image a prompt
     if several:
         for order in ("01", "10"):
             content = [*({"type": "image", "image": f"m{i}.png"} for i in order), part("Compare them.")]
@@ -407,3 +425,56 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     assert got["stop"][2] == "stop" and got["long"][1] == 6 and got["one-token"][1] == 1
     if several:
         assert got["two-01"] != got["two-10"]  # the order reaches the slots
+
+
+def test_prompts_that_cannot_batch_on_a_batched_family_run_one_at_a_time(tmp_path, offset_families):
+    """A Gemma 4 whose image tokens attend both ways, and a LLaVA-NeXT row with two images (mlx-vlm
+    merges one), go through mlx-vlm's own generate: counted once per reason, output as mlx-vlm's."""
+    import json
+    import shutil
+
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    bidirectional = tmp_path / "gemma4-bidirectional"
+    shutil.copytree(offset_families["gemma4"], bidirectional)
+    config = json.loads((bidirectional / "config.json").read_text())
+    config["text_config"]["use_bidirectional_attention"] = "vision"
+    (bidirectional / "config.json").write_text(json.dumps(config))
+    rng = np.random.default_rng(4)
+    for k in range(2):
+        Image.fromarray(rng.integers(0, 256, (48, 40 + 8 * k, 3), dtype=np.uint8)).save(
+            tmp_path / f"b{k}.png"
+        )
+    rows = [{"id": f"r{k}", "image": f"b{k}.png", "prompt": QUESTION, "max_tokens": 6} for k in range(2)]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    code, output = run_cli(
+        "run", str(job), "-o", str(out), "--model", str(bidirectional), "--temperature", "0"
+    )
+    assert code == 0, output
+    assert output.count("2 rows one at a time (gemma4: its image tokens attend both ways") == 1
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    model, processor = mlx_vlm.load(str(bidirectional))
+    user = [{"type": "image"}, {"type": "text", "text": QUESTION, "content": QUESTION}]
+    prompt = get_chat_template(processor, [{"role": "user", "content": user}], True)
+    for k in range(2):
+        picture = Image.open(tmp_path / f"b{k}.png").convert("RGB")
+        ref = mlx_vlm.generate(model, processor, prompt, image=[picture], max_tokens=6, temperature=0.0)
+        assert got[f"r{k}"] == (_text(processor, ref), len(ref.token_ids))
+
+    two = [
+        {"type": "image", "image": "b0.png"},
+        {"type": "image", "image": "b1.png"},
+        {"type": "text", "text": "?"},
+    ]
+    job = write_jsonl(tmp_path / "next.jsonl", [
+        {"id": "two", "messages": [{"role": "user", "content": two}], "max_tokens": 3},
+        {"id": "one", "image": "b0.png", "prompt": QUESTION, "max_tokens": 3},
+    ])  # fmt: skip
+    out = tmp_path / "next.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(offset_families["llava_next"]),
+                           "--temperature", "0")  # fmt: skip
+    assert code == 0, output
+    assert "1 rows one at a time (llava_next: rows with several images" in output
+    assert [r["status"] for r in read(out)] == ["ok", "ok"]

@@ -13,7 +13,28 @@ __all__ = ["END_OF_TURN", "apply_template", "text_only", "template_parts", "mess
 END_OF_TURN = "<|im_end|>"  # Qwen-style templates end a turn here even when eos differs
 
 
+# Chat templates seen to drop a message whose content is a plain string (mlx-vlm's InternVL
+# template walks the content as a list of parts, so a string system prompt vanished; iterating
+# its characters also made it the slowest step of a row): their rows are rendered as parts.
+_WANTS_PARTS: set[str] = set()
+
+
 def apply_template(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+    """The prompt as the checkpoint's chat template renders it, with every message's text in it."""
+    key = str(getattr(template_owner, "chat_template", None))
+    if key in _WANTS_PARTS:
+        return _render(template_owner, _as_parts(messages), kwargs)
+    prompt = _render(template_owner, messages, kwargs)
+    if _all_text_in(prompt, messages):
+        return prompt
+    retry = _render(template_owner, _as_parts(messages), kwargs)
+    if not _all_text_in(retry, messages) or "'type': 'text'" in retry:  # not a template for parts either
+        return prompt
+    _WANTS_PARTS.add(key)
+    return retry
+
+
+def _render(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
     from mlx_vlm.prompt_utils import get_chat_template
 
     try:
@@ -23,6 +44,20 @@ def apply_template(template_owner: Any, messages: list[dict[str, Any]], kwargs: 
             raise
         # A template that rejects an extra keyword still renders without it.
         return get_chat_template(template_owner, messages, True)
+
+
+def _all_text_in(prompt: str, messages: list[dict[str, Any]]) -> bool:
+    return all(m["content"].strip() in prompt for m in messages if isinstance(m["content"], str))
+
+
+def _as_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """String contents as one text part (under `text` and `content`, as template_parts writes them)."""
+    return [
+        {**m, "content": [{"type": "text", "text": m["content"], "content": m["content"]}]}
+        if isinstance(m["content"], str)
+        else m
+        for m in messages
+    ]
 
 
 def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

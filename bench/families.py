@@ -62,8 +62,9 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
 
     def prompt(q: str) -> str:  # as batchgen renders it: the checkpoint's processor's template, media first
         user = [{"type": "image"}, {"type": "text", "text": q, "content": q}]
+        system = [{"type": "text", "text": SYSTEM, "content": SYSTEM}]  # InternVL's template drops a string
         return get_chat_template(
-            processor, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": user}], True
+            processor, [{"role": "system", "content": system}, {"role": "user", "content": user}], True
         )
 
     mlx_vlm.generate(model, processor, prompt("warm up"), image=[images[0]], max_tokens=2)

@@ -27,6 +27,11 @@ def _text(processor, ref):
     return processor.tokenizer.decode(tokens)
 
 
+def _parts(text):
+    """A text as the one part of a message, as batchgen hands it to a chat template (both keys)."""
+    return [{"type": "text", "text": text, "content": text}]
+
+
 def _on_and_off(job, model_dir, *flags):
     """Greedy outputs by id, (text, completion tokens), with cache and batching on (and
     `flags`) and with both off, checked equal; and the cached tokens of the first run."""
@@ -248,8 +253,8 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     for n, row in enumerate(rows):
         # The prompt as the checkpoint's processor renders it (mlx-vlm's InternVL processor
         # brings its own template); media first, as batchgen puts them.
-        user = [{"type": "image"}, {"type": "text", "text": QUESTION, "content": QUESTION}]
-        turns = ([{"role": "system", "content": row["system"]}] if "system" in row else []) + [
+        user = [{"type": "image"}, *_parts(QUESTION)]
+        turns = ([{"role": "system", "content": _parts(row["system"])}] if "system" in row else []) + [
             {"role": "user", "content": user}
         ]
         prompt = get_chat_template(processor, turns, True)
@@ -403,6 +408,8 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
             if isinstance(m["content"], list):
                 m["content"] = [{"type": "image"} if p["type"] == "image" else {**p, "content": p["text"]}
                                 for p in m["content"]]  # fmt: skip
+            else:
+                m["content"] = _parts(m["content"])
         prompt = get_chat_template(processor, turns, True)
         tokens, stopped = [], False
         for r in mlx_vlm.stream_generate(model, processor, prompt, image=images, max_tokens=row["max_tokens"],
@@ -478,3 +485,26 @@ def test_prompts_that_cannot_batch_on_a_batched_family_run_one_at_a_time(tmp_pat
     assert code == 0, output
     assert "1 rows one at a time (llava_next: rows with several images" in output
     assert [r["status"] for r in read(out)] == ["ok", "ok"]
+
+
+def test_a_template_that_drops_string_content_gets_every_message_as_parts(offset_families, sensitive_vlm):
+    """mlx-vlm's InternVL template walks a message's content as parts: a string system prompt or
+    earlier turn vanished from the prompt. Such templates get the messages as parts; others the
+    strings, unchanged."""
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    from batchgen.prompts import apply_template
+
+    messages = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Hello there."},
+        {"role": "assistant", "content": "Hi, show me."},
+        {"role": "user", "content": [{"type": "image"}, *_parts(QUESTION)]},
+    ]
+    _, internvl = mlx_vlm.load(str(offset_families["internvl_chat"]))
+    assert "You are terse." not in get_chat_template(internvl, messages, True)  # as mlx-vlm renders it
+    prompt = apply_template(internvl, messages, {})
+    assert all(text in prompt for text in ("You are terse.", "Hello there.", "Hi, show me.", QUESTION))
+    _, qwen = mlx_vlm.load(str(sensitive_vlm))
+    assert apply_template(qwen, messages, {}) == get_chat_template(qwen, messages, True)

@@ -86,6 +86,13 @@ class Adapter:
         """Logits after each row's last token, one row per sequence."""
         raise NotImplementedError
 
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        """Logits after each row's prompt, the rows' tails `ids[a:]` (all of one length) fed
+        together on their merged cache; `embeds`: each tail's embeddings, or None."""
+        raise NotImplementedError
+
 
 class LMAdapter(Adapter):
     """mlx-lm models: positions come from the cache offsets, batched or not."""
@@ -103,6 +110,15 @@ class LMAdapter(Adapter):
 
     def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
         return self.model(tokens[:, None], cache=cache)[:, -1]
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        return self.model(_tails(seqs, a), cache=cache)[:, -1]
+
+
+def _tails(seqs: list[Sequence], a: list[int]) -> mx.array:
+    return mx.array([s.ids[start:] for s, start in zip(seqs, a, strict=True)])
 
 
 class VLMAdapter(Adapter):
@@ -132,6 +148,19 @@ class VLMAdapter(Adapter):
         positions = mx.broadcast_to(pos, (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        positions = mx.concatenate(
+            [s.positions[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
+        )  # type: ignore[index]
+        out = self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache, position_ids=positions)
+        return out.logits[:, -1]
+
+
+def _stacked(embeds: list[Any]) -> mx.array | None:
+    return None if embeds[0] is None else mx.concatenate(embeds, axis=0)
+
 
 def _embedded(seq: Sequence, a: int, b: int) -> tuple[mx.array | None, dict[str, Any]]:
     """A slice's embeddings and what else the language model takes with them (Qwen3-VL's
@@ -152,11 +181,18 @@ class OffsetVLMAdapter(VLMAdapter):
     def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
         return self.lm(tokens[:, None], cache=cache).logits[:, -1]
 
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
+
 
 def _prefill(
     adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch
-) -> tuple[mx.array, list[Any]]:
-    """Resume from the longest cached prefix, store the row's boundaries, return last logits."""
+) -> tuple[list[Any], int]:
+    """Resume from the longest cached prefix and fill the row's cache up to its tail, storing
+    the row's boundaries on the way; return the cache and where the tail starts. The tail,
+    whose logits are wanted, is left for `_finish`, which feeds rows' tails together."""
     n = len(seq.ids)
     cache, start = None, 0
     if prefixes is not None and seq.boundaries:
@@ -167,7 +203,8 @@ def _prefill(
     # A long tail is filled without its logits (never evaluated, so MLX never computes the
     # vocabulary projection for it), then the last token gives them; a short tail (a question
     # after a cached image) goes in one forward pass: each pass has a fixed cost.
-    tail = [(n - 1, None)] if n - max([start, *(p for p, _ in stops)]) > _SHORT_TAIL else []
+    last = max([start, *(p for p, _ in stops)])
+    tail = [(n - 1, None)] if n - last > _SHORT_TAIL else []
     for end, key in [*stops, *tail]:
         while start < end:
             watch.check_stop()
@@ -177,9 +214,33 @@ def _prefill(
             start = step_end
         if key is not None:
             prefixes.put(key, copy.deepcopy(cache))  # type: ignore[union-attr]
-    logits = adapter.forward(seq, cache, start, n)
-    mx.eval(logits)
-    return logits, cache
+    return cache, start
+
+
+def _finish(
+    adapter: Adapter, seqs: list[Sequence], rows: list[tuple[int, list[Any], int]]
+) -> Iterator[tuple[list[int], mx.array, list[Any]]]:
+    """The prefilled rows' tails, fed together where they can be: rows whose tails are as long
+    and embedded alike (token ids, or plain embeddings) share one forward pass on their merged
+    cache (each pass has a fixed cost). Yields (rows, their logits, their batch cache)."""
+    groups: dict[tuple, list[tuple[int, list[Any], int, Any]]] = {}
+    for i, cache, a in rows:
+        embeds, extra = _embedded(seqs[i], a, len(seqs[i].ids))
+        key = (len(seqs[i].ids) - a, embeds is None) if not extra else ("alone", i)
+        groups.setdefault(key, []).append((i, cache, a, embeds))
+    for group in groups.values():
+        ids = [i for i, *_ in group]
+        if len(group) == 1:
+            i, cache, a, _ = group[0]
+            logits = adapter.forward(seqs[i], cache, a, len(seqs[i].ids))
+            mx.eval(logits)
+            yield ids, logits, _merge([cache])
+            continue
+        merged = _merge([cache for _, cache, _, _ in group])
+        logits = adapter.forward_batch([seqs[i] for i in ids], merged, [a for *_, a, _ in group],
+                                       [e for *_, e in group])  # fmt: skip
+        mx.eval(logits)
+        yield ids, logits, merged
 
 
 def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
@@ -281,24 +342,26 @@ def decode_stream(
     active: list[int] = []
     merged: list[Any] | None = None  # the running rows' caches, one left-padded batch per layer
     while active or waiting:
-        joined, caches = [], []
-        while waiting and len(active) + len(joined) < width:
-            i = waiting.pop()
-            deadlines[i] = watch.deadline(time.monotonic())
-            logits, cache = _prefill(adapter, seqs[i], prefixes, watch)
-            if pick([i], logits):
-                joined.append(i)
-                caches.append(cache)
-            else:
-                yield i
-        if joined:
-            batch = _merge(caches)
-            if merged is None:
-                merged = batch
-            else:
-                for layer, more in zip(merged, batch, strict=True):
-                    layer.extend(more)
-            active += joined
+        while waiting and len(active) < width:  # again if rows ended at their first token
+            prefilled = []
+            while waiting and len(active) + len(prefilled) < width:
+                i = waiting.pop()
+                deadlines[i] = watch.deadline(time.monotonic())
+                prefilled.append((i, *_prefill(adapter, seqs[i], prefixes, watch)))
+            for rows, logits, batch in _finish(adapter, seqs, prefilled):
+                joined = pick(rows, logits)
+                yield from (i for i in rows if i not in joined)
+                if not joined:
+                    continue
+                if len(joined) < len(rows):
+                    for c in batch:
+                        c.filter([rows.index(i) for i in joined])
+                if merged is None:
+                    merged = batch
+                else:
+                    for layer, more in zip(merged, batch, strict=True):
+                        layer.extend(more)
+                active += joined
         if not active:
             continue
         watch.check_stop()

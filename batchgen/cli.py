@@ -54,6 +54,11 @@ def _generation_options() -> list:
     return options
 
 
+_COLUMN = {"metavar": "NAME"}
+_COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "system",
+                 "image_column": "image", "video_column": "video"}  # fmt: skip
+
+
 def _run_options(command):
     """The options `run` and `caption` share: models, presets, generation, media, output."""
     options = [
@@ -62,6 +67,27 @@ def _run_options(command):
         click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
         click.option(
             "--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'
+        ),
+        click.option("--id-column", help="Column holding each row's id [id].", **_COLUMN),
+        click.option("--prompt-column", help="Column holding the prompt [prompt].", **_COLUMN),
+        click.option("--system-column", help="Column holding the system prompt [system].", **_COLUMN),
+        click.option(
+            "--image-column",
+            multiple=True,
+            help="Column holding images (repeatable) [image, images].",
+            **_COLUMN,
+        ),
+        click.option(
+            "--video-column",
+            multiple=True,
+            help="Column holding videos (repeatable) [video, videos].",
+            **_COLUMN,
+        ),
+        click.option(
+            "--keep-columns", multiple=True, help="Carry these binary columns to the output too (repeatable)."
+        ),
+        click.option(
+            "--drop-columns", multiple=True, help="Do not carry these columns to the output (repeatable)."
         ),
         click.option(
             "--output-format",
@@ -174,10 +200,11 @@ def _run(job_file: Path, output: Path, preset: str | None, output_format: str, *
     media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
                    "fetch_workers", "decode_workers")  # fmt: skip
     media = {k: flags.pop(k) for k in media_flags}
+    columns = {key: flags.pop(flag) for flag, key in _COLUMN_FLAGS.items()}
     output, openai_output = _outputs(output, output_format)
     try:
         config = build_config(
-            job_file, output, preset, generation, media, openai_output=openai_output, **flags
+            job_file, output, preset, generation, media, columns, openai_output=openai_output, **flags
         )
         summary = run_job(config)
     except BatchgenError as e:
@@ -204,13 +231,22 @@ def _outputs(output: Path, output_format: str) -> tuple[Path, Path | None]:
 @click.option(
     "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format [by extension]."
 )
-def validate(job_file: Path, fmt: str | None) -> None:
-    """Check every row of JOB_FILE; print each problem with its line; exit 1 if any."""
+@click.option("--id-column", **_COLUMN)
+@click.option("--prompt-column", **_COLUMN)
+@click.option("--system-column", **_COLUMN)
+@click.option("--image-column", multiple=True, **_COLUMN)
+@click.option("--video-column", multiple=True, **_COLUMN)
+@click.option("--prompt-template", help="As for run.")
+def validate(job_file: Path, fmt: str | None, prompt_template: str | None, **flags) -> None:
+    """Check every row of JOB_FILE as `run` would read it (with the same column mapping and
+    prompt template); print each problem with its line; exit 1 if any."""
+    from .config import build_columns
     from .validate import validate_file
 
     count = 0
     try:
-        for problem in validate_file(job_file, fmt):
+        columns = build_columns({}, {key: flags[flag] for flag, key in _COLUMN_FLAGS.items()})
+        for problem in validate_file(job_file, fmt, columns, prompt_template):
             click.echo(problem)
             count += 1
     except BatchgenError as e:

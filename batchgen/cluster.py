@@ -87,15 +87,15 @@ class RowPicker:
     """Reads chosen rows of a job file, a few at a time, in file order: each pick continues
     where the last one stopped when that is no further back than the mark it is given."""
 
-    def __init__(self, path: Path, fmt: str):
-        self.path, self.fmt = path, fmt
+    def __init__(self, path: Path, fmt: str, id_column: str | None = None):
+        self.path, self.fmt, self.id_column = path, fmt, id_column
         self._rows: Iterator[RawRow] | None = None
         self._next = -1  # the index the open reader yields next
 
     def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
         """The rows at `indices` (ascending, none before `mark`)."""
         if self._rows is None or not mark.index <= self._next <= indices[0]:
-            self._rows, self._next = iter_rows(self.path, self.fmt, mark), mark.index
+            self._rows, self._next = iter_rows(self.path, self.fmt, mark, self.id_column), mark.index
         wanted, out = set(indices), []
         for row in self._rows:
             self._next = row.index + 1
@@ -118,7 +118,7 @@ class RowWorker:
             raise ConfigError(
                 f"{job}: not the driver's job file on this node; put it where every node reads it"
             )
-        self.rows = RowPicker(path, fmt)
+        self.rows = RowPicker(path, fmt, work.columns.id)
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
         atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
         engines = Engines.from_config(work.engine)

@@ -16,6 +16,7 @@ from .records import GenParams
 
 __all__ = [
     "MediaConfig",
+    "Columns",
     "RunConfig",
     "EngineSettings",
     "WorkSettings",
@@ -23,6 +24,7 @@ __all__ = [
     "find_preset",
     "load_preset",
     "build_config",
+    "build_columns",
     "GEN_FIELDS",
 ]
 
@@ -56,6 +58,24 @@ class MediaConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Columns:
+    """Which of a dataset's columns hold the row's id, prompt, system prompt and media, for
+    files whose columns are not named as batchgen's are (img2dataset's `key` and `jpg`)."""
+
+    id: str | None = None
+    prompt: str | None = None
+    system: str | None = None
+    image: tuple[str, ...] = ()  # several columns: each row's images in this order
+    video: tuple[str, ...] = ()
+
+    def named(self) -> list[tuple[str, str]]:
+        """(flag, column) for each mapped column."""
+        pairs = [("--id-column", self.id), ("--prompt-column", self.prompt), ("--system-column", self.system)]
+        pairs += [("--image-column", c) for c in self.image] + [("--video-column", c) for c in self.video]
+        return [(flag, c) for flag, c in pairs if c]
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
     """Everything one run needs; `batchgen.run(config)` takes nothing else."""
 
@@ -65,6 +85,9 @@ class RunConfig:
     text_model: str | None = None  # text-only rows; defaults to `model`
     format: str | None = None  # jsonl | parquet | csv; None = from the extension
     prompt_template: str | None = None  # fills each row's prompt from its columns
+    columns: Columns = field(default_factory=Columns)  # dataset columns taken as id, prompt, media
+    keep_columns: tuple[str, ...] = ()  # carried to the output although binary (images as bytes)
+    drop_columns: tuple[str, ...] = ()  # not carried to the output
     openai_output: Path | None = None  # also write an OpenAI Batch output file here
     defaults: GenParams = field(default_factory=GenParams)
     media: MediaConfig = field(default_factory=MediaConfig)
@@ -115,6 +138,7 @@ class WorkSettings:
     media: MediaConfig
     defaults: GenParams
     prompt_template: str | None
+    columns: Columns
     window: int
     batch_size: int
     continuous: bool
@@ -124,8 +148,8 @@ class WorkSettings:
 def work_settings(config: RunConfig) -> WorkSettings:
     engine = EngineSettings(**{f.name: getattr(config, f.name) for f in dataclasses.fields(EngineSettings)})
     return WorkSettings(
-        engine, config.media, config.defaults, config.prompt_template, config.window, config.batch_size,
-        config.continuous, config.input.parent,
+        engine, config.media, config.defaults, config.prompt_template, config.columns, config.window,
+        config.batch_size, config.continuous, config.input.parent,
     )  # fmt: skip
 
 
@@ -180,20 +204,28 @@ def build_config(
     preset: str | None = None,
     generation: dict[str, Any] | None = None,
     media: dict[str, Any] | None = None,
+    columns: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> RunConfig:
-    """Merge preset < flags (None means 'not given') into a validated RunConfig."""
+    """Merge preset < flags (None or empty means 'not given') into a validated RunConfig."""
     data = load_preset(find_preset(preset))
     gen = dict(data.pop("generation", None) or {})
     gen.update({k: v for k, v in (generation or {}).items() if v is not None})
     med = dict(data.pop("media", None) or {})
     med.update({k: v for k, v in (media or {}).items() if v is not None})
+    mapping = build_columns(data.pop("columns", None) or {}, columns or {})
+    for key in ("keep_columns", "drop_columns"):
+        if isinstance(data.get(key), str):
+            data[key] = (data[key],)
+        if overrides.get(key) == ():
+            overrides[key] = None
     if overrides.get("model") is not None and overrides.get("text_model") is None:
         data.pop("text_model", None)  # --model alone means that model for every row
     data.update({k: v for k, v in overrides.items() if v is not None})
     if not data.get("model"):
         raise ConfigError("no model: pass --model PATH_OR_ID or set `model` in a config")
     allowed = {f.name for f in dataclasses.fields(RunConfig)} - {"input", "output", "defaults", "media"}
+    allowed.discard("columns")
     unknown = set(data) - allowed
     if unknown:
         raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
@@ -226,10 +258,35 @@ def build_config(
         raise ConfigError("--row-timeout must be > 0 seconds")
     if data.get("limit") is not None and int(data["limit"]) < 0:
         raise ConfigError("--limit must be >= 0")
+    if mapping.prompt and data.get("prompt_template"):
+        raise ConfigError("give --prompt-column or --prompt-template, not both")
+    data = {k: tuple(v) if k in ("keep_columns", "drop_columns") else v for k, v in data.items()}
     return RunConfig(
         input=Path(input),
         output=Path(output),
         defaults=_gen_params(gen),
         media=limits,
+        columns=mapping,
         **data,
     )
+
+
+def build_columns(preset: Any, flags: dict[str, Any]) -> Columns:
+    """The column mapping: the preset's `columns:` overlaid with the flags (empty = not given)."""
+    if not isinstance(preset, dict):
+        raise ConfigError("columns: expected a mapping such as {id: key, image: jpg}")
+    values = {**preset, **{k: v for k, v in flags.items() if v not in (None, ())}}
+    unknown = set(values) - {f.name for f in dataclasses.fields(Columns)}
+    if unknown:
+        raise ConfigError(
+            f"unknown columns setting(s): {', '.join(sorted(unknown))} (id, prompt, system, image, video)"
+        )
+    for key in ("image", "video"):
+        if isinstance(values.get(key), str):
+            values[key] = (values[key],)
+        values[key] = tuple(values.get(key) or ())
+    for key, value in values.items():
+        names = value if isinstance(value, tuple) else (value,)
+        if not all(isinstance(n, str) and n for n in names if n is not None):
+            raise ConfigError(f"columns: {key}: expected a column name, got {value!r:.60}")
+    return Columns(**values)

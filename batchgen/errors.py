@@ -26,9 +26,11 @@ def one_line(text: str) -> str:
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 
-def describe(source: str, width: int = 80) -> str:
+def describe(source: str | bytes, width: int = 80) -> str:
     """A reference short enough for a one-line error: data URLs lose their payload, control
-    characters (a newline in a path) are escaped."""
+    characters (a newline in a path) are escaped, bytes are named by their size."""
+    if isinstance(source, bytes):
+        return f"{len(source):,} bytes from the row"
     if source.startswith("data:"):
         source = f"{source.split(',', 1)[0][:width]},… ({len(source)} chars)"
     elif len(source) > width:

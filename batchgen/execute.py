@@ -105,13 +105,19 @@ class LocalExecutor:
         self.pool = ThreadPoolExecutor(work.media.fetch_workers, thread_name_prefix="batchgen-media")
         engines.stop = stop
         engines.load_drafter()  # a drafter that cannot pair with its target stops the run before any row
+        self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
+
+    def _counted(self, job: Job) -> Job:
+        for name in job.unused_media:
+            self.unused_media[name] = self.unused_media.get(name, 0) + 1
+        return job
 
     def run(self, todo: Pending) -> Iterator[list[tuple[Job, Result]]]:
         return self.generate(todo.rows())
 
     def generate(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
         c = self.work
-        jobs = (parse_row(raw, c.defaults, c.prompt_template)[0] for raw in rows)
+        jobs = (self._counted(parse_row(raw, c.defaults, c.prompt_template, c.columns)[0]) for raw in rows)
         prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)
         prefetcher.start()
         # Load the models the first rows need while their media download.
@@ -130,6 +136,7 @@ class LocalExecutor:
             "cache": prefixes.stats() if prefixes else {},
             "max_tokens_capped": self.engines.capped,
             "one_at_a_time": dict(self.engines.one_at_a_time),
+            "unused_media": dict(self.unused_media),
         }
 
     def close(self) -> None:
@@ -151,8 +158,9 @@ def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
         lookups = cache["prefix_hits"] + cache["prefix_misses"]
         cache["prefix_hit_rate"] = round(cache["prefix_hits"] / lookups, 4) if lookups else 0.0
     capped = sum(part.get("max_tokens_capped", 0) for part in parts)
-    alone: dict[str, int] = {}
+    counts: dict[str, dict[str, int]] = {"one_at_a_time": {}, "unused_media": {}}
     for part in parts:
-        for reason, n in part.get("one_at_a_time", {}).items():
-            alone[reason] = alone.get(reason, 0) + n
-    return {"media": media, "cache": cache, "max_tokens_capped": capped, "one_at_a_time": alone}
+        for key, total in counts.items():
+            for reason, n in part.get(key, {}).items():
+                total[reason] = total.get(reason, 0) + n
+    return {"media": media, "cache": cache, "max_tokens_capped": capped, **counts}

@@ -99,7 +99,12 @@ class MediaStage:
             for ref in job.media:
                 stage = "fetch"
                 t0 = time.perf_counter()
-                item = self.fetcher.fetch(ref)
+                # Bytes from the row itself (a binary column) are the media: nothing to fetch.
+                item = (
+                    Fetched(ref, data=ref.source)
+                    if isinstance(ref.source, bytes)
+                    else self.fetcher.fetch(ref)
+                )
                 t1 = time.perf_counter()
                 out.times.fetch_ms += (t1 - t0) * 1000
                 stage = {"image": "decode", "video": "frames"}.get(ref.kind, "fetch")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from .config import Columns
 from .errors import short
 from .openai import from_batch_request, is_batch_request
 from .params import Problem, check_params, is_int, is_number
 from .read import RawRow, valid_id
 from .records import GenParams, Job, MediaRef
 
-__all__ = ["parse_row", "MEDIA_COLUMNS"]
+__all__ = ["parse_row", "MEDIA_COLUMNS", "media_like"]
 
 # Flat media columns and the kind each holds.
 MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "audio": "audio"}
@@ -26,17 +27,59 @@ _PART_TYPES = {
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
-def _media_values(name: str, value: Any, problems: list[Problem]) -> list[str]:
+# Names of columns that usually hold media (img2dataset's `jpg`, web crawls' `url`): a row
+# without media beside one of them is probably a mapping the user forgot.
+_MEDIA_NAMES = {"jpg", "jpeg", "png", "webp", "img", "image_url", "image_path", "image_bytes", "url", "mp4",
+                "video_url", "picture", "photo"}  # fmt: skip
+
+
+def media_like(name: str, value: Any) -> bool:
+    """A column value that looks like media: bytes, a Hugging Face image struct, or a name like `jpg`."""
+    if value is None:
+        return False
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    if isinstance(value, dict) and ("bytes" in value or "path" in value):
+        return True
+    return name.lower() in _MEDIA_NAMES
+
+
+def _source(value: Any) -> str | bytes | None:
+    """A media reference from a cell: a URL, path or data URL; raw bytes (a Parquet binary
+    column); a Hugging Face image struct, its bytes first, else its path."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value) if len(value) else None
+    if isinstance(value, dict):
+        return _source(value.get("bytes")) or _source(value.get("path"))
+    return None
+
+
+def _media_values(name: str, value: Any, problems: list[Problem]) -> list[str | bytes]:
     values = value if isinstance(value, list) else [value]
-    if not values or not all(isinstance(v, str) and v.strip() for v in values):
-        problems.append((name, f"expected a non-empty string or a list of them, got {value!r:.60}"))
+    sources = [_source(v) for v in values]
+    if not sources or not all(sources):
+        problems.append(
+            (name, f"expected a URL, path, data URL, bytes or {{bytes, path}} struct, or a list of them, "
+                   f"got {_shown(value)}")
+        )  # fmt: skip
         return []
-    return values
+    return sources  # type: ignore[return-value]
+
+
+def _shown(value: Any) -> str:
+    """A bad value for a message: bytes (also inside a struct) by their size, not their content."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{len(value)} bytes"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_shown(v)}" for k, v in list(value.items())[:4]) + "}"
+    return f"{value!r:.60}"
 
 
 def _part_reference(part: dict[str, Any], key: str) -> Any:
     ref = part.get(key)
-    return ref.get("url") if isinstance(ref, dict) else ref
+    return _source(ref.get("url") if isinstance(ref, dict) and "url" in ref else ref)
 
 
 def _content(
@@ -58,8 +101,8 @@ def _content(
         elif kind in _PART_TYPES:
             media_kind, key = _PART_TYPES[kind]
             ref = _part_reference(part, key)
-            if not isinstance(ref, str) or not ref.strip():
-                problems.append((at, f"a {kind} part needs a URL, path or data URL in {key!r}"))
+            if ref is None:
+                problems.append((at, f"a {kind} part needs a URL, path, data URL or bytes in {key!r}"))
                 continue
             parts.append({"type": media_kind, "media": len(media)})
             media.append(MediaRef(media_kind, ref))
@@ -136,20 +179,46 @@ def _fill_template(template: str, value: dict[str, Any], problems: list[Problem]
     return {**value, "prompt": prompt}
 
 
-def parse_row(row: RawRow, defaults: GenParams, template: str | None = None) -> tuple[Job, list[Problem]]:
+def _mapped(value: dict[str, Any], columns: Columns, problems: list[Problem]) -> dict[str, Any]:
+    """The row under batchgen's own column names: the mapped id, prompt and system columns,
+    and the mapped media columns in place of `image(s)` / `video(s)`."""
+    out = dict(value)
+    for key, name in (("id", columns.id), ("prompt", columns.prompt), ("system", columns.system)):
+        if name:
+            out[key] = value.get(name)
+    for kind, names in (("image", columns.image), ("video", columns.video)):
+        if not names:
+            continue
+        found: list[Any] = []
+        for name in names:
+            cell = value.get(name)
+            found += cell if isinstance(cell, list) else [] if cell is None else [cell]
+        out.pop(kind + "s", None)
+        out[kind] = found or None
+        if not found:
+            problems.append((names[0], f"no {kind} in {' or '.join(map(repr, names))} (empty)"))
+    return out
+
+
+def parse_row(
+    row: RawRow, defaults: GenParams, template: str | None = None, columns: Columns | None = None
+) -> tuple[Job, list[Problem]]:
     """A Job for every row; the problems found, if any, are also in `job.error`. Never raises:
     whatever a hostile row makes go wrong is that row's problem.
 
-    `template` (`--prompt-template`) fills each row's prompt from its columns."""
+    `template` (`--prompt-template`) fills each row's prompt from its columns; `columns` says
+    which columns hold the id, prompt, system prompt and media."""
     try:
-        return _parse_row(row, defaults, template)
+        return _parse_row(row, defaults, template, columns or Columns())
     except Exception as e:  # noqa: BLE001 - a safety net under the checks below
         problem = ("row", f"cannot read it ({type(e).__name__}: {short(e)})")
         job = Job(index=row.index, id=row.id, line=row.line, error=problem[1])
         return job, [problem]
 
 
-def _parse_row(row: RawRow, defaults: GenParams, template: str | None) -> tuple[Job, list[Problem]]:
+def _parse_row(
+    row: RawRow, defaults: GenParams, template: str | None, columns: Columns
+) -> tuple[Job, list[Problem]]:
     job = Job(index=row.index, id=row.id, line=row.line, digest=row.digest)
     if row.error:
         job.error = row.error
@@ -165,6 +234,8 @@ def _parse_row(row: RawRow, defaults: GenParams, template: str | None) -> tuple[
     if is_batch_request(value):
         value, batch_problems = from_batch_request(value)
         problems += batch_problems
+    if columns.named():
+        value = _mapped(value, columns, problems)
     if template is not None:
         value = _fill_template(template, value, problems)
     if not (value.get("id") is None or valid_id(value["id"])):
@@ -201,6 +272,9 @@ def _parse_row(row: RawRow, defaults: GenParams, template: str | None) -> tuple[
     if flat and job.messages:
         _attach_flat_media(job.messages, flat, media)
     job.media = _in_slot_order(job.messages, media)
+    if not job.media:
+        mapped = {c for _, c in columns.named()}
+        job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
 
     system = job.params.system
     if system and job.messages and job.messages[0]["role"] != "system":

@@ -45,6 +45,7 @@ class RawRow:
     line: int | None
     value: Any = None
     error: str | None = None
+    id_column: str | None = None  # the column holding the id (--id-column); None: `id`
 
     @property
     def id(self) -> Any:
@@ -54,7 +55,7 @@ class RawRow:
         place = f"line-{self.line}" if self.line is not None else f"row-{self.index}"
         if not isinstance(self.value, dict):
             return place
-        value = row_id(self.value)
+        value = self.value.get(self.id_column) if self.id_column else row_id(self.value)
         if value is None:
             return self.index
         return value if valid_id(value) else place
@@ -66,8 +67,17 @@ class RawRow:
     @property
     def digest(self) -> str:
         """A fingerprint of the row's content, independent of key order and formatting."""
-        body = self.error if self.value is None else json.dumps(self.value, sort_keys=True, default=str)
+        body = (
+            self.error if self.value is None else json.dumps(self.value, sort_keys=True, default=_digest_of)
+        )
         return hashlib.sha256(str(body).encode()).hexdigest()[:32]
+
+
+def _digest_of(value: Any) -> str:
+    """What a row's fingerprint takes of a value JSON has no form for: bytes by their digest."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "sha256:" + hashlib.sha256(value).hexdigest()
+    return str(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +112,8 @@ class JobIndex:
     schema: pa.Schema | None  # Parquet input keeps its column types in the output
     digests: list[str] | None = None  # RawRow.digest of each row, aligned with ids
     wheres: list[str] | None = None  # how messages name each row (line N / row N)
+    columns: list[str] = field(default_factory=list)  # the file's columns (JSONL: the keys rows have)
+    id_column: str | None = None  # where ids come from (--id-column)
 
     rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
     kept_ids: list[Any] | None = None  # ids the output keeps, in order (the shard's); None = ids
@@ -349,13 +361,17 @@ def _positioned(path: Path, fmt: str, start: Mark) -> Iterator[tuple[RawRow, Mar
     return {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](path, start)
 
 
-def iter_rows(path: Path, fmt: str, start: Mark | None = None) -> Iterator[RawRow]:
+def iter_rows(
+    path: Path, fmt: str, start: Mark | None = None, id_column: str | None = None
+) -> Iterator[RawRow]:
     """Every row of the file in order (from `start`, a mark of `scan`); a row that does not
-    parse carries its `error`."""
-    return (row for row, _ in _positioned(path, fmt, start or START))
+    parse carries its `error`; ids come from `id_column` when given."""
+    for row, _ in _positioned(path, fmt, start or START):
+        row.id_column = id_column
+        yield row
 
 
-def scan(path: Path, fmt: str | None = None) -> JobIndex:
+def scan(path: Path, fmt: str | None = None, id_column: str | None = None) -> JobIndex:
     """Check the file is readable and its ids unique, before any work starts."""
     if not path.is_file():
         raise JobFileError(f"{path}: no such job file")
@@ -364,6 +380,7 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
     ids: list[Any] = []
     digests: list[str] = []
     wheres: list[str] = []
+    columns: dict[str, None] = dict.fromkeys(schema.names) if schema is not None else {}
     first_seen: dict[str, str] = {}
     marks = [START]
     parsed = 0
@@ -371,7 +388,10 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
         for row, mark in _positioned(path, fmt, START):
             if mark.seek != marks[-1].seek if fmt == "parquet" else row.index - marks[-1].index >= _MARK_ROWS:
                 marks.append(mark)
+            row.id_column = id_column
             parsed += row.error is None
+            if schema is None and isinstance(row.value, dict):
+                columns.update(dict.fromkeys(row.value))
             key = id_key(row.id)
             if key in first_seen:
                 raise JobFileError(
@@ -388,4 +408,5 @@ def scan(path: Path, fmt: str | None = None) -> JobIndex:
         raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
     if ids and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
-    return JobIndex(format=fmt, ids=ids, schema=schema, digests=digests, wheres=wheres, marks=marks)
+    return JobIndex(format=fmt, ids=ids, schema=schema, digests=digests, wheres=wheres, marks=marks,
+                    columns=list(columns), id_column=id_column)  # fmt: skip

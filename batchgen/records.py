@@ -45,7 +45,7 @@ class MediaRef:
     """One media reference as the row gave it: a URL, a local path or a data URL."""
 
     kind: MediaKind
-    source: str
+    source: str | bytes  # bytes: the media themselves, from a binary column
 
 
 @dataclass(slots=True)
@@ -64,6 +64,7 @@ class Job:
     video_max_frames: int | None = None
     digest: str | None = None  # fingerprint of the input row (RawRow.digest)
     error: str | None = None
+    unused_media: tuple[str, ...] = ()  # a row without media: its columns that look like media
 
     @property
     def where(self) -> str:

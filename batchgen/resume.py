@@ -85,7 +85,7 @@ class Pending:
     def rows(self) -> Iterator[RawRow]:
         kept = set(self.index.rows) if self.index.rows is not None else None
         last = self.index.rows[-1] if self.index.rows else -1
-        for raw in iter_rows(self.path, self.index.format):
+        for raw in iter_rows(self.path, self.index.format, id_column=self.index.id_column):
             if kept is not None and raw.index > last:
                 return
             if (kept is None or raw.index in kept) and id_key(raw.id) not in self.done:

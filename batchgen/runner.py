@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -26,9 +27,9 @@ from .openai import write_batch_output
 from .read import JobIndex, id_key, scan
 from .records import TOTALS, Job, Result
 from .resume import Pending, check_unchanged, settings_of
-from .write import OutputLock, ResultWriter, atomic_write, partial_dir
+from .write import OutputLock, ResultWriter, atomic_write, dropped_columns, partial_dir
 
-__all__ = ["RunSummary", "run", "check_paths"]
+__all__ = ["RunSummary", "run", "check_paths", "check_columns", "template_fields"]
 
 
 @dataclass(slots=True)
@@ -49,6 +50,8 @@ class RunSummary:
     acceptance_rate: float = 0.0  # accepted / drafted
     max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
     one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
+    unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
+    dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
     wall_s: float = 0.0
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
@@ -73,6 +76,14 @@ class RunSummary:
             drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
         capped = f" · {self.max_tokens_capped} rows capped at the context" if self.max_tokens_capped else ""
         capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())
+        capped += "".join(
+            f" · warning: {n} rows without media beside column {name!r}, which looks like media "
+            f"(--image-column {name} or --video-column {name} to use it)"
+            for name, n in self.unused_media.items()
+        )
+        if self.dropped_columns:
+            names = ", ".join(self.dropped_columns)
+            capped += f" · not copied to the output: {names} (binary; --keep-columns to keep)"
         return (
             f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
@@ -170,7 +181,8 @@ def run(config: RunConfig) -> RunSummary:
     The job file and the models are checked before the output is locked or touched."""
     started = time.perf_counter()
     check_paths(config)
-    index = scan(config.input, config.format)
+    index = scan(config.input, config.format, config.columns.id)
+    check_columns(config, index)
     if config.shard is not None or config.limit is not None:
         index.narrow(config.shard, config.limit)
     work = work_settings(config)
@@ -201,6 +213,35 @@ def check_paths(config: RunConfig) -> None:
             raise ConfigError(f"cannot write {path}: {folder} is not a writable folder")
 
 
+def check_columns(config: RunConfig, index: JobIndex) -> None:
+    """Columns the settings name (mapping, kept or dropped columns, template fields) must be the
+    file's: a typo stops the run before any work, listing the columns there are."""
+    if not index.ids:
+        return
+    named = [*config.columns.named(), *(("--keep-columns", c) for c in config.keep_columns),
+             *(("--drop-columns", c) for c in config.drop_columns)]  # fmt: skip
+    if config.prompt_template is not None:
+        named += [("--prompt-template", name) for name in template_fields(config.prompt_template)]
+    missing = [f"{flag} {name!r}" for flag, name in named if name not in index.columns]
+    if missing:
+        shown = ", ".join(index.columns[:40]) + (" …" if len(index.columns) > 40 else "")
+        raise ConfigError(f"{config.input}: no column {', '.join(missing)}; its columns: {shown}")
+
+
+def template_fields(template: str) -> list[str]:
+    """The columns a --prompt-template names; a malformed one is a ConfigError."""
+    import string
+
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise ConfigError(f"--prompt-template {template!r:.80}: malformed ({e})") from None
+    names = [re.split(r"[.\[]", name, maxsplit=1)[0] for name in fields]
+    if any(not name or name.isdigit() for name in names):
+        raise ConfigError(f"--prompt-template {template!r:.80}: every field names a column, e.g. {{caption}}")
+    return names
+
+
 def _run(
     config: RunConfig,
     work: WorkSettings,
@@ -209,15 +250,17 @@ def _run(
     signals: _Signals,
     started: float,
 ) -> RunSummary:
+    dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
     writer = ResultWriter(
-        config.output, index, settings_of(config), config.overwrite, config.flush_rows, config.flush_seconds
-    )
+        config.output, index, settings_of(config), config.overwrite, config.flush_rows, config.flush_seconds,
+        skip=dropped,
+    )  # fmt: skip
     done = writer.done()
     check_unchanged(index, done)
     todo = sum(id_key(i) not in done for i in index.ids)
     if done and todo and not config.quiet:
         print(f"resuming: {len(index.ids) - todo:,} of {len(index.ids):,} rows done", file=sys.stderr)
-    summary = RunSummary(output=str(config.output))
+    summary = RunSummary(output=str(config.output), dropped_columns=sorted(dropped))
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
@@ -248,6 +291,7 @@ def _run(
         summary.media, summary.cache = stats["media"], stats["cache"]
         summary.max_tokens_capped = stats["max_tokens_capped"]
         summary.one_at_a_time = stats["one_at_a_time"]
+        summary.unused_media = stats["unused_media"]
         return _conclude(config, writer, summary, started)
 
 

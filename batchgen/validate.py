@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import JobFileError
+from .config import Columns
+from .errors import ConfigError, JobFileError
 from .parse import parse_row
 from .read import detect_format, id_key, iter_rows
 from .records import GenParams
@@ -13,17 +14,30 @@ from .records import GenParams
 __all__ = ["validate_file"]
 
 
-def validate_file(path: Path, fmt: str | None = None) -> Iterator[str]:
-    """Yield one line per problem: `FILE:LINE: field: message` (or `FILE: row N: ...`)."""
+def validate_file(
+    path: Path, fmt: str | None = None, columns: Columns | None = None, template: str | None = None
+) -> Iterator[str]:
+    """Yield one line per problem: `FILE:LINE: field: message` (or `FILE: row N: ...`), the
+    rows read as `run` reads them with this column mapping and prompt template. Columns the
+    mapping names that the file lacks are a ConfigError, as in `run`."""
+    from .runner import template_fields
+
     if not path.is_file():
         raise JobFileError(f"{path}: no such job file")
     fmt = detect_format(path, fmt)
+    columns = columns or Columns()
+    if columns.prompt and template:
+        raise ConfigError("give --prompt-column or --prompt-template, not both")
+    named = [*columns.named(), *(("--prompt-template", f) for f in template_fields(template or ""))]
     seen: dict[str, str] = {}
+    present: set[str] = set()
     rows = parsed = 0
-    for raw in iter_rows(path, fmt):
+    for raw in iter_rows(path, fmt, id_column=columns.id):
         rows += 1
+        if isinstance(raw.value, dict):
+            present.update(raw.value)
         where = f"{path}:{raw.line}" if raw.line is not None else f"{path}: row {raw.index}"
-        job, problems = parse_row(raw, GenParams())
+        job, problems = parse_row(raw, GenParams(), template, columns)
         parsed += raw.error is None
         for field, message in problems:
             yield f"{where}: {field}: {message}"
@@ -34,3 +48,8 @@ def validate_file(path: Path, fmt: str | None = None) -> Iterator[str]:
             seen[key] = raw.where
     if rows and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
+    missing = [f"{flag} {name!r}" for flag, name in named if rows and name not in present]
+    if missing:
+        raise ConfigError(
+            f"{path}: no column {', '.join(missing)}; its columns: {', '.join(sorted(present))}"
+        )

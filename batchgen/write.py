@@ -27,7 +27,10 @@ from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
 from .resume import check_settings, finished
 
-__all__ = ["ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "RESULT_SCHEMA"]
+__all__ = [
+    "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "dropped_columns",
+    "RESULT_SCHEMA",
+]  # fmt: skip
 
 _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
@@ -103,11 +106,31 @@ def _output_name(name: str) -> str:
     return f"input_{name}" if bare in _OURS else name
 
 
-def rows_to_table(rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None) -> pa.Table:
-    """Input columns (typed by the input schema when there is one), then our columns."""
+def _holds_bytes(type_: pa.DataType) -> bool:
+    """Binary, or a struct or list holding binary (a Hugging Face image's {bytes, path})."""
+    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_fixed_size_binary(type_):
+        return True
+    if pa.types.is_struct(type_):
+        return any(_holds_bytes(type_.field(i).type) for i in range(type_.num_fields))
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return _holds_bytes(type_.value_type)
+    return False
+
+
+def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> set[str]:
+    """Input columns the output does not carry: those holding bytes (a dataset's images would
+    be copied into every output otherwise) unless kept, and those asked to be dropped."""
+    binary = {f.name for f in index.schema if _holds_bytes(f.type)} if index.schema is not None else set()
+    return (binary - set(keep)) | set(drop)
+
+
+def rows_to_table(
+    rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None, skip: set[str] = frozenset()
+) -> pa.Table:
+    """Input columns but `skip` (typed by the input schema when there is one), then our columns."""
     input_names: dict[str, None] = {}
     for raw, _ in rows:
-        input_names.update(dict.fromkeys(k for k in raw if k != "id"))
+        input_names.update(dict.fromkeys(k for k in raw if k != "id" and k not in skip))
     ids = [r.id for _, r in rows]
     columns: dict[str, pa.Array] = {"id": _column(ids, None) if ids else pa.array([], pa.int64())}
     for name in input_names:
@@ -146,9 +169,11 @@ class ResultWriter:
     """
 
     def __init__(self, output: Path, index: JobIndex, settings: dict[str, Any], overwrite: bool,
-                 flush_rows: int = 64, flush_seconds: float = 10.0):  # fmt: skip
+                 flush_rows: int = 64, flush_seconds: float = 10.0,
+                 skip: set[str] = frozenset()):  # fmt: skip
         self.output = output
         self.index = index
+        self.skip = skip  # input columns not carried
         self.settings = settings
         self.partial = partial_dir(output)
         self.flush_rows = flush_rows
@@ -199,7 +224,7 @@ class ResultWriter:
             self.partial.mkdir(parents=True)
             text = json.dumps(self._manifest, indent=2) + "\n"
             atomic_write(self.partial / "manifest.json", lambda p: p.write_text(text))
-        table = rows_to_table(self._buffer, self.index.schema)
+        table = rows_to_table(self._buffer, self.index.schema, self.skip)
         self._parts += 1
         path = self.partial / f"part-{self._parts:06d}.parquet"
         atomic_write(path, lambda p: pq.write_table(table, p))

@@ -99,11 +99,18 @@ def test_csv_jobs_and_prompt_templates(tmp_path):
     a, b, c = read(out)
     assert a["generated_text"].strip() == b["generated_text"].strip() == "star"
     assert c["error_stage"] == "read" and "max_tokens" in c["error"]
-    code, _ = run_cli("run", str(tmp_path / "jobs.csv"), "-o", str(tmp_path / "missing.parquet"), "--model",
-                      CAPTIONER, "--prompt-template", "Describe {colour}", *QUIET)  # fmt: skip
-    assert all(
-        "prompt_template: missing column 'colour'" in r["error"] for r in read(tmp_path / "missing.parquet")
+    # A template naming a column no row has stops the run before any work, listing the columns.
+    code, output = run_cli("run", str(tmp_path / "jobs.csv"), "-o", str(tmp_path / "missing.parquet"),
+                           "--model", CAPTIONER, "--prompt-template", "Describe {colour}",
+                           *QUIET)  # fmt: skip
+    assert (
+        code == 2
+        and "no column --prompt-template 'colour'; its columns: id, image, title, max_tokens" in output
     )
+    assert not (tmp_path / "missing.parquet").exists()
+    code, output = run_cli("run", str(tmp_path / "jobs.csv"), "-o", str(tmp_path / "bad.parquet"),
+                           "--model", CAPTIONER, "--prompt-template", "Describe {title", *QUIET)  # fmt: skip
+    assert code == 2 and "--prompt-template 'Describe {title': malformed" in output
 
 
 def test_openai_batch_round_trip(tmp_path):

@@ -22,7 +22,7 @@ def test_validate_reports_every_problem_with_its_line(tmp_path):
     assert any(line.startswith(f"{job}:4: row: invalid JSON") for line in lines)
     assert f"{job}:5: messages[0].content[0]: unknown content part type 'sticker'" in lines
     assert f"{job}:6: id: duplicate id 1 (first at line 1)" in lines
-    assert any(line.startswith(f"{job}:7: images: expected a non-empty string") for line in lines)
+    assert any(line.startswith(f"{job}:7: images: expected a URL, path, data URL, bytes") for line in lines)
     assert f"{job}:8: row: expected a JSON object, got list" in lines
     # Lines that are no JSON object are named by their line, so they never clash with ids.
     assert not any("duplicate id 2" in line or "duplicate id 6" in line for line in lines)

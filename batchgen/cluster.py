@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import bisect
+import dataclasses
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from .execute import merge_stats
 from .read import Mark, RawRow, iter_rows
 from .records import Job, Result
 from .resume import Pending
+from .source import Source, is_uri
 from .write import RESULT_SCHEMA
 
 __all__ = ["RayExecutor", "RowWorker"]
@@ -66,7 +68,11 @@ def _items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
         bits = bytearray((group[-1] - group[0]) // 8 + 1)
         for i in group:
             bits[(i - group[0]) // 8] |= 1 << ((i - group[0]) % 8)
-        return {"mark": [mark.index, mark.seek, mark.base], "first": group[0], "want": bytes(bits)}
+        return {
+            "mark": [mark.index, mark.seek, mark.base, mark.shard],
+            "first": group[0],
+            "want": bytes(bits),
+        }
 
     items, group = [], []
     for i in todo.indices():
@@ -79,23 +85,31 @@ def _items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
     return items
 
 
+def _absolute(source: Source) -> Source:
+    """The source with local paths made absolute: actors do not share the driver's folder."""
+    shards = tuple(s if is_uri(s.path) else dataclasses.replace(s, path=str(Path(s.path).resolve()))
+                   for s in source.shards)  # fmt: skip
+    base = str(Path(source.base).resolve()) if source.base is not None else None
+    return dataclasses.replace(source, shards=shards, base=base)
+
+
 def _wanted(first: int, want: bytes) -> list[int]:
     return [first + i for i in range(len(want) * 8) if want[i // 8] >> (i % 8) & 1]
 
 
 class RowPicker:
-    """Reads chosen rows of a job file, a few at a time, in file order: each pick continues
-    where the last one stopped when that is no further back than the mark it is given."""
+    """Reads chosen rows of a job, a few at a time, in job order: each pick continues where
+    the last one stopped when that is no further back than the mark it is given."""
 
-    def __init__(self, path: Path, fmt: str, id_column: str | None = None):
-        self.path, self.fmt, self.id_column = path, fmt, id_column
+    def __init__(self, source: Source, id_column: str | None = None):
+        self.source, self.id_column = source, id_column
         self._rows: Iterator[RawRow] | None = None
         self._next = -1  # the index the open reader yields next
 
     def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
         """The rows at `indices` (ascending, none before `mark`)."""
         if self._rows is None or not mark.index <= self._next <= indices[0]:
-            self._rows, self._next = iter_rows(self.path, self.fmt, mark, self.id_column), mark.index
+            self._rows, self._next = iter_rows(self.source, start=mark, id_column=self.id_column), mark.index
         wanted, out = set(indices), []
         for row in self._rows:
             self._next = row.index + 1
@@ -109,16 +123,17 @@ class RowPicker:
 class RowWorker:
     """A Ray actor: loads the models once, then reads and runs batches of items."""
 
-    def __init__(self, work: WorkSettings, job: str, fmt: str, size: int, tmp_root: str | None = None):
+    def __init__(self, work: WorkSettings, source: Source, tmp_root: str | None = None):
         from .engine import Engines
         from .execute import LocalExecutor
 
-        path = Path(job)  # a shared folder or a copy: Ray Data's own readers ask the same
-        if not path.is_file() or path.stat().st_size != size:
-            raise ConfigError(
-                f"{job}: not the driver's job file on this node; put it where every node reads it"
-            )
-        self.rows = RowPicker(path, fmt, work.columns.id)
+        for shard in source.shards:  # a shared folder or a copy: Ray Data's own readers ask the same
+            path = Path(shard.path)
+            if not is_uri(shard.path) and not (path.is_file() and path.stat().st_size == shard.size):
+                raise ConfigError(
+                    f"{shard.path}: not the driver's job file on this node; put it where every node reads it"
+                )
+        self.rows = RowPicker(source, work.columns.id)
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
         atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
         engines = Engines.from_config(work.engine)
@@ -203,12 +218,12 @@ class RayExecutor:
             logging.getLogger("ray.data").setLevel(logging.WARNING)
             ds = ray.data.from_items(items).repartition(min(max(c.workers * 2, 1), len(items)))
             local = started and not c.ray_address  # actors' temp folders inside ours, removed with it
-            job = str(todo.path.resolve())
+            source = _absolute(todo.index.source)  # type: ignore[arg-type]
             results = ds.map_batches(
                 RowWorker,
                 fn_constructor_kwargs={
-                    "work": work_settings(c), "job": job, "fmt": todo.index.format,
-                    "size": todo.path.stat().st_size, "tmp_root": temp_dir if local else None,
+                    "work": work_settings(c, source.base), "source": source,
+                    "tmp_root": temp_dir if local else None,
                 },
                 compute=ActorPoolStrategy(size=c.workers),
                 batch_size=max(1, batch_rows // per_item),

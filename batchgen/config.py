@@ -13,6 +13,7 @@ import yaml
 from .errors import ConfigError
 from .params import check_params
 from .records import GenParams
+from .source import is_uri
 
 __all__ = [
     "MediaConfig",
@@ -79,7 +80,7 @@ class Columns:
 class RunConfig:
     """Everything one run needs; `batchgen.run(config)` takes nothing else."""
 
-    input: Path
+    input: Path | str  # a job file, a folder or glob of shards, or a URI (s3://, gs://, hf://)
     output: Path
     model: str
     text_model: str | None = None  # text-only rows; defaults to `model`
@@ -142,14 +143,15 @@ class WorkSettings:
     window: int
     batch_size: int
     continuous: bool
-    base_dir: Path  # where the job's relative media paths start
+    base_dir: Path | None  # where the job's relative media paths start; None: a remote job
 
 
-def work_settings(config: RunConfig) -> WorkSettings:
+def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
+    """What executors need; `base` is the job's Source.base."""
     engine = EngineSettings(**{f.name: getattr(config, f.name) for f in dataclasses.fields(EngineSettings)})
     return WorkSettings(
         engine, config.media, config.defaults, config.prompt_template, config.columns, config.window,
-        config.batch_size, config.continuous, config.input.parent,
+        config.batch_size, config.continuous, Path(base) if base is not None else None,
     )  # fmt: skip
 
 
@@ -262,7 +264,7 @@ def build_config(
         raise ConfigError("give --prompt-column or --prompt-template, not both")
     data = {k: tuple(v) if k in ("keep_columns", "drop_columns") else v for k, v in data.items()}
     return RunConfig(
-        input=Path(input),
+        input=str(input) if is_uri(str(input)) else Path(input),
         output=Path(output),
         defaults=_gen_params(gen),
         media=limits,

@@ -100,7 +100,7 @@ class Fetcher:
     """The run's one fetcher: HTTP session, URL table, on-disk cache and counters."""
 
     def __init__(
-        self, config: MediaConfig, base_dir: Path, tmp_dir: Path, stop: threading.Event | None = None
+        self, config: MediaConfig, base_dir: Path | None, tmp_dir: Path, stop: threading.Event | None = None
     ):
         self.config = config
         self.base_dir = base_dir
@@ -169,6 +169,10 @@ class Fetcher:
     def _local_file(self, ref: MediaRef) -> tuple[Path, int]:
         path = Path(ref.source).expanduser()
         if not path.is_absolute():
+            if self.base_dir is None:
+                raise RowError(
+                    "fetch", f"{describe(ref.source)}: a relative path in a remote job (give a URL)"
+                )
             path = self.base_dir / path
         if self.config.media_root is not None:
             root = Path(self.config.media_root).resolve()

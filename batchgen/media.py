@@ -62,7 +62,7 @@ class MediaStage:
     """The run's media resolver: one fetcher, decode memos, a bound on CPU-heavy work."""
 
     def __init__(
-        self, config: MediaConfig, base_dir: Path, tmp_dir: Path, audio_from_video: bool = False,
+        self, config: MediaConfig, base_dir: Path | None, tmp_dir: Path, audio_from_video: bool = False,
         model_pixels: int | None = None, stop: threading.Event | None = None,
     ):  # fmt: skip
         self.config = config

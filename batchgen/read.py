@@ -1,4 +1,5 @@
-"""Read stage: stream the rows of a JSONL, Parquet or CSV job file, never the whole file at once."""
+"""Read stage: stream the rows of a job's files (JSONL, Parquet, CSV or WebDataset tars; one
+file or many shards, local or remote: source.py), never a whole file at once."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import codecs
 import hashlib
 import json
 import re
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,20 +19,13 @@ import pyarrow.parquet as pq
 from .errors import JobFileError
 from .openai import row_id
 from .params import NUMBERS
+from .source import Source, resolve
+from .webdataset import iter_tar
 
 __all__ = [
-    "RawRow", "Mark", "JobIndex", "detect_format", "iter_rows", "scan", "id_key", "valid_id",
-    "shard_of",
+    "RawRow", "Mark", "JobIndex", "iter_rows", "scan", "id_key", "valid_id", "shard_of", "holds_bytes",
+    "checked",
 ]  # fmt: skip
-
-_EXTENSIONS = {
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "jsonl",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-    ".csv": "csv",
-}
 # CSV cells are text: these columns are read as numbers, and `[...]` / `{...}` cells as JSON.
 _CSV_NUMBERS = (*NUMBERS, "video_fps", "video_max_frames")
 _BATCH_ROWS = 1024  # Parquet rows decoded at a time: bounded memory for any file size
@@ -46,6 +41,7 @@ class RawRow:
     value: Any = None
     error: str | None = None
     id_column: str | None = None  # the column holding the id (--id-column); None: `id`
+    file: str | None = None  # the row's shard, when the job has several
 
     @property
     def id(self) -> Any:
@@ -62,7 +58,8 @@ class RawRow:
 
     @property
     def where(self) -> str:
-        return f"line {self.line}" if self.line is not None else f"row {self.index}"
+        at = f"line {self.line}" if self.line is not None else f"row {self.index}"
+        return f"{self.file} {at}" if self.file else at
 
     @property
     def digest(self) -> str:
@@ -82,13 +79,15 @@ def _digest_of(value: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Mark:
-    """Where reading can start again without reading what comes before: `seek` is a byte
-    offset (JSONL, CSV) or a row group (Parquet); `base` the lines before the row (JSONL, CSV)
-    or the row group's first row (Parquet)."""
+    """Where reading can start again without reading what comes before: in shard `shard`,
+    `seek` is a byte offset (JSONL, CSV, tar) or a row group (Parquet); `base` the lines
+    before the row (JSONL, CSV) or the row group's first row (Parquet). Indices count rows
+    across shards."""
 
     index: int
     seek: int
     base: int
+    shard: int = 0
 
 
 START = Mark(0, 0, 0)
@@ -110,9 +109,11 @@ class JobIndex:
     format: str
     ids: list[Any]
     schema: pa.Schema | None  # Parquet input keeps its column types in the output
+    source: Source | None = None  # the job's files
     digests: list[str] | None = None  # RawRow.digest of each row, aligned with ids
     wheres: list[str] | None = None  # how messages name each row (line N / row N)
     columns: list[str] = field(default_factory=list)  # the file's columns (JSONL: the keys rows have)
+    binary: set[str] = field(default_factory=set)  # columns holding bytes (images): not copied by default
     id_column: str | None = None  # where ids come from (--id-column)
 
     rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
@@ -145,18 +146,25 @@ def shard_of(row_id: Any, shards: int) -> int:
     return int(hashlib.sha256(id_key(row_id).encode()).hexdigest()[:16], 16) % shards
 
 
-def detect_format(path: Path, fmt: str | None = None) -> str:
-    if fmt:
-        if fmt not in ("jsonl", "parquet", "csv"):
-            raise JobFileError(f"unknown --format {fmt!r} (expected jsonl, parquet or csv)")
-        return fmt
-    try:
-        return _EXTENSIONS[path.suffix.lower()]
-    except KeyError:
-        raise JobFileError(
-            f"{path}: cannot tell the format from the extension {path.suffix!r}; "
-            "pass --format jsonl, parquet or csv"
-        ) from None
+def holds_bytes(type_: pa.DataType) -> bool:
+    """Binary, or a struct or list holding binary (a Hugging Face image's {bytes, path})."""
+    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_fixed_size_binary(type_):
+        return True
+    if pa.types.is_struct(type_):
+        return any(holds_bytes(type_.field(i).type) for i in range(type_.num_fields))
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return holds_bytes(type_.value_type)
+    return False
+
+
+def _has_bytes(value: Any) -> bool:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    if isinstance(value, dict):
+        return any(isinstance(v, (bytes, bytearray)) for v in value.values())
+    if isinstance(value, list):
+        return any(_has_bytes(v) for v in value[:4])
+    return False
 
 
 _MAX_DEPTH = 64  # nesting levels of a row's values: deeper is no job row, and costs every reader
@@ -192,7 +200,7 @@ def _cleaned(value: Any) -> Any:
     return value
 
 
-def _checked(row: RawRow) -> RawRow:
+def checked(row: RawRow) -> RawRow:
     """A row whose value cannot be used becomes an error row that keeps what can be written:
     its columns that are not too deep, lone surrogates replaced."""
     deep, surrogate = _walk(row.value)
@@ -216,34 +224,33 @@ def _parse_json(text: str) -> tuple[Any, str | None]:
         return None, f"invalid JSON: nested deeper than {_MAX_DEPTH} levels"
 
 
-def _iter_jsonl(path: Path, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+def _iter_jsonl(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
     index, offset, line_no = start.index, start.seek, start.base
-    with path.open("rb") as f:
-        f.seek(offset)
-        for raw in f:
-            here = Mark(index, offset, line_no)
-            offset, line_no = offset + len(raw), line_no + 1
-            if here.seek == 0 and raw.startswith(codecs.BOM_UTF8):
-                raw = raw[len(codecs.BOM_UTF8) :]
-            if not raw.strip():
-                continue
-            row = RawRow(index=index, line=line_no)
-            index += 1
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                row.error = f"not valid UTF-8 (byte {e.start})"
-                yield row, here
-                continue
-            row.value, row.error = _parse_json(text)
-            yield (_checked(row) if row.error is None else row), here
+    f.seek(offset)
+    for raw in f:
+        here = Mark(index, offset, line_no, start.shard)
+        offset, line_no = offset + len(raw), line_no + 1
+        if here.seek == 0 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8) :]
+        if not raw.strip():
+            continue
+        row = RawRow(index=index, line=line_no)
+        index += 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            row.error = f"not valid UTF-8 (byte {e.start})"
+            yield row, here
+            continue
+        row.value, row.error = _parse_json(text)
+        yield (checked(row) if row.error is None else row), here
 
 
-def _iter_parquet(path: Path, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
-    f = _open_parquet(path)
+def _iter_parquet(file: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+    f = pq.ParquetFile(file)
     first = start.base  # the row group's first row
     for group in range(start.seek, f.num_row_groups):
-        here = Mark(first, group, first)
+        here = Mark(first, group, first, start.shard)
         index = first
         for batch in f.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group]):
             skip = max(0, min(start.index - index, batch.num_rows))  # rows before the start
@@ -254,7 +261,7 @@ def _iter_parquet(path: Path, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
             except (UnicodeDecodeError, pa.ArrowException):
                 rows = _cell_by_cell(batch, index)
             for row in rows:
-                yield (_checked(row) if row.error is None else row), here
+                yield (checked(row) if row.error is None else row), here
             index += batch.num_rows
         first += f.metadata.row_group(group).num_rows
 
@@ -279,13 +286,6 @@ def _cell_by_cell(batch: pa.RecordBatch, index: int) -> list[RawRow]:
         for row, value in zip(rows, values, strict=True):
             row.value[name] = value
     return rows
-
-
-def _open_parquet(path: Path) -> pq.ParquetFile:
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
 
 
 def _csv_cell(name: str, text: str) -> Any:
@@ -329,73 +329,110 @@ class _CsvLines:
                     raise
 
 
-def _iter_csv(path: Path, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+def _iter_csv(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
     import csv
 
     try:
         csv.field_size_limit(2**31 - 1)  # a long prompt is a row (maybe too long), not an unreadable file
-        with path.open("rb") as f:
-            head = _CsvLines(f, 0)
-            head_reader = csv.reader(head)
-            header = next(head_reader, None)
-            if header is None:
-                return
-            offset, base = (start.seek, start.base) if start.seek else (head.offset, head_reader.line_num)
-            lines = _CsvLines(f, offset)
-            reader = csv.DictReader(lines, fieldnames=header)
-            index = start.index
-            here = Mark(index, offset, base)
-            for record in reader:
-                value = {k: _csv_cell(k, v or "") for k, v in record.items() if k is not None}
-                yield _checked(RawRow(index=index, line=base + reader.line_num, value=value)), here
-                index += 1
-                here = Mark(index, lines.offset, base + reader.line_num)
+        head = _CsvLines(f, 0)
+        head_reader = csv.reader(head)
+        header = next(head_reader, None)
+        if header is None:
+            return
+        offset, base = (start.seek, start.base) if start.seek else (head.offset, head_reader.line_num)
+        lines = _CsvLines(f, offset)
+        reader = csv.DictReader(lines, fieldnames=header)
+        index = start.index
+        here = Mark(index, offset, base, start.shard)
+        for record in reader:
+            value = {k: _csv_cell(k, v or "") for k, v in record.items() if k is not None}
+            yield checked(RawRow(index=index, line=base + reader.line_num, value=value)), here
+            index += 1
+            here = Mark(index, lines.offset, base + reader.line_num, start.shard)
     except UnicodeDecodeError as e:
-        raise JobFileError(f"{path}: not a UTF-8 CSV file ({e.reason} at byte {e.start})") from e
+        raise JobFileError(f"not a UTF-8 CSV file ({e.reason} at byte {e.start})") from e
     except csv.Error as e:
-        raise JobFileError(f"{path}: not a readable CSV file ({e})") from e
+        raise JobFileError(f"not a readable CSV file ({e})") from e
 
 
-def _positioned(path: Path, fmt: str, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
-    """Rows from `start` on, each with where reading can resume to get it again."""
-    return {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}[fmt](path, start)
+_READERS = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv}
+
+
+def _positioned(source: Source, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+    """Rows from `start` on, shard after shard, each with where reading can resume to get it again."""
+    several = len(source.shards) > 1
+    read = _READERS.get(source.format, iter_tar)
+    for shard in range(start.shard, len(source.shards)):
+        name = source.shards[shard].name if several else None
+        index = start.index
+        try:
+            with source.open(shard) as f:
+                for row, here in read(f, start):
+                    row.file = name
+                    index = row.index + 1
+                    yield row, here
+        except JobFileError as e:
+            raise JobFileError(f"{source.shards[shard].path}: {e}") from e
+        except (OSError, pa.ArrowException, tarfile.TarError) as e:
+            kind = {"parquet": "Parquet", "webdataset": "WebDataset tar"}.get(
+                source.format, source.format.upper()
+            )
+            raise JobFileError(f"{source.shards[shard].path}: not a readable {kind} file ({e})") from e
+        start = Mark(index, 0, index if source.format == "parquet" else 0, shard + 1)
+
+
+def _source(job: Source | Path | str, fmt: str | None = None) -> Source:
+    return job if isinstance(job, Source) else resolve(job, fmt)
 
 
 def iter_rows(
-    path: Path, fmt: str, start: Mark | None = None, id_column: str | None = None
+    job: Source | Path | str, fmt: str | None = None, start: Mark | None = None, id_column: str | None = None
 ) -> Iterator[RawRow]:
-    """Every row of the file in order (from `start`, a mark of `scan`); a row that does not
+    """Every row of the job in order (from `start`, a mark of `scan`); a row that does not
     parse carries its `error`; ids come from `id_column` when given."""
-    for row, _ in _positioned(path, fmt, start or START):
+    for row, _ in _positioned(_source(job, fmt), start or START):
         row.id_column = id_column
         yield row
 
 
-def scan(path: Path, fmt: str | None = None, id_column: str | None = None) -> JobIndex:
-    """Check the file is readable and its ids unique, before any work starts."""
-    if not path.is_file():
-        raise JobFileError(f"{path}: no such job file")
-    fmt = detect_format(path, fmt)
-    schema = _open_parquet(path).schema_arrow if fmt == "parquet" else None
+def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None = None) -> JobIndex:
+    """Check the job's files are readable and its ids unique, before any work starts."""
+    source = _source(job, fmt)
+    fmt = source.format
+    schemas: list[pa.Schema] = []
+    if fmt == "parquet":
+        for shard in range(len(source.shards)):
+            try:
+                with source.open(shard) as f:
+                    schemas.append(pq.ParquetFile(f).schema_arrow)
+            except (pa.ArrowException, OSError) as e:
+                raise JobFileError(f"{source.shards[shard].path}: not a readable Parquet file ({e})") from e
+    schema = _unified(schemas)
     ids: list[Any] = []
     digests: list[str] = []
     wheres: list[str] = []
-    columns: dict[str, None] = dict.fromkeys(schema.names) if schema is not None else {}
+    columns: dict[str, None] = {n: None for s in schemas for n in s.names}
+    binary = {f.name for s in schemas for f in s if holds_bytes(f.type)}
     first_seen: dict[str, str] = {}
     marks = [START]
     parsed = 0
     try:
-        for row, mark in _positioned(path, fmt, START):
-            if mark.seek != marks[-1].seek if fmt == "parquet" else row.index - marks[-1].index >= _MARK_ROWS:
+        for row, mark in _positioned(source, START):
+            changed = (
+                mark.seek != marks[-1].seek if fmt == "parquet" else row.index - marks[-1].index >= _MARK_ROWS
+            )
+            if changed or mark.shard != marks[-1].shard:
                 marks.append(mark)
             row.id_column = id_column
             parsed += row.error is None
-            if schema is None and isinstance(row.value, dict):
+            if not schemas and isinstance(row.value, dict):
                 columns.update(dict.fromkeys(row.value))
+                binary.update(k for k, v in row.value.items() if k not in binary and _has_bytes(v))
+
             key = id_key(row.id)
             if key in first_seen:
                 raise JobFileError(
-                    f"{path}: duplicate id {row.id!r:.80} at {first_seen[key]} and {row.where}; "
+                    f"{source.given}: duplicate id {row.id!r:.80} at {first_seen[key]} and {row.where}; "
                     "ids must be unique"
                 )
             first_seen[key] = row.where
@@ -403,10 +440,18 @@ def scan(path: Path, fmt: str | None = None, id_column: str | None = None) -> Jo
             digests.append(row.digest)
             wheres.append(row.where)
     except OSError as e:
-        raise JobFileError(f"{path}: cannot read ({e})") from e
-    except pa.ArrowException as e:
-        raise JobFileError(f"{path}: not a readable Parquet file ({e})") from e
+        raise JobFileError(f"{source.given}: cannot read ({e})") from e
     if ids and not parsed:
-        raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
-    return JobIndex(format=fmt, ids=ids, schema=schema, digests=digests, wheres=wheres, marks=marks,
-                    columns=list(columns), id_column=id_column)  # fmt: skip
+        raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
+    return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests, wheres=wheres,
+                    marks=marks, columns=list(columns), binary=binary, id_column=id_column)  # fmt: skip
+
+
+def _unified(schemas: list[pa.Schema]) -> pa.Schema | None:
+    """One schema for all Parquet shards; None (values typed as they come) when they disagree."""
+    if not schemas:
+        return None
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        return None

@@ -69,9 +69,8 @@ def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
 @dataclass(slots=True)
 class Pending:
     """The rows of the job (its shard and limit) whose ids are not done yet, in job order:
-    read from the job file when asked for, never held."""
+    read from the job's files when asked for, never held."""
 
-    path: Path
     index: JobIndex
     done: dict[str, str | None]
 
@@ -85,7 +84,7 @@ class Pending:
     def rows(self) -> Iterator[RawRow]:
         kept = set(self.index.rows) if self.index.rows is not None else None
         last = self.index.rows[-1] if self.index.rows else -1
-        for raw in iter_rows(self.path, self.index.format, id_column=self.index.id_column):
+        for raw in iter_rows(self.index.source, id_column=self.index.id_column):  # type: ignore[arg-type]
             if kept is not None and raw.index > last:
                 return
             if (kept is None or raw.index in kept) and id_key(raw.id) not in self.done:

@@ -27,6 +27,7 @@ from .openai import write_batch_output
 from .read import JobIndex, id_key, scan
 from .records import TOTALS, Job, Result
 from .resume import Pending, check_unchanged, settings_of
+from .source import Source, resolve
 from .write import OutputLock, ResultWriter, atomic_write, dropped_columns, partial_dir
 
 __all__ = ["RunSummary", "run", "check_paths", "check_columns", "template_fields"]
@@ -180,28 +181,29 @@ def run(config: RunConfig) -> RunSummary:
 
     The job file and the models are checked before the output is locked or touched."""
     started = time.perf_counter()
-    check_paths(config)
-    index = scan(config.input, config.format, config.columns.id)
+    source = resolve(config.input, config.format)
+    check_paths(config, source)
+    index = scan(source, id_column=config.columns.id)
     check_columns(config, index)
     if config.shard is not None or config.limit is not None:
         index.narrow(config.shard, config.limit)
-    work = work_settings(config)
+    work = work_settings(config, source.base)
     engines = Engines.from_config(work.engine)
     with OutputLock(config.output) as lock, _Signals() as signals:
         signals.cleanups.append(lambda: lock.path.unlink(missing_ok=True))
         return _run(config, work, index, engines, signals, started)
 
 
-def check_paths(config: RunConfig) -> None:
-    """Outputs that cannot be written, or that would replace the job file, stop the run
-    before any work (exit 2), not after the first batch. Nothing is created here."""
-    job = config.input.resolve()
+def check_paths(config: RunConfig, source: Source) -> None:
+    """Outputs that cannot be written, or that would replace a job file, stop the run before
+    any work (exit 2), not after the first batch. Nothing is created here."""
+    jobs = {p.resolve() for p in source.local_paths()}
     output = config.output
     written = [output, output.with_name(output.name + ".stats.json"), partial_dir(output)]
     if config.openai_output is not None:
         written.append(config.openai_output)
     for path in written:
-        if path.resolve() == job:
+        if path.resolve() in jobs:
             raise ConfigError(f"{path} is the job file itself: choose another -o")
     if output.is_dir():
         raise ConfigError(f"-o {output}: is a folder; give a file name (e.g. {output / 'results.parquet'})")
@@ -265,7 +267,7 @@ def _run(
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         executor = _executor(config, work, engines, Path(tmp), signals.stop)
-        batches = executor.run(Pending(config.input, index, done))
+        batches = executor.run(Pending(index, done))
         try:
             try:
                 for results in batches:

@@ -8,8 +8,9 @@ from pathlib import Path
 from .config import Columns
 from .errors import ConfigError, JobFileError
 from .parse import parse_row
-from .read import detect_format, id_key, iter_rows
+from .read import id_key, iter_rows
 from .records import GenParams
+from .source import resolve
 
 __all__ = ["validate_file"]
 
@@ -22,9 +23,7 @@ def validate_file(
     mapping names that the file lacks are a ConfigError, as in `run`."""
     from .runner import template_fields
 
-    if not path.is_file():
-        raise JobFileError(f"{path}: no such job file")
-    fmt = detect_format(path, fmt)
+    source = resolve(path, fmt)
     columns = columns or Columns()
     if columns.prompt and template:
         raise ConfigError("give --prompt-column or --prompt-template, not both")
@@ -32,11 +31,12 @@ def validate_file(
     seen: dict[str, str] = {}
     present: set[str] = set()
     rows = parsed = 0
-    for raw in iter_rows(path, fmt, id_column=columns.id):
+    for raw in iter_rows(source, id_column=columns.id):
         rows += 1
         if isinstance(raw.value, dict):
             present.update(raw.value)
-        where = f"{path}:{raw.line}" if raw.line is not None else f"{path}: row {raw.index}"
+        file = raw.file or path
+        where = f"{file}:{raw.line}" if raw.line is not None else f"{file}: row {raw.index}"
         job, problems = parse_row(raw, GenParams(), template, columns)
         parsed += raw.error is None
         for field, message in problems:

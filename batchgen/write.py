@@ -106,22 +106,10 @@ def _output_name(name: str) -> str:
     return f"input_{name}" if bare in _OURS else name
 
 
-def _holds_bytes(type_: pa.DataType) -> bool:
-    """Binary, or a struct or list holding binary (a Hugging Face image's {bytes, path})."""
-    if pa.types.is_binary(type_) or pa.types.is_large_binary(type_) or pa.types.is_fixed_size_binary(type_):
-        return True
-    if pa.types.is_struct(type_):
-        return any(_holds_bytes(type_.field(i).type) for i in range(type_.num_fields))
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-        return _holds_bytes(type_.value_type)
-    return False
-
-
 def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> set[str]:
     """Input columns the output does not carry: those holding bytes (a dataset's images would
     be copied into every output otherwise) unless kept, and those asked to be dropped."""
-    binary = {f.name for f in index.schema if _holds_bytes(f.type)} if index.schema is not None else set()
-    return (binary - set(keep)) | set(drop)
+    return (index.binary - set(keep)) | set(drop)
 
 
 def rows_to_table(

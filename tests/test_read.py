@@ -71,13 +71,13 @@ def test_items_carry_exactly_the_pending_rows_and_the_picker_reads_them(tmp_path
     path = _jsonl(tmp_path / "a.jsonl")
     index = scan(path)
     done = {f"r{i}": None for i in range(300) if i % 3 == 0 or 100 <= i < 250}
-    todo = Pending(path, index, done)
+    todo = Pending(index, done)
     items = _items(todo, per_item=10)
     picked = [_wanted(item["first"], item["want"]) for item in items]
     assert sum(picked, []) == list(todo.indices()) == [r.index for r in todo.rows()]
     assert all(len(p) <= 10 for p in picked)
     assert all(b - a <= 64 for p in picked for a, b in zip(p, p[1:], strict=False))
-    picker = RowPicker(path, "jsonl")
+    picker = RowPicker(index.source)
     from batchgen.read import Mark
 
     rows = [

@@ -1,0 +1,195 @@
+"""Where a job's rows live: one file, a folder or glob of shards, or the same on object storage.
+
+A `Source` is the ordered list of a job's files (`Shard`s), all of one format, read as one
+job: rows are numbered across shards, and messages name a row by its shard and line. Local
+paths are read directly; `s3://`, `gs://`, `hf://` and other fsspec URIs through fsspec,
+with credentials from the usual environment (AWS_*, GOOGLE_APPLICATION_CREDENTIALS, HF_TOKEN).
+"""
+
+from __future__ import annotations
+
+import glob as globbing
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import JobFileError
+
+__all__ = ["Shard", "Source", "resolve", "is_uri", "EXTENSIONS"]
+
+EXTENSIONS = {
+    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet",
+    ".csv": "csv", ".tar": "webdataset",
+}  # fmt: skip
+_URI = re.compile(r"^[a-zA-Z][\w+.-]+://")
+_GLOB = re.compile(r"[*?\[]")
+
+
+def is_uri(text: str) -> bool:
+    """`s3://bucket/key` and friends; a Windows drive letter (`C:\\`) is a path."""
+    return bool(_URI.match(text))
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    path: str  # a local path or a URI
+    name: str  # how messages name it: its path under the folder or glob given
+    size: int  # bytes: an actor on another node checks it reads the same file
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """A job's files in reading order, all of `format`."""
+
+    given: str  # what the user passed: a file, folder, glob or URI
+    format: str  # jsonl | parquet | csv | webdataset
+    shards: tuple[Shard, ...]
+    base: str | None  # where the rows' relative media paths start; None for a remote job
+
+    @property
+    def remote(self) -> bool:
+        return is_uri(self.given) and not self.given.startswith("file://")
+
+    def open(self, shard: int) -> IO[bytes]:
+        path = self.shards[shard].path
+        if not is_uri(path):
+            return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        try:
+            import fsspec
+
+            return fsspec.open(path, "rb").open()
+        except Exception as e:  # network, credentials, a missing package: the job cannot be read
+            raise JobFileError(f"{path}: cannot open ({type(e).__name__}: {e})") from e
+
+    def where(self, shard: int, line: int | None, index: int) -> str:
+        """How messages name a row: its line (JSONL, CSV) or row, in its shard when there are several."""
+        at = f"line {line}" if line is not None else f"row {index}"
+        return f"{self.shards[shard].name} {at}" if len(self.shards) > 1 else at
+
+    def local_paths(self) -> list[Path]:
+        return [Path(s.path) for s in self.shards if not is_uri(s.path)]
+
+
+def _format_of(name: str, fmt: str | None) -> str | None:
+    return EXTENSIONS.get(Path(name).suffix.lower()) if fmt is None else fmt
+
+
+def resolve(given: str | Path, fmt: str | None = None) -> Source:
+    """The job's files: a file; every job file in a folder (recursively, hidden ones and `_`
+    names skipped, as pyarrow does); the files a glob matches; each as a local path or a URI.
+    A folder of WebDataset tars may hold img2dataset's Parquet metadata beside them: the tars
+    are the job. Raises JobFileError when nothing is found or formats are mixed."""
+    given = str(given)
+    if fmt is not None and fmt not in ("jsonl", "parquet", "csv", "webdataset"):
+        raise JobFileError(f"unknown --format {fmt!r} (expected jsonl, parquet, csv or webdataset)")
+    if is_uri(given):
+        fs, root = _filesystem(given)
+        entries = _listed_remote(fs, root, given)
+    else:
+        entries = _listed_local(given)
+    if not entries:
+        raise JobFileError(
+            f"{given}: no such job file" if not _GLOB.search(given) else f"{given}: matches no file"
+        )
+    single = len(entries) == 1 and entries[0][1] == ""
+    if single:
+        path, _, size = entries[0]
+        kind = _format_of(path, fmt)
+        if kind is None:
+            raise JobFileError(
+                f"{given}: cannot tell the format from the extension {Path(path).suffix!r}; "
+                "pass --format jsonl, parquet, csv or webdataset"
+            )
+        return Source(given, kind, (Shard(path, Path(path).name, size),), _base(given, is_dir=False))
+    kinds: dict[str, list[tuple[str, str, int]]] = {}
+    for path, name, size in entries:
+        kind = EXTENSIONS.get(Path(name).suffix.lower())
+        if kind is not None and fmt in (None, kind):
+            kinds.setdefault(kind, []).append((path, name, size))
+    if "webdataset" in kinds and fmt is None:
+        kinds = {"webdataset": kinds["webdataset"]}
+    if not kinds:
+        raise JobFileError(f"{given}: no job files in it (.jsonl, .parquet, .csv or WebDataset .tar)")
+    if len(kinds) > 1:
+        found = ", ".join(f"{len(v)} {k}" for k, v in sorted(kinds.items()))
+        raise JobFileError(f"{given}: shards of several formats ({found}); pass --format to choose one")
+    ((kind, shards),) = kinds.items()
+    return Source(given, kind, tuple(Shard(p, n, s) for p, n, s in sorted(shards, key=lambda e: e[1])),
+                  _base(given, is_dir=not _GLOB.search(given)))  # fmt: skip
+
+
+def _base(given: str, is_dir: bool) -> str | None:
+    """Relative media paths start at the job file's folder, the folder given, or a glob's fixed folder."""
+    if is_uri(given):
+        return None
+    if _GLOB.search(given):
+        return _fixed(given)
+    return given if is_dir else str(Path(given).parent)
+
+
+def _fixed(pattern: str) -> str:
+    """The folder a glob's matches lie under: its text before the first wildcard, to the last `/`."""
+    head = pattern[: _GLOB.search(pattern).start()]  # type: ignore[union-attr]
+    return head.rsplit("/", 1)[0] if "/" in head else "."
+
+
+def _listed_local(given: str) -> list[tuple[str, str, int]]:
+    """(path, name under what was given ("" for a single file), size) of each candidate file."""
+    path = Path(given)
+    if _GLOB.search(given):
+        root = Path(_fixed(given))
+        matched = sorted(Path(p) for p in globbing.glob(given, recursive=True) if Path(p).is_file())
+        return [(str(p), str(p.relative_to(root)) if p.is_relative_to(root) else str(p), p.stat().st_size)
+                for p in matched]  # fmt: skip
+    if path.is_dir():
+        out = []
+        for p in sorted(path.rglob("*")):
+            rel = p.relative_to(path)
+            if p.is_file() and not any(part.startswith((".", "_")) for part in rel.parts):
+                out.append((str(p), str(rel), p.stat().st_size))
+        return out
+    if path.is_file():
+        return [(given, "", path.stat().st_size)]
+    return []
+
+
+def _filesystem(uri: str) -> tuple[Any, str]:
+    try:
+        import fsspec
+
+        return fsspec.core.url_to_fs(uri)
+    except ImportError as e:
+        raise JobFileError(
+            f"{uri}: reading it needs the filesystem package for its scheme "
+            "(pip install 'batchgen[remote]' for s3://, gs:// and hf://)"
+        ) from e
+    except Exception as e:  # noqa: BLE001 - an unknown scheme, bad credentials
+        raise JobFileError(f"{uri}: cannot reach it ({type(e).__name__}: {e})") from e
+
+
+def _listed_remote(fs: Any, root: str, given: str) -> list[tuple[str, str, int]]:
+    protocol = given.split("://", 1)[0]
+
+    def uri(path: str) -> str:
+        return path if is_uri(path) else f"{protocol}://{path}"
+
+    try:
+        if _GLOB.search(root):
+            fixed = _fixed(root)
+            found = [(p, i) for p, i in sorted(fs.glob(root, detail=True).items()) if i["type"] == "file"]
+            return [(uri(p), p[len(fixed) :].lstrip("/"), int(info["size"])) for p, info in found]
+        info = fs.info(root)
+        if info["type"] == "file":
+            return [(given, "", int(info["size"]))]
+        found = sorted(fs.find(root, detail=True).items())
+        out = []
+        for p, info in found:
+            rel = p[len(root.rstrip("/")) :].lstrip("/")
+            if not any(part.startswith((".", "_")) for part in rel.split("/")):
+                out.append((uri(p), rel, int(info["size"])))
+        return out
+    except FileNotFoundError:
+        return []
+    except Exception as e:  # noqa: BLE001 - network, credentials
+        raise JobFileError(f"{given}: cannot list it ({type(e).__name__}: {e})") from e

@@ -154,7 +154,10 @@ def _run_options(command):
     "-o", "--output", type=click.Path(path_type=Path), help="Result Parquet [JOB_FILE.results.parquet]."
 )
 @click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format [by extension]."
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]),
+    help="Job format [by extension; .tar: webdataset].",
 )
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
 @_run_options
@@ -229,7 +232,10 @@ def _outputs(output: Path, output_format: str) -> tuple[Path, Path | None]:
 @main.command()
 @click.argument("job_file", type=click.Path(path_type=Path))
 @click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format [by extension]."
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]),
+    help="Job format [by extension; .tar: webdataset].",
 )
 @click.option("--id-column", **_COLUMN)
 @click.option("--prompt-column", **_COLUMN)
@@ -322,7 +328,9 @@ def report(results: Path, output: Path, media_base: Path | None) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
 @click.option("--job", "job_file", type=click.Path(path_type=Path), required=True,
               help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv"]), help="Job file format.")
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]), help="Job file format."
+)
 def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None) -> None:
     """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing
     or duplicated."""

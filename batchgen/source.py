@@ -89,9 +89,11 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
     else:
         entries = _listed_local(given)
     if not entries:
-        raise JobFileError(
-            f"{given}: no such job file" if not _GLOB.search(given) else f"{given}: matches no file"
-        )
+        if _GLOB.search(given):
+            raise JobFileError(f"{given}: matches no file")
+        if not is_uri(given) and Path(given).is_dir():
+            raise JobFileError(f"{given}: no job files in it (.jsonl, .parquet, .csv or WebDataset .tar)")
+        raise JobFileError(f"{given}: no such job file")
     single = len(entries) == 1 and entries[0][1] == ""
     if single:
         path, _, size = entries[0]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import click
 
-from .errors import BatchgenError
+from .errors import BatchgenError, ConfigError
+from .source import is_uri
 from .tiny import KINDS
 
 __all__ = ["main"]
@@ -97,6 +98,12 @@ def _run_options(command):
             help="openai: -o is an OpenAI Batch JSONL, Parquet beside; both: Parquet at -o, JSONL beside.",
         ),
         click.option("--overwrite", is_flag=True, help="Start over instead of resuming."),
+        click.option(
+            "--output-shards",
+            is_flag=True,
+            default=None,
+            help="-o is a folder of Parquet shards (as -o DIR/ is), read with pandas.read_parquet(DIR).",
+        ),  # fmt: skip
         click.option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
         click.option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
         click.option("--workers", type=int, help="Ray actors, one model load each [1]."),
@@ -149,9 +156,9 @@ def _run_options(command):
 
 
 @main.command()
-@click.argument("job_file", type=click.Path(path_type=Path))
+@click.argument("job_file")
 @click.option(
-    "-o", "--output", type=click.Path(path_type=Path), help="Result Parquet [JOB_FILE.results.parquet]."
+    "-o", "--output", help="Result Parquet, or DIR/ for a folder of shards [JOB_FILE.results.parquet]."
 )
 @click.option(
     "--format",
@@ -161,12 +168,17 @@ def _run_options(command):
 )
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
 @_run_options
-def run(job_file: Path, output: Path | None, fmt: str | None, **flags) -> None:
+def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
     """Generate for every row of JOB_FILE; rerun the same command to resume.
 
-    Generation options set the run's defaults (shown as a run without --config gets them);
-    a row's own values win."""
-    output = output or job_file.with_name(job_file.name.split(".")[0] + ".results.parquet")
+    JOB_FILE is a JSONL, Parquet, CSV or OpenAI Batch file, a folder or glob of such shards
+    or of WebDataset tars, or the same as an s3://, gs:// or hf:// URI. Generation options set
+    the run's defaults (shown as a run without --config gets them); a row's own values win."""
+    if output is None:
+        if is_uri(job_file):
+            _fail(ConfigError("a job given as a URI needs -o (a file, DIR/ for shards, or a URI)"))
+        job = Path(job_file.rstrip("/") or job_file)
+        output = str(job.with_name(job.name.split(".")[0].rstrip("*") + ".results.parquet"))
     _run(job_file, output, format=fmt, **flags)
 
 
@@ -194,7 +206,7 @@ def caption(
     _run(job_file, output, **flags)
 
 
-def _run(job_file: Path, output: Path, preset: str | None, output_format: str, **flags) -> None:
+def _run(job_file: str | Path, output: str | Path, preset: str | None, output_format: str, **flags) -> None:
     from .config import GEN_FIELDS, build_config
     from .runner import run as run_job
 
@@ -217,11 +229,14 @@ def _run(job_file: Path, output: Path, preset: str | None, output_format: str, *
     sys.exit(summary.exit_code)
 
 
-def _outputs(output: Path, output_format: str) -> tuple[Path, Path | None]:
+def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | None]:
     """(Parquet path, OpenAI output path). With `openai` the Parquet, which holds the state a
     rerun resumes from, sits beside the JSONL under the same name."""
     if output_format == "parquet":
-        return output, None
+        return given, None
+    if is_uri(str(given)) or str(given).endswith("/"):
+        _fail(ConfigError("--output-format openai/both writes a local file: give -o a file name"))
+    output = Path(given)
     if output_format == "openai":
         return output.with_suffix(".parquet") if output.suffix != ".parquet" else output.with_suffix(
             ".results.parquet"
@@ -230,7 +245,7 @@ def _outputs(output: Path, output_format: str) -> tuple[Path, Path | None]:
 
 
 @main.command()
-@click.argument("job_file", type=click.Path(path_type=Path))
+@click.argument("job_file")
 @click.option(
     "--format",
     "fmt",
@@ -243,7 +258,7 @@ def _outputs(output: Path, output_format: str) -> tuple[Path, Path | None]:
 @click.option("--image-column", multiple=True, **_COLUMN)
 @click.option("--video-column", multiple=True, **_COLUMN)
 @click.option("--prompt-template", help="As for run.")
-def validate(job_file: Path, fmt: str | None, prompt_template: str | None, **flags) -> None:
+def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flags) -> None:
     """Check every row of JOB_FILE as `run` would read it (with the same column mapping and
     prompt template); print each problem with its line; exit 1 if any."""
     from .config import build_columns
@@ -289,7 +304,7 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
 
 
 @main.command("inspect")
-@click.argument("results", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("results", type=click.Path(path_type=Path, exists=True))
 @click.option(
     "--slowest", type=int, default=5, show_default=True, help="How many of the slowest rows to list."
 )
@@ -304,7 +319,7 @@ def inspect_results(results: Path, slowest: int) -> None:
 
 
 @main.command()
-@click.argument("results", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("results", type=click.Path(path_type=Path, exists=True))
 @click.option(
     "-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML page to write."
 )
@@ -322,9 +337,7 @@ def report(results: Path, output: Path, media_base: Path | None) -> None:
 
 
 @main.command()
-@click.argument(
-    "parts", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False)
-)
+@click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True))
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
 @click.option("--job", "job_file", type=click.Path(path_type=Path), required=True,
               help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip

@@ -81,7 +81,7 @@ class RunConfig:
     """Everything one run needs; `batchgen.run(config)` takes nothing else."""
 
     input: Path | str  # a job file, a folder or glob of shards, or a URI (s3://, gs://, hf://)
-    output: Path
+    output: Path | str  # a Parquet file or, with output_shards, a folder of shards; or a URI
     model: str
     text_model: str | None = None  # text-only rows; defaults to `model`
     format: str | None = None  # jsonl | parquet | csv; None = from the extension
@@ -109,6 +109,8 @@ class RunConfig:
     batch_size: int = 32  # rows decoded together; 1 turns batching off
     continuous: bool = True  # a finished row's slot goes to a waiting row; False: static batches
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
+    output_shards: bool = False  # -o DIR/: a folder of Parquet shards, never one table in memory
+    shard_rows: int = 100_000  # rows per shard: a few hundred MB at most for captioning rows
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first
     row_timeout: float | None = None  # seconds a row may generate (from its prefill); None = no limit
@@ -260,12 +262,16 @@ def build_config(
         raise ConfigError("--row-timeout must be > 0 seconds")
     if data.get("limit") is not None and int(data["limit"]) < 0:
         raise ConfigError("--limit must be >= 0")
+    if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
+        data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
+    if data.get("output_shards") and data.get("openai_output") is not None:
+        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
     if mapping.prompt and data.get("prompt_template"):
         raise ConfigError("give --prompt-column or --prompt-template, not both")
     data = {k: tuple(v) if k in ("keep_columns", "drop_columns") else v for k, v in data.items()}
     return RunConfig(
         input=str(input) if is_uri(str(input)) else Path(input),
-        output=Path(output),
+        output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),
         defaults=_gen_params(gen),
         media=limits,
         columns=mapping,

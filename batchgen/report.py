@@ -47,7 +47,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
             lines += [f"    {n:>5} × {message}" for message, n in messages.most_common(3)]
     prompt = sum(r["prompt_tokens"] or 0 for r in rows)
     completion = sum(r["completion_tokens"] or 0 for r in rows)
-    stats_file = path.with_name(path.name + ".stats.json")
+    stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
     speed = ""
     if stats_file.exists():
         stats = json.loads(stats_file.read_text())

@@ -41,11 +41,17 @@ def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[s
     raise ConfigError(f"{where} were made with other settings ({changes}); pass --overwrite to start over")
 
 
-def finished(sources: Iterable[Path]) -> dict[str, str | None]:
-    """The input hash, by id key, of every row in these result files (later files win)."""
+def finished(sources: Iterable[Path | str], store: Any = None) -> dict[str, str | None]:
+    """The input hash, by id key, of every row in these result files (later files win);
+    `store` (store.Store) reads them where they are."""
     hashes: dict[str, str | None] = {}
     for path in sources:
-        t = pq.read_table(path, columns=["id", "input_hash"])
+        columns = ["id", "input_hash"]
+        t = (
+            store.read_table(str(path), columns)
+            if store is not None
+            else pq.read_table(path, columns=columns)
+        )
         for i, h in zip(t.column("id").to_pylist(), t.column("input_hash").to_pylist(), strict=True):
             hashes[id_key(i)] = h
     return hashes

@@ -21,14 +21,14 @@ from tqdm import tqdm
 
 from .config import RunConfig, WorkSettings, work_settings
 from .engine import Engines
-from .errors import ConfigError, FailFastError, Interrupted, StopRequested
+from .errors import ConfigError, FailFastError, Interrupted, StopRequested, short
 from .execute import LocalExecutor
 from .openai import write_batch_output
 from .read import JobIndex, id_key, scan
 from .records import TOTALS, Job, Result
 from .resume import Pending, check_unchanged, settings_of
 from .source import Source, resolve
-from .write import OutputLock, ResultWriter, atomic_write, dropped_columns, partial_dir
+from .write import OutputLock, ResultWriter, dropped_columns, partial_dir, stats_path
 
 __all__ = ["RunSummary", "run", "check_paths", "check_columns", "template_fields"]
 
@@ -197,22 +197,40 @@ def run(config: RunConfig) -> RunSummary:
 def check_paths(config: RunConfig, source: Source) -> None:
     """Outputs that cannot be written, or that would replace a job file, stop the run before
     any work (exit 2), not after the first batch. Nothing is created here."""
+    if isinstance(config.output, str):  # a URI: reachable now, or not at all
+        _check_remote(config.output)
+        return
     jobs = {p.resolve() for p in source.local_paths()}
-    output = config.output
-    written = [output, output.with_name(output.name + ".stats.json"), partial_dir(output)]
+    output, sharded = config.output, config.output_shards
+    written = [output, stats_path(output, sharded), partial_dir(output, sharded)]
     if config.openai_output is not None:
         written.append(config.openai_output)
     for path in written:
-        if path.resolve() in jobs:
+        if path.resolve() in jobs:  # type: ignore[union-attr]
             raise ConfigError(f"{path} is the job file itself: choose another -o")
-    if output.is_dir():
+    if sharded and any(job.is_relative_to(output.resolve()) for job in jobs):
+        raise ConfigError(f"-o {output}: the job's files are in it; choose another folder for the shards")
+    if output.is_dir() and not sharded:
         raise ConfigError(f"-o {output}: is a folder; give a file name (e.g. {output / 'results.parquet'})")
+    if output.exists() and not output.is_dir() and sharded:
+        raise ConfigError(f"-o {output}/: a file, not a folder; choose another folder for the shards")
     for path in written:
         folder = path.parent
         while not folder.exists() and folder != folder.parent:  # the nearest folder that exists
             folder = folder.parent
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise ConfigError(f"cannot write {path}: {folder} is not a writable folder")
+
+
+def _check_remote(output: str) -> None:
+    from .store import Store
+
+    store = Store(output)
+    parent = output.rsplit("/", 1)[0]
+    try:
+        store.exists(output), store.exists(parent)
+    except Exception as e:  # noqa: BLE001 - credentials, an unknown bucket, no network
+        raise ConfigError(f"-o {output}: cannot reach it ({type(e).__name__}: {short(e)})") from None
 
 
 def check_columns(config: RunConfig, index: JobIndex) -> None:
@@ -255,7 +273,7 @@ def _run(
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
     writer = ResultWriter(
         config.output, index, settings_of(config), config.overwrite, config.flush_rows, config.flush_seconds,
-        skip=dropped,
+        skip=dropped, sharded=config.output_shards, shard_rows=config.shard_rows,
     )  # fmt: skip
     done = writer.done()
     check_unchanged(index, done)
@@ -312,6 +330,6 @@ def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, star
     if config.openai_output is not None:
         write_batch_output(table, config.openai_output)
     _finish(summary, table, time.perf_counter() - started)
-    stats_path = config.output.with_name(config.output.name + ".stats.json")
-    atomic_write(stats_path, lambda p: p.write_text(json.dumps(asdict(summary), indent=2) + "\n"))
+    path = stats_path(config.output, config.output_shards)
+    writer.store.write_text(str(path), json.dumps(asdict(summary), indent=2) + "\n")
     return summary

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 import typing
 from dataclasses import asdict
@@ -26,10 +25,12 @@ from .errors import ConfigError, OutputLockedError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
 from .resume import check_settings, finished
+from .source import is_uri
+from .store import Store, atomic_write
 
 __all__ = [
-    "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "dropped_columns",
-    "RESULT_SCHEMA",
+    "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "stats_path",
+    "dropped_columns", "RESULT_SCHEMA",
 ]  # fmt: skip
 
 _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
@@ -47,17 +48,19 @@ RESULT_SCHEMA = pa.schema(
 SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
 
 
-def partial_dir(output: Path) -> Path:
-    return output.with_name(output.name + ".partial")
+PARTS_KEY = b"batchgen.parts"  # a shard's metadata: the part numbers it was made of
 
 
-def atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def partial_dir(output: Path | str, sharded: bool = False) -> Path | str:
+    """Where parts wait: `out.parquet.partial/`, or `DIR/_partial/` inside a sharded output
+    (readers of the folder skip names starting with `_`)."""
+    name = f"{output}/_partial" if sharded else f"{output}.partial"
+    return name if is_uri(str(output)) else Path(name)
+
+
+def stats_path(output: Path | str, sharded: bool = False) -> Path | str:
+    name = f"{output}/_stats.json" if sharded else f"{output}.stats.json"
+    return name if is_uri(str(output)) else Path(name)
 
 
 def _jsonish(values: list[Any]) -> pa.Array:
@@ -150,52 +153,83 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
 
 
 class ResultWriter:
-    """Buffers finished rows, flushes them as part files, and assembles the final output.
+    """Buffers finished rows, flushes them as part files, and assembles the final output: one
+    Parquet file in job order, or (`sharded`) a folder of Parquet shards of at most
+    `shard_rows` rows each, made from the parts as they pile up, so no step ever holds the
+    whole output.
 
     `settings` are what decides the output's content (models, generation defaults, frame
     sampling): resuming under other settings would mix incompatible rows, so it is refused.
     """
 
-    def __init__(self, output: Path, index: JobIndex, settings: dict[str, Any], overwrite: bool,
-                 flush_rows: int = 64, flush_seconds: float = 10.0,
-                 skip: set[str] = frozenset()):  # fmt: skip
+    def __init__(self, output: Path | str, index: JobIndex, settings: dict[str, Any], overwrite: bool,
+                 flush_rows: int = 64, flush_seconds: float = 10.0, skip: set[str] = frozenset(),
+                 sharded: bool = False, shard_rows: int = 100_000):  # fmt: skip
         self.output = output
+        self.store = Store(str(output))
         self.index = index
         self.skip = skip  # input columns not carried
         self.settings = settings
-        self.partial = partial_dir(output)
+        self.sharded, self.shard_rows = sharded, shard_rows
+        self.partial = partial_dir(output, sharded)
         self.flush_rows = flush_rows
         self.flush_seconds = flush_seconds
         self._buffer: list[tuple[dict[str, Any], Result]] = []
         self._last_flush = time.monotonic()
-        if overwrite and self.partial.exists():
-            shutil.rmtree(self.partial)
-        manifest_path = self.partial / "manifest.json"
+        self._pending_rows = 0  # rows in parts not yet made a shard (by this run)
+        partial = str(self.partial)
+        if overwrite:
+            self.store.remove_tree(partial)
+            for shard in self._shards():
+                self.store.remove(shard)
+        manifest_path = f"{partial}/manifest.json"
         previous = None
-        if manifest_path.exists():
-            manifest = json.loads(manifest_path.read_text())
+        if self.store.exists(manifest_path):
+            manifest = json.loads(self.store.read_text(manifest_path))
             overwrite = overwrite or manifest.get("overwrite", False)  # an interrupted --overwrite stays one
-            previous = ("partial results in " + str(self.partial), manifest.get("settings"))
-        if not overwrite and previous is None and output.exists():
-            meta = pq.read_schema(output).metadata or {}
+            previous = ("partial results in " + partial, manifest.get("settings"))
+        finals = self._finals() if not overwrite else []
+        if previous is None and finals:
+            meta = self.store.metadata(finals[0])
             if SETTINGS_KEY in meta:
                 previous = (str(output), json.loads(meta[SETTINGS_KEY]))
         if previous is not None:
             check_settings(previous[0], previous[1] or {}, settings)
         self.use_previous_output = not overwrite
         self._manifest = {"settings": settings, "overwrite": overwrite}
-        self._parts = len(self._part_files())
+        covered = self._covered()
+        for part in self._part_files():  # made into a shard before the run stopped: already there
+            if _number(part) in covered:
+                self.store.remove(part)
+        self._parts = max([0, *covered, *map(_number, self._part_files())])
 
-    def _part_files(self) -> list[Path]:
-        return sorted(self.partial.glob("part-*.parquet"))
+    def _part_files(self) -> list[str]:
+        return self.store.listed(str(self.partial), "part-", ".parquet")
 
-    def _sources(self) -> list[Path]:
-        previous = [self.output] if self.use_previous_output and self.output.exists() else []
-        return previous + self._part_files()
+    def _shards(self) -> list[str]:
+        return self.store.listed(str(self.output), "part-", ".parquet") if self.sharded else []
+
+    def _finals(self) -> list[str]:
+        """The finished output's files: its shards, or the one file."""
+        if self.sharded:
+            return self._shards()
+        return [str(self.output)] if self.store.exists(str(self.output)) else []
+
+    def _covered(self) -> set[int]:
+        """Part numbers already made into shards (each shard names the parts it holds)."""
+        numbers: set[int] = set()
+        for shard in self._shards():
+            first, _, last = self.store.metadata(shard).get(PARTS_KEY, b"").decode().partition("-")
+            if first and last:
+                numbers.update(range(int(first), int(last) + 1))
+        return numbers
+
+    def _sources(self) -> list[str]:
+        return (self._finals() if self.use_previous_output else []) + self._part_files()
 
     def done(self) -> dict[str, str | None]:
-        """The input hash, by id key, of every row already on disk (previous output and parts)."""
-        return finished(self._sources())
+        """The input hash, by id key, of every row already written (output and parts)."""
+        return finished(self._sources(), self.store)
 
     def add(self, raw: dict[str, Any], result: Result) -> None:
         self._buffer.append((raw, result))
@@ -204,31 +238,69 @@ class ResultWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Put the buffered rows on disk as one complete part file."""
+        """Put the buffered rows on disk as one complete part file; a sharded output makes a
+        shard once its parts hold `shard_rows` rows."""
         self._last_flush = time.monotonic()
         if not self._buffer:
             return
-        if not self.partial.exists():  # made with the first rows: a run that fails earlier leaves nothing
-            self.partial.mkdir(parents=True)
-            text = json.dumps(self._manifest, indent=2) + "\n"
-            atomic_write(self.partial / "manifest.json", lambda p: p.write_text(text))
+        partial = str(self.partial)
+        if not self.store.exists(f"{partial}/manifest.json"):  # made with the first rows
+            self.store.makedirs(partial)
+            self.store.write_text(f"{partial}/manifest.json", json.dumps(self._manifest, indent=2) + "\n")
         table = rows_to_table(self._buffer, self.index.schema, self.skip)
         self._parts += 1
-        path = self.partial / f"part-{self._parts:06d}.parquet"
-        atomic_write(path, lambda p: pq.write_table(table, p))
+        self.store.write_table(f"{partial}/part-{self._parts:06d}.parquet", table)
         self._buffer.clear()
+        self._pending_rows += table.num_rows
+        if self.sharded and self._pending_rows >= self.shard_rows:
+            self._make_shard()
+
+    def _make_shard(self) -> None:
+        """The parts written so far as one shard, which names them; then the parts go."""
+        parts = self._part_files()
+        self._pending_rows = 0
+        if not parts:
+            return
+        table = self._tidy(_concat([self.store.read_table(p) for p in parts]))
+        numbers = sorted(map(_number, parts))
+        meta = {**(table.schema.metadata or {}), PARTS_KEY: f"{numbers[0]}-{numbers[-1]}".encode()}
+        shard = f"{self.output}/part-{numbers[0]:06d}.parquet"
+        self.store.makedirs(str(self.output))
+        self.store.write_table(shard, table.replace_schema_metadata(meta), row_group_size=_ROW_GROUP_ROWS)
+        for part in parts:
+            self.store.remove(part)
+
+    def _tidy(self, table: pa.Table) -> pa.Table:
+        """Our columns last, the run's settings in the metadata."""
+        ours = list(RESULT_SCHEMA.names)
+        table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
+        meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True)}
+        return table.replace_schema_metadata(meta)
 
     def finalize(self) -> pa.Table:
-        """Merge previous output and parts in job order, rename into place, drop the parts."""
+        """The output in place, the parts gone. One file: the previous output and the parts
+        merged in job order and written whole. Shards: the last parts made a shard; what is
+        returned is then the shards' id, status and error_stage columns only."""
         self.flush()
+        if self.sharded:
+            self._make_shard()
+            self.store.remove_tree(str(self.partial))
+            columns = ["id", "status", "error_stage"]
+            tables = [self.store.read_table(s, columns) for s in self._shards()]
+            return (
+                pa.concat_tables(tables, promote_options="permissive")
+                if tables
+                else rows_to_table([], None).select(columns)
+            )
         parts = self._part_files()
         keys = [id_key(i) for i in self.index.output_ids]
-        if not parts and self.use_previous_output and self.output.exists():
-            previous = pq.read_table(self.output)
+        output = str(self.output)
+        if not parts and self.use_previous_output and self.store.exists(output):
+            previous = self.store.read_table(output)
             if [id_key(i) for i in previous.column("id").to_pylist()] == keys:
-                shutil.rmtree(self.partial, ignore_errors=True)  # nothing new: leave the output byte for byte
+                self.store.remove_tree(str(self.partial))  # nothing new: leave the output byte for byte
                 return previous
-        tables = [pq.read_table(p) for p in self._sources()]
+        tables = [self.store.read_table(p) for p in self._sources()]
         table = _concat(tables) if tables else rows_to_table([], self.index.schema)
         position = {k: i for i, k in enumerate(keys)}
         latest: dict[str, int] = {}  # a later source (a retried row) wins
@@ -238,14 +310,16 @@ class ResultWriter:
         rows = [latest[k] for k in sorted(latest, key=position.__getitem__)]
         if rows != list(range(table.num_rows)):  # usually already in order: no copy then
             table = table.take(pa.array(rows, pa.int64()))
-        ours = list(RESULT_SCHEMA.names)
-        table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
-        meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True)}
-        table = table.replace_schema_metadata(meta)
-        self.output.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(self.output, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
-        shutil.rmtree(self.partial, ignore_errors=True)
+        table = self._tidy(table)
+        self.store.makedirs(os.path.dirname(output) or ".")
+        self.store.write_table(output, table, row_group_size=_ROW_GROUP_ROWS)
+        self.store.remove_tree(str(self.partial))
         return table
+
+
+def _number(path: str) -> int:
+    """A part's number, from `part-000042.parquet`."""
+    return int(path.rsplit("/", 1)[-1][len("part-") : -len(".parquet")])
 
 
 def merge_outputs(parts: list[Path], index: JobIndex, out: Path) -> tuple[int, list[Any], list[Any]]:
@@ -281,8 +355,16 @@ class OutputLock:
     the holder dies, so a killed run never blocks the next one. A clean exit removes the
     file; a lock taken on a file that was removed meanwhile is retried on the new one."""
 
-    def __init__(self, output: Path):
-        self.path = output.with_name(output.name + ".lock")
+    def __init__(self, output: Path | str):
+        if is_uri(str(output)):  # object storage has no locks: one run per output on this machine
+            import hashlib
+            import tempfile
+
+            digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
+            self.path = Path(tempfile.gettempdir()) / f"batchgen-{digest}.lock"
+        else:
+            output = Path(output)
+            self.path = output.with_name(output.name + ".lock")
         self._file = None
 
     def __enter__(self) -> OutputLock:

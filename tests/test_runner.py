@@ -323,7 +323,8 @@ def test_bad_output_paths_exit_2_before_any_work(workdir):
     (workdir / "afile").write_text("x")
     (workdir / "adir").mkdir()
     for out, fragment in [
-        (workdir / "adir", "is a folder"),
+        (f"{workdir / 'afile'}/", "a file, not a folder"),  # shards asked for in a file
+        (f"{workdir}/", "the job's files are in it"),  # shards beside the job would be read as job files
         (workdir / "afile" / "out.parquet", "cannot write"),
         ("/proc/batchgen/out.parquet", "cannot create the lock"),
     ]:

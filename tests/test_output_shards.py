@@ -1,0 +1,152 @@
+"""Outputs as a folder of Parquet shards (`-o DIR/`), and jobs and outputs on object storage:
+a local S3-compatible server (moto) on 127.0.0.1 stands in for S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import MODELS, run_cli, write_jsonl
+
+QUICK = ("--model", str(MODELS / "tiny-vlm"), "--text-model", str(MODELS / "tiny-lm"), "--temperature", "0",
+         "--max-tokens", "2", "-q")  # fmt: skip
+
+
+def _preset(tmp_path, **settings):
+    path = tmp_path / "small-shards.yaml"
+    path.write_text("".join(f"{k}: {v}\n" for k, v in settings.items()))
+    return str(path)
+
+
+def test_an_output_folder_holds_shards_of_bounded_size_that_readers_take(tmp_path):
+    import datasets
+    import pandas as pd
+
+    job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(50)])
+    out = tmp_path / "out"
+    config = _preset(tmp_path, shard_rows=20, flush_rows=8)
+    code, output = run_cli("run", str(job), "-o", f"{out}/", "--config", config, *QUICK)
+    assert code == 0, output
+    shards = sorted(out.glob("part-*.parquet"))
+    sizes = [pq.ParquetFile(s).metadata.num_rows for s in shards]
+    assert sum(sizes) == 50 and len(shards) == 3 and max(sizes) <= 24  # three parts of 8 make a shard
+    assert not (out / "_partial").exists() and (out / "_stats.json").exists()
+    frame = pd.read_parquet(out)
+    assert sorted(frame["id"]) == sorted(f"r{i}" for i in range(50)) and set(frame["status"]) == {"ok"}
+    loaded = datasets.load_dataset("parquet", data_files=str(out / "*.parquet"), split="train")
+    assert loaded.num_rows == 50
+
+    code, again = run_cli("run", str(job), "-o", f"{out}/", "--config", config, *QUICK)  # nothing to do
+    assert code == 0 and sorted(out.glob("part-*.parquet")) == shards
+    code, summary = run_cli("inspect", str(out))
+    assert code == 0 and "50 rows, 50 ok" in summary
+    merged = tmp_path / "all.parquet"
+    code, output = run_cli("merge", str(out), "-o", str(merged), "--job", str(job))
+    assert code == 0 and [r["id"] for r in pq.read_table(merged).to_pylist()] == [f"r{i}" for i in range(50)]
+
+
+_SLOW = """
+import sys, time
+import batchgen.runner as runner
+record = runner._record
+def slow(*args):
+    record(*args)
+    time.sleep(0.05)
+runner._record = slow
+from batchgen.cli import main
+main(prog_name="batchgen")
+"""
+
+
+def _kill_when(proc, ready, limit=90.0):
+    deadline = time.monotonic() + limit
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the run made no progress"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=30)  # also closes its pipe
+
+
+def test_a_killed_run_into_shards_resumes_with_every_row_once(tmp_path):
+    job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(60)])
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-c", _SLOW, "run", str(job), "-o", f"{out}/", "--config",
+           _preset(tmp_path, shard_rows=12, flush_rows=4), "--batch-size", "1", *QUICK]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _kill_when(proc, lambda: len(list(out.glob("part-*.parquet"))) >= 2)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"r{i}" for i in range(60))  # every row, once
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A moto S3 server on loopback, and the environment that points boto and s3fs at it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    port = server._server.server_address[1]
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.makedirs("bucket", exist_ok=True)
+    yield fs, env
+    server.stop()
+
+
+def test_a_job_on_s3_runs_into_shards_on_s3_and_resumes_after_kill_9(tmp_path, s3):
+    fs, env = s3
+    for k in range(2):
+        rows = [{"id": f"s{k}-{i}", "prompt": f"Item {i}.", "n": i} for i in range(30)]
+        with fs.open(f"bucket/jobs/{k:05d}.parquet", "wb") as f:
+            pq.write_table(pa.Table.from_pylist(rows), f)
+    cmd = [sys.executable, "-c", _SLOW, "run", "s3://bucket/jobs/", "-o", "s3://bucket/out/", "--config",
+           _preset(tmp_path, shard_rows=8, flush_rows=4), "--batch-size", "1", *QUICK]  # fmt: skip
+    environ = {**os.environ, **env}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environ)
+
+    def shards():
+        fs.invalidate_cache()
+        return (
+            [p for p in fs.ls("bucket/out", detail=False) if p.rsplit("/", 1)[-1].startswith("part-")]
+            if fs.exists("bucket/out")
+            else []
+        )
+
+    _kill_when(proc, lambda: len(shards()) >= 2)
+    first = len(shards())
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=environ)
+    assert done.returncode == 0, done.stderr
+    assert "resuming" not in done.stderr or "rows done" in done.stderr
+    fs.invalidate_cache()
+    tables = [pq.read_table(fs.open(p, "rb")) for p in sorted(shards())]
+    table = pa.concat_tables(tables)
+    assert len(tables) > first
+    assert sorted(table.column("id").to_pylist()) == sorted(f"s{k}-{i}" for k in range(2) for i in range(30))
+    assert set(table.column("status").to_pylist()) == {"ok"} and "n" in table.column_names
+    stats = json.loads(fs.cat("bucket/out/_stats.json"))
+    assert stats["rows"] == 60 and stats["resumed"] > 0
+    assert not fs.exists("bucket/out/_partial")
+
+
+def test_unreachable_or_unknown_uris_exit_2(tmp_path, s3):
+    job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": "a", "prompt": "Hi."}])
+    code, output = run_cli("run", str(job), "-o", "nosuchscheme://x/out.parquet", *QUICK)
+    assert code == 2 and "-o nosuchscheme://x/out.parquet" in output
+    code, output = run_cli("run", "s3://bucket/missing/", "-o", str(tmp_path / "o.parquet"), *QUICK)
+    assert code == 2 and "s3://bucket/missing/" in output

@@ -7,9 +7,16 @@
    row of six 7.7 KB PNGs of 7900x7900. Frames are downscaled as they are read and a row's
    decoded pixels are bounded, so each peak stays under 1 GB (a small image row is the base).
 
+3. A dataset job as img2dataset writes it: a Parquet of 200,000 rows (`key`, a small JPEG in
+   `jpg`, `caption`) against 2,000, mapped with --image-column/--id-column and a prompt
+   template, max_tokens 1, written to a folder of shards: the shards are made as parts pile
+   up, so the output is never one table in memory, and the images are never copied into it.
+
     python bench/memory.py          # last lines: peak RSS growth 1k→100k, then the media peaks
     python bench/memory.py 20000    # a shorter text check
     python bench/memory.py media    # the media peaks alone
+    python bench/memory.py i2d      # the dataset job: peak RSS growth 2k→200k
+    python bench/memory.py i2d 20000
 """
 
 from __future__ import annotations
@@ -30,23 +37,60 @@ CHILD = """
 import json, resource, sys
 from pathlib import Path
 import batchgen
-job, out, model, media = sys.argv[1:5]
-config = batchgen.build_config(Path(job), Path(out), None, {"temperature": 0.0, "max_tokens": 1},
-                               json.loads(media), model=model, quiet=True)
+job, out, model, media, more = sys.argv[1:6]
+more = json.loads(more)
+config = batchgen.build_config(job, out, None, {"temperature": 0.0, "max_tokens": 1},
+                               json.loads(media), more.pop("columns", None), model=model, quiet=True, **more)
 summary = batchgen.run(config)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, summary.rows, summary.ok)
 """
 
 
-def run_child(job: Path, model: str, media: dict | None = None) -> tuple[int, int, int]:
+def run_child(
+    job: Path, model: str, media: dict | None = None, out: str | None = None, **more
+) -> tuple[int, int, int]:
     """(peak RSS in MB, rows, ok rows) of one run in a fresh process."""
-    out = job.with_suffix(".parquet")
+    out = out or str(job.with_suffix(".parquet"))
     done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(job), str(out), model, json.dumps(media or {})],
+        [sys.executable, "-c", CHILD, str(job), out, model, json.dumps(media or {}), json.dumps(more)],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     mb, rows, ok = map(int, done.stdout.split())
     return mb, rows, ok
+
+
+def i2d_peak(rows: int, folder: Path, model: str) -> tuple[int, float]:
+    """Peak RSS of an img2dataset-style Parquet job of `rows` rows written to shards."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    jpegs = []
+    for _ in range(256):  # distinct small pictures, as a crawl's are (each row's its own decode)
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(buf, format="JPEG")
+        jpegs.append(buf.getvalue())
+    job = folder / f"i2d-{rows}.parquet"
+    with pq.ParquetWriter(
+        job, pa.schema([("key", pa.string()), ("jpg", pa.binary()), ("caption", pa.string())])
+    ) as w:
+        for start in range(0, rows, 10_000):
+            n = min(10_000, rows - start)
+            w.write_table(pa.table({
+                "key": [f"{start + i:09d}" for i in range(n)],
+                "jpg": [jpegs[(start + i) % 256] for i in range(n)],
+                "caption": [f"picture {start + i} from the crawl" for i in range(n)],
+            }))  # fmt: skip
+    t0 = time.perf_counter()
+    columns = {"image": ["jpg"], "id": "key"}
+    mb, count, ok = run_child(job, model, out=f"{folder}/i2d-{rows}-out/", columns=columns,
+                              prompt_template="Describe it. Alt text: {caption}")  # fmt: skip
+    assert count == ok == rows, (count, ok)
+    return mb, time.perf_counter() - t0
 
 
 def peak_mb(rows: int, folder: Path, model: str) -> tuple[int, float]:
@@ -106,6 +150,16 @@ def main() -> None:
     if sys.argv[1:] == ["media"]:
         with tempfile.TemporaryDirectory() as tmp:
             return hostile_media(Path(tmp))
+    if sys.argv[1:2] == ["i2d"]:
+        big = int(sys.argv[2]) if len(sys.argv) > 2 else 200_000
+        model = str(ROOT / "sample_data" / "models" / "tiny-vlm")
+        with tempfile.TemporaryDirectory() as tmp:
+            small_mb, small_s = i2d_peak(2_000, Path(tmp), model)
+            print(f"2,000 rows: peak RSS {small_mb} MB ({small_s:.0f} s)")
+            big_mb, big_s = i2d_peak(big, Path(tmp), model)
+            print(f"{big:,} rows: peak RSS {big_mb} MB ({big_s:.0f} s)")
+            print(f"peak RSS growth 2k→{big // 1000}k: {big_mb - small_mb} MB")
+        return
     big = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     with tempfile.TemporaryDirectory() as tmp:
         model = str(make_tiny_model(Path(tmp) / "lm", "lm", hidden=32, layers=1))

@@ -62,17 +62,8 @@ class Source:
         except Exception as e:  # network, credentials, a missing package: the job cannot be read
             raise JobFileError(f"{path}: cannot open ({type(e).__name__}: {e})") from e
 
-    def where(self, shard: int, line: int | None, index: int) -> str:
-        """How messages name a row: its line (JSONL, CSV) or row, in its shard when there are several."""
-        at = f"line {line}" if line is not None else f"row {index}"
-        return f"{self.shards[shard].name} {at}" if len(self.shards) > 1 else at
-
     def local_paths(self) -> list[Path]:
         return [Path(s.path) for s in self.shards if not is_uri(s.path)]
-
-
-def _format_of(name: str, fmt: str | None) -> str | None:
-    return EXTENSIONS.get(Path(name).suffix.lower()) if fmt is None else fmt
 
 
 def resolve(given: str | Path, fmt: str | None = None) -> Source:
@@ -97,7 +88,7 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
     single = len(entries) == 1 and entries[0][1] == ""
     if single:
         path, _, size = entries[0]
-        kind = _format_of(path, fmt)
+        kind = fmt or EXTENSIONS.get(Path(path).suffix.lower())
         if kind is None:
             raise JobFileError(
                 f"{given}: cannot tell the format from the extension {Path(path).suffix!r}; "

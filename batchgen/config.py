@@ -29,7 +29,7 @@ __all__ = [
     "GEN_FIELDS",
 ]
 
-PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+PROJECT_CONFIGS = Path(__file__).resolve().parent.parent / "configs"  # a checkout's presets
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
 
 
@@ -166,13 +166,24 @@ def find_preset(name_or_path: str | None) -> Path | None:
         required = True
     candidates = [Path(name_or_path)]
     if not name_or_path.endswith((".yaml", ".yml")):
-        candidates += [Path("configs") / f"{name_or_path}.yaml", PROJECT_CONFIGS / f"{name_or_path}.yaml"]
+        name = f"{name_or_path}.yaml"
+        candidates += [Path("configs") / name, *_packaged(name), PROJECT_CONFIGS / name]
     for path in candidates:
         if path.is_file():
             return path
     if required:
         raise ConfigError(f"config {name_or_path!r} not found (looked in {', '.join(map(str, candidates))})")
     return None
+
+
+def _packaged(name: str) -> list[Path]:
+    """The preset as installed with the package (batchgen.configs, built from configs/)."""
+    from importlib import resources
+
+    try:
+        return [Path(str(resources.files("batchgen.configs") / name))]
+    except (ModuleNotFoundError, TypeError):  # a source tree run without installing
+        return []
 
 
 def load_preset(path: Path | None) -> dict[str, Any]:

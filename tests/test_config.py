@@ -58,3 +58,31 @@ def test_each_generation_parameter_is_declared_once_and_everything_derives_from_
         {"custom_id": "a", "body": {"messages": [], "max_completion_tokens": 7, "top_p": 0.5}}
     )
     assert (row["max_tokens"], row["top_p"], problems) == (7, 0.5, [])
+
+
+def test_a_wheel_installed_outside_the_checkout_finds_its_presets(tmp_path):
+    """The presets ship in the package: built as a wheel, installed elsewhere, looked up by
+    name from a folder that has no configs/ (and with the checkout's editable install out of
+    the way: no site hooks, the wheel's folder first on the path)."""
+    import site
+    import subprocess
+    import sys
+
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = wheels.glob("batchgen-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                    str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
+    probe = (
+        f"import sys; sys.path[:0] = [{str(target)!r}, *{site.getsitepackages()!r}]\n"
+        "import batchgen, batchgen.config as c\n"
+        "config = c.build_config('jobs.jsonl', 'out.parquet', 'qwen2.5-vl-captioning')\n"
+        "print(batchgen.__file__, c.find_preset('qwen2.5-vl-captioning'), config.model, config.batch_size)\n"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", probe], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    module, preset, model, batch_size = done.stdout.split()
+    assert module.startswith(str(target)) and preset.startswith(str(target))
+    assert preset.endswith("batchgen/configs/qwen2.5-vl-captioning.yaml")
+    assert (model, batch_size) == ("mlx-community/Qwen2.5-VL-3B-Instruct-4bit", "16")

@@ -18,13 +18,23 @@ from .read import JobIndex, RawRow, id_key, iter_rows
 __all__ = ["settings_of", "check_settings", "finished", "check_unchanged", "Pending"]
 
 
+_MODELS = ("model", "text_model", "draft_model")
+
+
+def _canonical(model: Any) -> Any:
+    """A local checkout by its absolute path (the same from any folder), a hub id as it is."""
+    if isinstance(model, str) and model and Path(model).expanduser().exists():
+        return str(Path(model).expanduser().resolve())
+    return model
+
+
 def settings_of(config: RunConfig) -> dict[str, Any]:
     """What decides the content of the output: resuming under other settings is refused."""
     m = config.media
     return {
-        "model": config.model,
-        "text_model": config.text_model,
-        "draft_model": config.draft_model,
+        "model": _canonical(config.model),
+        "text_model": _canonical(config.text_model),
+        "draft_model": _canonical(config.draft_model),
         "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
         "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
         "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
@@ -34,6 +44,8 @@ def settings_of(config: RunConfig) -> dict[str, Any]:
 
 def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[str, Any]) -> None:
     """Refuse to mix results made under other settings, naming the keys that changed."""
+    # Outputs of earlier versions stored model paths as given, relative to that run's folder.
+    previous = previous and {k: _canonical(v) if k in _MODELS else v for k, v in previous.items()}
     if previous is None or previous == settings:
         return
     keys = sorted(k for k in {*previous, *settings} if previous.get(k) != settings.get(k))

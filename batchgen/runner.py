@@ -330,6 +330,15 @@ def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, star
     if config.openai_output is not None:
         write_batch_output(table, config.openai_output)
     _finish(summary, table, time.perf_counter() - started)
-    path = stats_path(config.output, config.output_shards)
-    writer.store.write_text(str(path), json.dumps(asdict(summary), indent=2) + "\n")
+    path = str(stats_path(config.output, config.output_shards))
+    figures = asdict(summary)
+    if not summary.generated and writer.store.exists(path):
+        # Nothing to do (a cron rerun): the last real run's figures stay, the no-op is noted.
+        try:
+            previous = json.loads(writer.store.read_text(path))
+            now = {"rows": summary.rows, "ok": summary.ok, "failed": summary.failed}
+            figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        except (OSError, ValueError):
+            pass  # an unreadable stats file is replaced
+    writer.store.write_text(path, json.dumps(figures, indent=2) + "\n")
     return summary

@@ -9,7 +9,7 @@ import shutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import SAMPLE, batch, read, run_cli, write_jsonl
+from conftest import ROOT, SAMPLE, batch, read, run_cli, write_jsonl
 
 from batchgen.records import RESULT_COLUMNS
 
@@ -405,3 +405,43 @@ def test_a_model_that_cannot_load_stops_the_run_with_2_wherever_its_first_row_is
         parts = list((workdir / "out.parquet.partial").glob("part-*.parquet"))
         assert sum(pq.read_metadata(p).num_rows for p in parts) >= 256
         assert "rerun to resume" in output
+
+
+def test_a_run_resumes_from_another_folder(workdir, monkeypatch):
+    """Model paths are kept as absolute paths, so the same job resumed from elsewhere (with the
+    model named relative to that folder) is the same run; a changed setting is named alone."""
+    import os
+
+    rows = [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(4)]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    monkeypatch.chdir(ROOT)
+    models = ("--model", "sample_data/models/tiny-vlm", "--text-model", "sample_data/models/tiny-lm")
+    common = ("run", str(job), "-o", str(out), "--temperature", "0", "--max-tokens", "3", "-q", *models)
+    assert run_cli(*common, "--limit", "2")[0] == 0
+    elsewhere = workdir / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    relative = os.path.relpath(ROOT / "sample_data" / "models", elsewhere)
+    moved = [a.replace("sample_data/models", relative) for a in common]
+    code, output = run_cli(*moved)
+    assert code == 0 and "(2 resumed)" in output, output
+    code, output = run_cli(*moved, "--max-tokens", "4")
+    assert code == 2 and "other settings (generation:" in output and "model:" not in output
+
+
+def test_a_rerun_with_nothing_to_do_keeps_the_last_runs_figures(workdir):
+    import json
+
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(3)])
+    out = workdir / "out.parquet"
+    assert batch(job, out)[0] == 0
+    stats = workdir / "out.parquet.stats.json"
+    first = json.loads(stats.read_text())
+    assert first["generated"] == 3 and first["tokens_per_s"] > 0
+    code, output = batch(job, out)
+    assert code == 0 and "(3 resumed)" in output
+    again = json.loads(stats.read_text())
+    assert again["tokens_per_s"] == first["tokens_per_s"] and again["generated"] == 3 and "last_noop" in again
+    code, summary = run_cli("inspect", str(out))
+    assert f"last run {first['tokens_per_s']:.1f} tok/s" in summary

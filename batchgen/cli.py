@@ -20,11 +20,20 @@ def _fail(e: BatchgenError) -> None:
     sys.exit(e.exit_code)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "BATCHGEN"})
 @click.version_option(package_name="batchgen")
-def main() -> None:
-    """Batch generation with MLX: a JSONL or Parquet job file in, a Parquet of results out."""
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+@click.option("-v", "--verbose", count=True, help="More log lines (-vv: debug).")
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Log level [warning]."
+)
+def main(verbose: int, log_level: str | None) -> None:
+    """Batch generation with MLX: a job in (JSONL, Parquet, CSV, an OpenAI Batch file, or a
+    folder, glob or URI of such shards or of WebDataset tars), a Parquet of results out.
+
+    Every option can also be set from the environment: BATCHGEN_<COMMAND>_<OPTION>, e.g.
+    BATCHGEN_RUN_MAX_TOKENS=64 or BATCHGEN_LOG_LEVEL=info."""
+    level = log_level.upper() if log_level else ("WARNING", "INFO", "DEBUG")[min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
 
 
 def _generation_options() -> list:

@@ -114,6 +114,7 @@ class RunConfig:
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
     flush_seconds: float = 10.0  # ... or this much work, whichever comes first
     row_timeout: float | None = None  # seconds a row may generate (from its prefill); None = no limit
+    progress_seconds: float = 30.0  # without a terminal: a progress line this often (cron logs)
     quiet: bool = False
 
 

@@ -118,6 +118,32 @@ def _progress(s: RunSummary, cache: dict[str, float], elapsed: float) -> str:
     return ", ".join(parts)
 
 
+class _Heartbeat(threading.Thread):
+    """Without a terminal (cron, a log file) there is no bar: a progress line every `every`
+    seconds instead, written whatever the run is doing."""
+
+    def __init__(
+        self, summary: RunSummary, total: int, cache: Callable[[], dict], started: float, every: float
+    ):
+        super().__init__(name="batchgen-progress", daemon=True)
+        self.summary, self.total, self.cache, self.started, self.every = summary, total, cache, started, every
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(self.every):
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        s, elapsed = self.summary, max(time.perf_counter() - self.started, 1e-9)
+        rate = s.generated / elapsed
+        left = (self.total - s.generated) / rate if rate else float("inf")
+        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left < 100 * 3600 else "unknown"
+        return (
+            f"progress: {s.generated:,}/{self.total:,} rows ({s.generated / max(self.total, 1):.1%}), "
+            f"{rate:.2f} rows/s, {_progress(s, self.cache(), elapsed)}, ETA {eta}"
+        )
+
+
 def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
     if result.status == "error" and config.fail_fast:
         writer.flush()
@@ -286,6 +312,12 @@ def _run(
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         executor = _executor(config, work, engines, Path(tmp), signals.stop)
         batches = executor.run(Pending(index, done))
+        logged = not config.quiet and not sys.stderr.isatty() and config.progress_seconds > 0
+        heartbeat = _Heartbeat(
+            summary, todo, lambda: executor.stats()["cache"], started, config.progress_seconds
+        )
+        if logged:
+            heartbeat.start()
         try:
             try:
                 for results in batches:
@@ -305,6 +337,7 @@ def _run(
                 ) from None
             signals.check(writer)
         finally:
+            heartbeat.stop.set()
             batches.close()
             executor.close()
         stats = executor.stats()

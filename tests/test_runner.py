@@ -445,3 +445,28 @@ def test_a_rerun_with_nothing_to_do_keeps_the_last_runs_figures(workdir):
     assert again["tokens_per_s"] == first["tokens_per_s"] and again["generated"] == 3 and "last_noop" in again
     code, summary = run_cli("inspect", str(out))
     assert f"last run {first['tokens_per_s']:.1f} tok/s" in summary
+
+
+def test_without_a_terminal_progress_lines_come_at_a_steady_pace(workdir, monkeypatch):
+    """Under cron stderr is no terminal: no bar, but a progress line every `progress_seconds`;
+    options come from the environment too (BATCHGEN_RUN_…)."""
+    import re
+
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(24)])
+    preset = workdir / "cron.yaml"
+    preset.write_text("progress_seconds: 0.2\n")
+    monkeypatch.setenv("BATCHGEN_RUN_MAX_TOKENS", "12")
+    out = workdir / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "--model",
+                           str(ROOT / "sample_data/models/tiny-vlm"), "--text-model",
+                           str(ROOT / "sample_data/models/tiny-lm"), "--batch-size", "1")  # fmt: skip
+    assert code == 0, output
+    lines = [line for line in output.splitlines() if line.startswith("progress: ")]
+    assert len(lines) >= 2, output
+    pattern = (
+        r"progress: \d+/24 rows \(\d+\.\d%\), \d+\.\d\d rows/s, \d+ tok/s, (cache \d+%, )?0 failed, ETA \S+"
+    )
+    assert all(re.fullmatch(pattern, line) for line in lines), lines
+    assert {r["completion_tokens"] for r in read(out)} <= set(range(1, 13)) and max(
+        r["completion_tokens"] for r in read(out)
+    ) == 12  # the environment's max_tokens

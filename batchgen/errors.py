@@ -38,6 +38,11 @@ def describe(source: str | bytes, width: int = 80) -> str:
     return one_line(source)
 
 
+def gist(message: str) -> str:
+    """An error without the parts that differ from row to row (the reference before ': ')."""
+    return message.split(": ", 1)[-1][:120]
+
+
 def short(e: BaseException, width: int = 200) -> str:
     """An exception's message on one line, cut to `width` characters."""
     return " ".join(str(e).split())[:width]

@@ -15,7 +15,7 @@ from urllib.parse import quote
 import pyarrow.parquet as pq
 
 from .decode import IMAGE_FORMATS
-from .errors import JobFileError
+from .errors import JobFileError, gist
 
 __all__ = ["summarize", "write_gallery"]
 
@@ -23,11 +23,21 @@ _THUMB = 160  # pixels on the long side: enough to recognise, small enough for 1
 _PAGE = 100  # cards per page
 
 
+_NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tokens", "completion_tokens")
+
+
 def _read(path: Path) -> list[dict[str, Any]]:
     try:
-        return pq.read_table(path).to_pylist()
+        table = pq.read_table(path)
     except (OSError, ValueError) as e:
         raise JobFileError(f"{path}: not a batchgen results file ({e})") from e
+    missing = [c for c in _NEEDED if c not in table.column_names]
+    if missing:
+        raise JobFileError(
+            f"{path}: not a batchgen results file (no {', '.join(missing)} column); "
+            "give the output of `batchgen run`"
+        )
+    return table.to_pylist()
 
 
 def summarize(path: Path, slowest: int = 5) -> str:
@@ -39,7 +49,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
     by_stage: dict[str, Counter[str]] = {}
     for r in rows:
         if r["status"] != "ok":
-            by_stage.setdefault(r["error_stage"] or "?", Counter())[_gist(r["error"] or "")] += 1
+            by_stage.setdefault(r["error_stage"] or "?", Counter())[gist(r["error"] or "")] += 1
     if by_stage:
         lines.append("errors by stage:")
         for stage, messages in sorted(by_stage.items(), key=lambda kv: -sum(kv[1].values())):
@@ -75,11 +85,6 @@ def summarize(path: Path, slowest: int = 5) -> str:
             parts = ", ".join(f"{k[:-3]} {r[k]:.0f} ms" for k in stages if r[k])
             lines.append(f"  {r['id']}: {sum(r[k] or 0 for k in stages):.0f} ms ({parts or 'nothing'})")
     return "\n".join(lines)
-
-
-def _gist(message: str) -> str:
-    """An error without the parts that differ from row to row (the reference before ': ')."""
-    return message.split(": ", 1)[-1][:120]
 
 
 def _thumbnail(img) -> str:

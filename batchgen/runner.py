@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from tqdm import tqdm
 
 from .config import RunConfig, WorkSettings, work_settings
 from .engine import Engines
-from .errors import ConfigError, FailFastError, Interrupted, StopRequested, short
+from .errors import ConfigError, FailFastError, Interrupted, StopRequested, gist, short
 from .execute import LocalExecutor
 from .openai import write_batch_output
 from .read import JobIndex, id_key, scan
@@ -57,6 +58,7 @@ class RunSummary:
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
     errors_by_stage: dict[str, int] = field(default_factory=dict)
+    commonest_errors: list[str] = field(default_factory=list)  # "12× fetch: HTTP 404 Not Found", …
     media: dict[str, int] = field(default_factory=dict)  # downloads, reuses, decodes (MediaStage.stats)
     cache: dict[str, float] = field(default_factory=dict)  # prefix hits, misses, tokens saved
 
@@ -85,6 +87,8 @@ class RunSummary:
         if self.dropped_columns:
             names = ", ".join(self.dropped_columns)
             capped += f" · not copied to the output: {names} (binary; --keep-columns to keep)"
+        if self.commonest_errors:
+            capped += f" · commonest errors: {'; '.join(self.commonest_errors)}"
         return (
             f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
@@ -99,9 +103,14 @@ def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     s.ok = statuses.count("ok")
     s.failed = len(statuses) - s.ok
     s.resumed = table.num_rows - s.generated
-    for stage in table.column("error_stage").to_pylist():
+    errors: Counter[tuple[str, str]] = Counter()
+    for stage, message in zip(
+        table.column("error_stage").to_pylist(), table.column("error").to_pylist(), strict=True
+    ):
         if stage:
             s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
+            errors[(stage, gist(message or ""))] += 1
+    s.commonest_errors = [f"{n}× {stage}: {message}" for (stage, message), n in errors.most_common(3)]
     s.acceptance_rate = round(s.mtp_accepted / s.mtp_drafts, 4) if s.mtp_drafts else 0.0
     s.wall_s = round(wall, 3)
     s.rows_per_s = round(s.generated / wall, 3) if wall > 0 else 0.0

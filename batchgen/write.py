@@ -280,12 +280,12 @@ class ResultWriter:
     def finalize(self) -> pa.Table:
         """The output in place, the parts gone. One file: the previous output and the parts
         merged in job order and written whole. Shards: the last parts made a shard; what is
-        returned is then the shards' id, status and error_stage columns only."""
+        returned is then the shards' id, status and error columns only."""
         self.flush()
         if self.sharded:
             self._make_shard()
             self.store.remove_tree(str(self.partial))
-            columns = ["id", "status", "error_stage"]
+            columns = ["id", "status", "error", "error_stage"]
             tables = [self.store.read_table(s, columns) for s in self._shards()]
             return (
                 pa.concat_tables(tables, promote_options="permissive")

@@ -470,3 +470,21 @@ def test_without_a_terminal_progress_lines_come_at_a_steady_pace(workdir, monkey
     assert {r["completion_tokens"] for r in read(out)} <= set(range(1, 13)) and max(
         r["completion_tokens"] for r in read(out)
     ) == 12  # the environment's max_tokens
+
+
+def test_the_summary_names_the_commonest_errors_and_inspect_refuses_other_parquet(workdir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": f"m{i}", "image": "media/missing.png", "prompt": "What?"} for i in range(3)]
+    rows += [{"id": "bad", "prompt": 5}, {"id": "fine", "prompt": "Hi."}]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 1
+    line = next(x for x in output.splitlines() if "commonest errors" in x)
+    assert "commonest errors: 3× fetch: no such file" in line and "1× read: expected a string, got 5" in line
+    pq.write_table(pa.table({"a": [1, 2]}), workdir / "other.parquet")
+    for command in (["inspect"], ["report", "-o", str(workdir / "page.html")]):
+        code, output = run_cli(*command[:1], str(workdir / "other.parquet"), *command[1:])
+        assert code == 2 and "not a batchgen results file (no id, status, error" in output
+        assert "Traceback" not in output and "KeyError" not in output

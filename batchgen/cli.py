@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -15,9 +16,31 @@ from .tiny import KINDS
 __all__ = ["main"]
 
 
+CRASH_EXIT = 3  # an internal error (a bug), not a row (1) or a setting (2); finished rows are kept
+
+
 def _fail(e: BatchgenError) -> None:
     click.echo(f"error: {e}", err=True)
     sys.exit(e.exit_code)
+
+
+def _crashed(e: Exception) -> None:
+    """One line naming the error and where its full traceback was written, then exit 3."""
+    import tempfile
+    import time
+    import traceback
+
+    from .errors import short
+
+    path = Path(tempfile.gettempdir()) / f"batchgen-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    try:
+        path.write_text("".join(traceback.format_exception(e)))
+        where = f"full traceback in {path}"
+    except OSError:
+        where = "the traceback could not be saved"
+    click.echo(f"error: internal error {type(e).__name__}: {short(e)} ({where}); finished rows are kept, "
+               "rerun to resume", err=True)  # fmt: skip
+    sys.exit(CRASH_EXIT)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "BATCHGEN"})
@@ -233,6 +256,8 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
         summary = run_job(config)
     except BatchgenError as e:
         _fail(e)
+    except Exception as e:  # noqa: BLE001 - a bug: its own exit code, the traceback kept for the report
+        _crashed(e)
     click.echo(summary.line(), err=True)
     click.echo(f"wrote {', '.join(str(p) for p in (output, openai_output) if p)}", err=True)
     sys.exit(summary.exit_code)

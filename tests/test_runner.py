@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -488,3 +490,21 @@ def test_the_summary_names_the_commonest_errors_and_inspect_refuses_other_parque
         code, output = run_cli(*command[:1], str(workdir / "other.parquet"), *command[1:])
         assert code == 2 and "not a batchgen results file (no id, status, error" in output
         assert "Traceback" not in output and "KeyError" not in output
+
+
+def test_an_internal_crash_has_its_own_exit_code_and_a_traceback_file(workdir, monkeypatch):
+    import batchgen.runner
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug in the writer")
+
+    monkeypatch.setattr(batchgen.runner, "_conclude", broken)
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": "a", "prompt": "Hi."}])
+    code, output = batch(job, workdir / "out.parquet")
+    assert code == 3, output
+    line = output.strip().splitlines()[-1]
+    assert line.startswith("error: internal error RuntimeError: a bug in the writer (full traceback in ")
+    path = line.split("full traceback in ", 1)[1].split(")", 1)[0]
+    text = Path(path).read_text()
+    assert "Traceback" in text and "a bug in the writer" in text and "_run" in text
+    os.remove(path)

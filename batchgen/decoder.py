@@ -255,8 +255,10 @@ def logits_processors_for(p: GenParams) -> list[Callable]:
     from mlx_lm.sample_utils import make_logits_processors
 
     return make_logits_processors(
+        logit_bias=dict(p.logit_bias) or None,
         repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
         presence_penalty=p.presence_penalty or None,
+        frequency_penalty=p.frequency_penalty or None,
     )
 
 

@@ -6,6 +6,8 @@ rows (cluster.py), so media overlap generation and rows are grouped over the win
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -16,6 +18,7 @@ from typing import Any
 from .config import WorkSettings
 from .engine import Engines, Plan
 from .errors import RowError, one_line
+from .lanes import completions
 from .media import MediaStage, Prefetcher, Prepared
 from .parse import parse_row
 from .read import RawRow
@@ -47,6 +50,25 @@ def _result(
     return result
 
 
+def _combined(outcomes: list[Generation | RowError]) -> tuple[Generation | RowError, str | None]:
+    """A row's n completions (OpenAI's `n`) as one outcome: the first's text, all tokens
+    counted, every completion in `choices`; any failure fails the row."""
+    if len(outcomes) == 1:
+        return outcomes[0], None
+    failed = [o for o in outcomes if isinstance(o, RowError)]
+    if failed:
+        return failed[0], None
+    gens: list[Generation] = outcomes  # type: ignore[assignment]
+    first = dataclasses.replace(
+        gens[0], completion_tokens=sum(g.completion_tokens for g in gens),
+        mtp_drafts=sum(g.mtp_drafts for g in gens), mtp_accepted=sum(g.mtp_accepted for g in gens),
+        capped=any(g.capped for g in gens),
+    )  # fmt: skip
+    choices = [{"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens}
+               for g in gens]  # fmt: skip
+    return first, json.dumps(choices)
+
+
 def generate_window(
     window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int, continuous: bool = True
 ) -> Iterator[list[tuple[Job, Result]]]:
@@ -54,10 +76,12 @@ def generate_window(
     then the rows of each scheduled run as they finish, `batch_size` at a time. With
     `continuous`, a lane's rows are one run (a finished row's slot goes to the next waiting
     row); without, static batches of `batch_size`. A batched row's `generate_ms` is its share
-    of the lane's time: the time since the run's previous row finished."""
+    of the lane's time: the time since the run's previous row finished. A row asking for n
+    completions runs as n rows of one prompt and comes out once, when all n are done."""
     plans: list[Plan] = []
+    owners: list[int] = []  # each plan's row in the window
     failed: list[tuple[Job, Result]] = []
-    for job, prepared in window:
+    for w, (job, prepared) in enumerate(window):
         if job.error:
             failed.append((job, _result(job, prepared, RowError("read", job.error), None)))
         elif prepared is not None and prepared.error:
@@ -65,26 +89,35 @@ def generate_window(
         else:
             t0 = time.perf_counter()
             try:
-                plans.append(engines.plan(job, prepared.media if prepared else Media()))
+                copies = completions(engines.plan(job, prepared.media if prepared else Media()))
             except RowError as e:
                 ms = (time.perf_counter() - t0) * 1000
                 failed.append((job, _result(job, prepared, e, engines.model_for(job), ms)))
+                continue
+            plans += copies
+            owners += [w] * len(copies)
     if failed:
         yield failed
-    prepared_of = {id(job): prepared for job, prepared in window}
+    outcomes: dict[int, list[tuple[int, Generation | RowError]]] = {}
+    spent: dict[int, float] = {}
     for run in schedule(plans, None if continuous else batch_size):
         members = [plans[i] for i in run]
         done: list[tuple[Job, Result]] = []
         last = time.perf_counter()
         for i, outcome in engines.run(members, batch_size):
-            now, job = time.perf_counter(), members[i].job
-            done.append(
-                (
-                    job,
-                    _result(job, prepared_of[id(job)], outcome, engines.model_for(job), (now - last) * 1000),
-                )
-            )
+            now, w = time.perf_counter(), owners[run[i]]
+            got = outcomes.setdefault(w, [])
+            got.append((run[i], outcome))
+            spent[w] = spent.get(w, 0.0) + (now - last) * 1000
             last = now
+            job, prepared = window[w]
+            if len(got) < job.params.n:
+                continue
+            outcome, choices = _combined([o for _, o in sorted(got, key=lambda x: x[0])])
+            result = _result(job, prepared, outcome, engines.model_for(job), spent.pop(w))
+            result.choices = choices
+            done.append((job, result))
+            del outcomes[w]
             if len(done) >= batch_size:
                 yield done
                 done = []

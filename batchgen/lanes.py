@@ -40,6 +40,7 @@ __all__ = [
     "OffsetVisionLane",
     "SingleLane",
     "DraftLane",
+    "completions",
     "row_error",
 ]
 
@@ -407,6 +408,23 @@ class DraftLane(_OneByOne):
         gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.models.drafter, watch)  # type: ignore
         gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]
         return gen
+
+
+def completions(plan: Plan) -> list[Plan]:
+    """A row asking for n completions (OpenAI's `n`) as n plans of its one prompt, decoded
+    side by side; seeded sampling takes seed, seed + 1, … so the n draws differ."""
+    p = plan.job.params
+    out = [plan]
+    for k in range(1, p.n):
+        job = plan.job
+        if p.seed is not None:
+            job = dataclasses.replace(job, params=dataclasses.replace(p, seed=(p.seed + k) % 2**64))
+        copy = _fresh(plan) if plan.seq is not None else Plan(job, plan.media, plan.lane)
+        copy.job = job
+        if copy.seq is not None:
+            copy.seq.params = dataclasses.replace(copy.seq.params, seed=job.params.seed)
+        out.append(copy)
+    return out
 
 
 def _fresh(plan: Plan) -> Plan:

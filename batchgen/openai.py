@@ -31,21 +31,43 @@ def row_id(value: dict[str, Any]) -> Any:
     return value["custom_id"] if is_batch_request(value) else value.get("id")
 
 
-def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """The row a request line stands for, and the problems that make it unusable."""
-    problems = []
+# Body fields that do not change the answer: taken and left alone.
+_HARMLESS = {"model", "user", "metadata", "store", "service_tier", "messages"}
+# Fields whose default (or these values) asks nothing of the engine; any other value is refused.
+_ONLY_DEFAULT = {"stream": (False,), "logprobs": (False,), "top_logprobs": (0,),
+                 "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},)}  # fmt: skip
+
+
+def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+    """The row a request line stands for, and the problems that make it unusable: a field
+    batchgen would otherwise ignore is named, never answered as if it had been honoured. A
+    request to another endpoint gives no row at all (None): that one problem is the answer."""
     if value.get("url", "/v1/chat/completions") != "/v1/chat/completions":
-        problems.append(
-            ("url", f"only /v1/chat/completions requests are supported, got {value.get('url')!r}")
-        )
+        return None, [
+            ("url", f"only /v1/chat/completions requests are supported, got {value.get('url')!r:.80}")
+        ]
+    problems = []
     if value.get("method", "POST") != "POST":
-        problems.append(("method", f"expected POST, got {value.get('method')!r}"))
+        problems.append(("method", f"expected POST, got {value.get('method')!r:.40}"))
     body = value["body"]
     row: dict[str, Any] = {"id": value["custom_id"], "messages": body.get("messages")}
-    for name, ours in OPENAI_FIELDS.items():
-        if body.get(name) is not None:
-            row[ours] = body[name]
+    for name, field in body.items():
+        if name in OPENAI_FIELDS:
+            if field is not None:
+                row[OPENAI_FIELDS[name]] = field
+        elif name in _ONLY_DEFAULT:
+            if field is not None and field not in _ONLY_DEFAULT[name]:
+                problems.append((f"body.{name}", f"{field!r:.60} is not supported by batchgen"))
+        elif name not in _HARMLESS and field is not None:
+            problems.append((f"body.{name}", "not supported by batchgen"))
     return row, problems
+
+
+def _choices(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's completions: all n of them (`choices`), or its one."""
+    if row.get("choices"):
+        return json.loads(row["choices"])
+    return [{"text": row["generated_text"], "finish_reason": row["finish_reason"]}]
 
 
 def _request_id(custom_id: Any) -> str:
@@ -84,10 +106,11 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
                     "model": row["model"],
                     "choices": [
                         {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": row["generated_text"]},
-                            "finish_reason": row["finish_reason"],
+                            "index": k,
+                            "message": {"role": "assistant", "content": c["text"]},
+                            "finish_reason": c["finish_reason"],
                         }
+                        for k, c in enumerate(_choices(row))
                     ],
                     "usage": usage,
                 },

@@ -38,6 +38,20 @@ def _stop(v: Any) -> tuple[Any, str | None]:
     return None, f"expected a string or a list of non-empty strings, got {v!r:.60}"
 
 
+_MOST_CHOICES = 16  # completions per row: each is a row's worth of decoding
+
+
+def _logit_bias(v: Any) -> tuple[Any, str | None]:
+    """OpenAI's {"token id": bias in [-100, 100]}, as (id, bias) pairs."""
+    try:
+        pairs = tuple(sorted((int(k), float(b)) for k, b in v.items())) if isinstance(v, dict) else None
+    except (TypeError, ValueError):
+        pairs = None
+    if pairs is None or not all(0 <= k < 2**31 and -100 <= b <= 100 for k, b in pairs):
+        return None, f"expected {{token id: bias in [-100, 100]}}, got {v!r:.60}"
+    return pairs, None
+
+
 @dataclass(frozen=True, slots=True)
 class Param:
     """One generation parameter: `check` turns a value as a row (JSON) gives it into the
@@ -70,6 +84,11 @@ PARAMS = (
           "Repetition penalty; 1 is off", float, ("repetition_penalty",)),
     Param("presence_penalty", _rule(is_number, "a number", float), "Presence penalty", float,
           ("presence_penalty",)),
+    Param("frequency_penalty", _rule(is_number, "a number", float), "Frequency penalty", float,
+          ("frequency_penalty",)),
+    Param("logit_bias", _logit_bias, "Bias by token id, e.g. {\"42\": -100}", None, ("logit_bias",)),
+    Param("n", _rule(lambda v: is_int(v) and 1 <= v <= _MOST_CHOICES, f"an integer in [1, {_MOST_CHOICES}]"),
+          "Completions per row", None, ("n",)),
     Param("stop", _stop, "Stop sequence (repeatable)", str, ("stop",)),
     Param("seed", _rule(lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's range
           "Sampling seed", int, ("seed",)),

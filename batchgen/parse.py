@@ -232,8 +232,12 @@ def _parse_row(
     job.raw = value
     problems: list[Problem] = []
     if is_batch_request(value):
-        value, batch_problems = from_batch_request(value)
+        request, batch_problems = from_batch_request(value)
         problems += batch_problems
+        if request is None:  # another endpoint: nothing else about the line matters
+            job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
+            return job, problems
+        value = request
     if columns.named():
         value = _mapped(value, columns, problems)
     if template is not None:

@@ -34,6 +34,9 @@ class GenParams:
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
+    n: int = 1  # completions of the one prompt (OpenAI's `n`)
     stop: tuple[str, ...] = ()
     seed: int | None = None
     system: str | None = None
@@ -121,6 +124,7 @@ class Result:
     frames_ms: float = 0.0
     generate_ms: float = 0.0
     model: str | None = None
+    choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
 
 

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 from .config import RunConfig
 from .errors import ConfigError
 from .read import JobIndex, RawRow, id_key, iter_rows
+from .records import GenParams
 
 __all__ = ["settings_of", "check_settings", "finished", "check_unchanged", "Pending"]
 
@@ -44,8 +45,12 @@ def settings_of(config: RunConfig) -> dict[str, Any]:
 
 def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[str, Any]) -> None:
     """Refuse to mix results made under other settings, naming the keys that changed."""
-    # Outputs of earlier versions stored model paths as given, relative to that run's folder.
+    # Outputs of earlier versions stored model paths as given, relative to that run's folder,
+    # and knew fewer generation parameters (the ones added since had their defaults).
     previous = previous and {k: _canonical(v) if k in _MODELS else v for k, v in previous.items()}
+    if previous and isinstance(previous.get("generation"), dict):
+        defaults = json.loads(json.dumps(asdict(GenParams()), default=list))
+        previous["generation"] = {**defaults, **previous["generation"]}
     if previous is None or previous == settings:
         return
     keys = sorted(k for k in {*previous, *settings} if previous.get(k) != settings.get(k))

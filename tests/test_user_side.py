@@ -146,8 +146,71 @@ def test_openai_batch_round_trip(tmp_path):
     assert lines[0]["response"]["body"]["usage"]["completion_tokens"] <= 5
     assert lines[1]["response"]["body"]["choices"][0]["message"]["content"].strip() == "circle"
     assert lines[2]["response"] is None and lines[2]["error"]["code"] == "read_error"
-    assert "/v1/chat/completions" in lines[2]["error"]["message"]
+    # One clear message for another endpoint, not followed by what its body lacks.
+    assert (
+        lines[2]["error"]["message"]
+        == "url: only /v1/chat/completions requests are supported, got '/v1/embeddings'"
+    )
     assert (tmp_path / "batch_output.parquet").exists()  # the resumable state beside it
+
+
+def test_openai_batch_fields_are_honoured_or_refused_never_ignored(tmp_path):
+    """`n` gives n completions (seeded draws differ and repeat), frequency_penalty and
+    logit_bias reach the engine as mlx-lm applies them; a field batchgen cannot honour is that
+    line's error naming it."""
+    import mlx_lm
+    from mlx_lm.sample_utils import make_logits_processors
+
+    def request(custom_id, **body):
+        messages = [{"role": "user", "content": "Say something about cats and cats."}]
+        return {"custom_id": custom_id, "method": "POST", "url": "/v1/chat/completions",
+                "body": {"model": "m", "max_tokens": 8, "messages": messages, **body}}  # fmt: skip
+
+    requests = [
+        request("greedy-n", n=2, temperature=0),
+        request("sampled-n", n=3, temperature=1.5, seed=7),
+        request("penalised", temperature=0, frequency_penalty=1.5, logit_bias={"5": -100}),
+        request("logprobs", logprobs=True),
+        request("tools", tools=[{"type": "function", "function": {"name": "f"}}]),
+        request("plain", temperature=0, stream=False, user="someone", response_format={"type": "text"}),
+    ]
+    job = tmp_path / "batch.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    outputs = []
+    for name in ("a", "b"):
+        out = tmp_path / f"{name}.jsonl"
+        code, output = run_cli("run", str(job), "-o", str(out), "--output-format", "openai", "--model",
+                               str(MODELS / "tiny-lm"), "-q")  # fmt: skip
+        assert code == 1, output
+        outputs.append({line["custom_id"]: line for line in map(json.loads, out.read_text().splitlines())})
+    lines = outputs[0]
+
+    def texts(custom_id):
+        return [c["message"]["content"] for c in lines[custom_id]["response"]["body"]["choices"]]
+
+    assert len(set(texts("greedy-n"))) == 1 and texts("greedy-n")[0] == texts("plain")[0]
+    sampled = texts("sampled-n")
+    assert len(sampled) == 3 and len(set(sampled)) > 1  # seed, seed + 1, seed + 2
+    assert sampled == [
+        c["message"]["content"] for c in outputs[1]["sampled-n"]["response"]["body"]["choices"]
+    ]
+    usage = lines["greedy-n"]["response"]["body"]["usage"]
+    assert usage["completion_tokens"] == 2 * lines["plain"]["response"]["body"]["usage"]["completion_tokens"]
+
+    model, tokenizer = mlx_lm.load(str(MODELS / "tiny-lm"))
+    tokenizer.add_eos_token("<|im_end|>")
+    question = [{"role": "user", "content": "Say something about cats and cats."}]
+    prompt = tokenizer.apply_chat_template(question, add_generation_prompt=True, tokenize=False)
+    ids = tokenizer.encode(prompt, add_special_tokens=False)
+    processors = make_logits_processors(logit_bias={5: -100}, frequency_penalty=1.5)
+    tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=8,
+                                                      logits_processors=processors)]  # fmt: skip
+    tokens = tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens
+    assert texts("penalised") == [tokenizer.decode(tokens)] and texts("penalised") != texts("plain")
+
+    assert lines["logprobs"]["error"]["message"] == "body.logprobs: True is not supported by batchgen"
+    assert lines["tools"]["error"]["message"] == "body.tools: not supported by batchgen"
+    assert lines["plain"]["error"] is None
 
 
 def test_inspect_counts(tmp_path):

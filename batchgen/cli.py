@@ -143,6 +143,12 @@ def _run_options(command):
             "--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."
         ),
         click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
+        click.option(
+            "--max-attempts",
+            type=int,
+            help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
+        ),  # fmt: skip
+        click.option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
         *_generation_options(),
         click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
         click.option("--video-max-frames", type=int, help="Most frames per video [128]."),

@@ -96,6 +96,8 @@ class RunConfig:
     shard: tuple[int, int] | None = None  # (i, n): only the rows of shard i of n
     overwrite: bool = False
     fail_fast: bool = False
+    max_attempts: int = 3  # runs a transiently failed row gets (a server down at 3 a.m. is back at 4)
+    retry_failed: bool = False  # a rerun tries every failed row again, transient or not
     draft_model: str | None = None  # speculative decoding: a text draft model or an mlx-vlm drafter
     num_draft_tokens: int = 3  # text drafts per round
     draft_kind: str | None = None  # mtp | dflash | eagle3 (vision drafters); None = from the checkpoint
@@ -257,7 +259,7 @@ def build_config(
         raise ConfigError("max_image_pixels, max_row_pixels and frame_pixels must be >= 1")
     if data.get("engine", "local") not in ("local", "ray"):
         raise ConfigError(f"--engine {data['engine']!r}: expected local or ray")
-    for key in ("batch_size", "window", "cache_entries", "workers"):
+    for key in ("batch_size", "window", "cache_entries", "workers", "max_attempts"):
         if data.get(key) is not None and int(data[key]) < 1:
             raise ConfigError(f"{key} must be >= 1")
     shard = data.get("shard")

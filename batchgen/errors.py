@@ -81,12 +81,14 @@ class FailFastError(BatchgenError):
 
 
 class RowError(Exception):
-    """One row failed; it becomes an error row and the run goes on."""
+    """One row failed; it becomes an error row and the run goes on. `transient`: the failure
+    may not happen again (a server down, a timeout, an engine error), so a rerun retries it."""
 
-    def __init__(self, stage: str, message: str):
+    def __init__(self, stage: str, message: str, transient: bool = False):
         super().__init__(message)
         self.stage = stage
         self.message = message
+        self.transient = transient
 
 
 class StopRequested(BaseException):

@@ -43,6 +43,7 @@ def _result(
         result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
     if isinstance(outcome, RowError):
         result.status, result.error, result.error_stage = "error", one_line(outcome.message), outcome.stage
+        result.transient = outcome.transient
     else:
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
         for name in TOTALS:

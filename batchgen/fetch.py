@@ -237,14 +237,16 @@ class Fetcher:
             except _Retry as r:
                 if attempt == attempts:
                     raise RowError(
-                        "fetch", f"{describe(ref.source)}: {r.reason} (after {attempts} attempts)"
+                        "fetch",
+                        f"{describe(ref.source)}: {r.reason} (after {attempts} attempts)",
+                        transient=True,
                     ) from None
                 backoff = min(8.0, 0.25 * 2 ** (attempt - 1)) * (0.5 + random.random())  # jittered
                 with self._lock:
                     self.retries += 1
                 if self.stop.wait(r.wait if r.wait is not None else backoff):
                     raise RowError(
-                        "fetch", f"{describe(ref.source)}: stopped (the run is stopping)"
+                        "fetch", f"{describe(ref.source)}: stopped (the run is stopping)", transient=True
                     ) from None
         raise AssertionError("unreachable")
 
@@ -273,7 +275,12 @@ class Fetcher:
         deadline = time.monotonic() + timeout
         per_read = min(timeout, 10.0)  # a stalled socket is noticed well before the deadline
         for _ in range(_MAX_REDIRECTS + 1):
-            target, address = check_url(url, self.config.allow_private_urls)
+            try:
+                target, address = check_url(url, self.config.allow_private_urls)
+            except RowError as e:
+                if e.transient:  # a DNS failure: tried again, as a connection error is
+                    raise _Retry(e.message.split(": ", 1)[-1]) from None
+                raise
             try:
                 response = self._pool(target, address).urlopen(
                     "GET", target.path, headers={"Host": target.host_header, **_HEADERS},

@@ -435,4 +435,5 @@ def _fresh(plan: Plan) -> Plan:
 
 
 def row_error(e: Exception) -> RowError:
-    return RowError("generate", f"{type(e).__name__}: {short(e, 300) or type(e).__name__}")
+    """An engine's exception as the row's error: transient, a rerun tries the row again."""
+    return RowError("generate", f"{type(e).__name__}: {short(e, 300) or type(e).__name__}", transient=True)

@@ -117,7 +117,7 @@ class MediaStage:
         except RowError as e:
             name = describe(ref.source) if ref is not None else "media"
             message = e.message if e.stage == "fetch" else f"{name}: {e.message}"
-            out.error = RowError(e.stage, message)
+            out.error = RowError(e.stage, message, e.transient)
         except Exception as e:  # noqa: BLE001 - whatever a hostile input raises is this row's error
             name = describe(ref.source) if ref is not None else "media"
             out.error = RowError(stage, f"{name}: {type(e).__name__}: {short(e)}")

@@ -124,6 +124,8 @@ class Result:
     frames_ms: float = 0.0
     generate_ms: float = 0.0
     model: str | None = None
+    attempts: int = 1  # runs that generated this row, this one included (failed rows are retried)
+    transient: bool = False  # the failure may not happen again (a server down, a timeout): retried
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
 

@@ -74,6 +74,29 @@ def finished(sources: Iterable[Path | str], store: Any = None) -> dict[str, str 
     return hashes
 
 
+def to_retry(
+    sources: Iterable[Path | str], store: Any, max_attempts: int, every_failure: bool
+) -> dict[str, int]:
+    """Failed rows a rerun tries again, by id key, with the attempts they have had: every failed
+    row with `every_failure` (--retry-failed), else those whose failure was transient and that
+    have had fewer than `max_attempts` runs. Outputs of earlier versions count one attempt."""
+    latest: dict[str, tuple[str, bool, int]] = {}
+    for path in sources:
+        names = store.metadata_schema(str(path)).names
+        columns = [c for c in ("id", "status", "transient", "attempts") if c in names]
+        t = store.read_table(str(path), columns).to_pydict()
+        n = len(t["id"])
+        for row_id, status, transient, attempts in zip(
+            t["id"], t["status"], t.get("transient", [False] * n), t.get("attempts", [1] * n), strict=True
+        ):
+            latest[id_key(row_id)] = (status, bool(transient), attempts or 1)
+    return {
+        key: attempts
+        for key, (status, transient, attempts) in latest.items()
+        if status == "error" and (every_failure or (transient and attempts < max_attempts))
+    }
+
+
 def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
     """Refuse rows whose input changed under an id that already has a result."""
     changed = [

@@ -312,9 +312,14 @@ def _run(
     )  # fmt: skip
     done = writer.done()
     check_unchanged(index, done)
+    keys = {id_key(i) for i in index.ids}
+    retry = {k: n for k, n in writer.to_retry(config.max_attempts, config.retry_failed).items() if k in keys}
+    for key in retry:
+        done.pop(key, None)
     todo = sum(id_key(i) not in done for i in index.ids)
     if done and todo and not config.quiet:
-        print(f"resuming: {len(index.ids) - todo:,} of {len(index.ids):,} rows done", file=sys.stderr)
+        again = f", {len(retry):,} failed rows tried again" if retry else ""
+        print(f"resuming: {len(index.ids) - todo:,} of {len(index.ids):,} rows done{again}", file=sys.stderr)
     summary = RunSummary(output=str(config.output), dropped_columns=sorted(dropped))
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
@@ -331,6 +336,7 @@ def _run(
             try:
                 for results in batches:
                     for job, result in results:
+                        result.attempts = retry.get(id_key(job.id), 0) + 1
                         _record(job, result, writer, summary, config)
                         bar.update()
                     writer.flush()  # a finished batch is on disk before the next one starts

@@ -86,6 +86,12 @@ class Store:
                 return pq.read_table(f, columns=columns)
         return pq.read_table(path, columns=columns)
 
+    def metadata_schema(self, path: str) -> pa.Schema:
+        if self.remote:
+            with self.fs.open(path, "rb") as f:
+                return pq.read_schema(f)
+        return pq.read_schema(path)
+
     def metadata(self, path: str) -> dict[bytes, bytes]:
         if self.remote:
             with self.fs.open(path, "rb") as f:

@@ -109,7 +109,7 @@ def check_url(url: str, allow_private: bool) -> tuple[Target, str]:
     try:
         addresses = _resolve(host, target.port)
     except (OSError, UnicodeError, ValueError) as e:
-        raise RowError("fetch", f"{describe(url)}: cannot resolve {host} ({short(e)})") from e
+        raise RowError("fetch", f"{describe(url)}: cannot resolve {host} ({short(e)})", transient=True) from e
     if not addresses:
         raise RowError("fetch", f"{describe(url)}: cannot resolve {host} (no address)")
     private = [a for a in addresses if not _is_public(a)]

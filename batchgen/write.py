@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from .errors import ConfigError, OutputLockedError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
-from .resume import check_settings, finished
+from .resume import check_settings, finished, to_retry
 from .source import is_uri
 from .store import Store, atomic_write
 
@@ -37,7 +37,7 @@ _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
 
 def _arrow_type(hint: Any) -> pa.DataType:
-    return {int: pa.int64(), float: pa.float64()}.get(hint, pa.string())
+    return {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}.get(hint, pa.string())
 
 
 # Our columns, in Result's order and typed by its annotations: a new metric is one field there.
@@ -231,6 +231,10 @@ class ResultWriter:
         """The input hash, by id key, of every row already written (output and parts)."""
         return finished(self._sources(), self.store)
 
+    def to_retry(self, max_attempts: int, every_failure: bool) -> dict[str, int]:
+        """Failed rows to run again, with their attempts so far (resume.to_retry)."""
+        return to_retry(self._sources(), self.store, max_attempts, every_failure)
+
     def add(self, raw: dict[str, Any], result: Result) -> None:
         self._buffer.append((raw, result))
         due = time.monotonic() - self._last_flush >= self.flush_seconds
@@ -286,7 +290,8 @@ class ResultWriter:
             self._make_shard()
             self.store.remove_tree(str(self.partial))
             columns = ["id", "status", "error", "error_stage"]
-            tables = [self.store.read_table(s, columns) for s in self._shards()]
+            shards = self._shards()
+            tables = self._drop_superseded(shards, [self.store.read_table(s, columns) for s in shards])
             return (
                 pa.concat_tables(tables, promote_options="permissive")
                 if tables
@@ -315,6 +320,25 @@ class ResultWriter:
         self.store.write_table(output, table, row_group_size=_ROW_GROUP_ROWS)
         self.store.remove_tree(str(self.partial))
         return table
+
+    def _drop_superseded(self, shards: list[str], tables: list[pa.Table]) -> list[pa.Table]:
+        """A row run again (a retried failure) keeps its latest record only: earlier shards
+        holding it are written again without it."""
+        latest: dict[str, int] = {}
+        for k, table in enumerate(tables):
+            for row_id in table.column("id").to_pylist():
+                latest[id_key(row_id)] = k
+        for k, (shard, table) in enumerate(zip(shards, tables, strict=True)):
+            ids = table.column("id").to_pylist()
+            keep = [j for j, row_id in enumerate(ids) if latest[id_key(row_id)] == k]
+            if len(keep) == len(ids):
+                continue
+            rows = pa.array(keep, pa.int64())
+            self.store.write_table(
+                shard, self.store.read_table(shard).take(rows), row_group_size=_ROW_GROUP_ROWS
+            )
+            tables[k] = table.take(rows)
+        return tables
 
 
 def _number(path: str) -> int:

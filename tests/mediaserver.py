@@ -21,6 +21,7 @@ class MediaServer(ThreadingHTTPServer):
         self.media = media
         self.hits: Counter[str] = Counter()
         self.delay = 0.0  # seconds before every answer (latency)
+        self.down = False  # every answer a 503, as from a server being restarted
         self.hosts: list[str | None] = []  # the Host header of every request
 
     def handle_error(self, request, client_address):  # clients that hang up early are expected
@@ -63,6 +64,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.hosts.append(self.headers.get("Host"))
         hits = self.server.hits[path]
         time.sleep(self.server.delay)
+        if self.server.down:
+            return self._send(503, b"down for maintenance")
         if path.startswith("/img/") or path == "/video":
             name = "moving_dot.mp4" if path == "/video" else path[len("/img/") :]
             file = self.server.media / name

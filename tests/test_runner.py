@@ -508,3 +508,70 @@ def test_an_internal_crash_has_its_own_exit_code_and_a_traceback_file(workdir, m
     text = Path(path).read_text()
     assert "Traceback" in text and "a bug in the writer" in text and "_run" in text
     os.remove(path)
+
+
+def test_failed_rows_are_retried_across_runs_up_to_max_attempts(workdir, network):
+    """Cron: a row that failed while its server was down succeeds on the rerun once the server
+    is back; with the server down it stays failed after three attempts; a 404 is no transient
+    failure and is not tried again; --retry-failed tries every failed row again."""
+    from mediaserver import MediaServer
+
+    with MediaServer(workdir / "media") as server:
+        rows = [
+            {"id": "remote", "image": f"{server.url}/img/red_circle.png", "prompt": "What?"},
+            {"id": "gone", "image": f"{server.url}/img/missing.png", "prompt": "What?"},
+            {"id": "text", "prompt": "Hi."},
+        ]
+        job = write_jsonl(workdir / "jobs.jsonl", rows)
+        quick = ("--allow-private-urls", "--config", str(_fast_retries(workdir)))
+
+        def attempts(out):
+            return {r["id"]: (r["status"], r["attempts"], r["transient"]) for r in read(out)}
+
+        server.down = True  # 503 for everything
+        back = workdir / "back.parquet"
+        assert batch(job, back, *quick)[0] == 1
+        assert attempts(back) == {
+            "remote": ("error", 1, True),
+            "gone": ("error", 1, True),
+            "text": ("ok", 1, False),
+        }
+        server.down = False
+        code, output = batch(job, back, *quick)
+        assert code == 1 and "(1 resumed)" in output  # the text row; both failures tried again
+        assert attempts(back) == {
+            "remote": ("ok", 2, False),
+            "gone": ("error", 2, False),
+            "text": ("ok", 1, False),
+        }
+        code, output = batch(job, back, *quick)  # the 404 is not transient: nothing to do
+        assert code == 1 and "(3 resumed)" in output and attempts(back)["gone"] == ("error", 2, False)
+
+        server.down = True
+        stays = workdir / "stays.parquet"
+        for _ in range(4):
+            assert batch(job, stays, *quick)[0] == 1
+        assert attempts(stays)["remote"] == ("error", 3, True)  # three attempts, then left alone
+        server.down = False
+        assert batch(job, stays, *quick)[0] == 1 and attempts(stays)["remote"] == ("error", 3, True)
+        assert batch(job, stays, *quick, "--retry-failed")[0] == 1
+        assert attempts(stays) == {
+            "remote": ("ok", 4, False),
+            "gone": ("error", 4, False),
+            "text": ("ok", 1, False),
+        }
+
+        server.down = True  # into a folder of shards: the retried row's old record goes
+        shards = workdir / "shards"
+        assert batch(job, f"{shards}/", *quick)[0] == 1
+        server.down = False
+        assert batch(job, f"{shards}/", *quick)[0] == 1
+        table = pq.read_table(shards).to_pylist()
+        assert sorted((r["id"], r["status"], r["attempts"]) for r in table) == [
+            ("gone", "error", 2), ("remote", "ok", 2), ("text", "ok", 1)]  # fmt: skip
+
+
+def _fast_retries(folder):
+    preset = folder / "fast.yaml"
+    preset.write_text("media: {retries: 1}\n")  # one attempt a run: the test is about runs
+    return preset

@@ -87,6 +87,39 @@ def _generation_options() -> list:
     return options
 
 
+# `run --help` in sections, by option name (the generation options are all the rest).
+_SECTIONS = {
+    "Input": ("output", "fmt", "limit", "prompts", "extensions", "prompt_template", "id_column",
+              "prompt_column", "system_column", "image_column", "video_column", "shard"),
+    "Models": ("model", "text_model", "preset"),
+    "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
+              "fetch_workers", "decode_workers"),
+    "Reuse and batching": ("batch_size", "continuous", "window", "cache", "row_timeout"),
+    "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
+    "Scale-out": ("engine", "ray_address", "workers"),
+    "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns", "overwrite",
+                          "fail_fast", "max_attempts", "retry_failed", "quiet", "help"),
+}  # fmt: skip
+
+
+class _Sectioned(click.Command):
+    """A command whose --help lists its options in sections (input, models, generation, …)."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        section_of = {name: title for title, names in _SECTIONS.items() for name in names}
+        rows: dict[str, list[tuple[str, str]]] = {
+            title: [] for title in ("Input", "Models", "Generation", *_SECTIONS)
+        }
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows[section_of.get(param.name or "", "Generation")].append(record)
+        for title, records in rows.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+
 _COLUMN = {"metavar": "NAME"}
 _COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "system",
                  "image_column": "image", "video_column": "video"}  # fmt: skip
@@ -193,7 +226,7 @@ def _run_options(command):
     return command
 
 
-@main.command()
+@main.command(cls=_Sectioned)
 @click.argument("job_file")
 @click.option(
     "-o", "--output", help="Result Parquet, or DIR/ for a folder of shards [JOB_FILE.results.parquet]."
@@ -220,7 +253,7 @@ def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
     _run(job_file, output, format=fmt, **flags)
 
 
-@main.command()
+@main.command(cls=_Sectioned)
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Result Parquet.")
 @click.option("-p", "--prompt", "prompts", multiple=True, help="A question for every file (repeatable).")

@@ -273,3 +273,25 @@ def test_gallery_in_headless_chromium(tmp_path):
     shot = [*browser, f"--screenshot={tmp_path / 'gallery.png'}", "--window-size=1200,900", page.as_uri()]
     subprocess.run(shot, capture_output=True, timeout=120)
     assert (tmp_path / "gallery.png").stat().st_size > 10_000
+
+
+def test_run_help_comes_in_sections_and_the_top_help_names_the_formats():
+    code, text = run_cli("run", "--help")
+    assert code == 0
+    heads = [line for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert heads == ["Input:", "Models:", "Generation:", "Media:", "Reuse and batching:", "Drafts:",
+                     "Scale-out:", "Output and reruns:"]  # fmt: skip
+    sections: dict[str, list[str]] = {}
+    current = ""
+    for line in text.splitlines():
+        if line in heads:
+            current = line
+        elif line.strip().startswith("-") and current:
+            sections.setdefault(current, []).append(line.split()[0].rstrip(","))
+    assert "--image-column" in sections["Input:"] and "--max-tokens" in sections["Generation:"]
+    assert (
+        "--max-attempts" in sections["Output and reruns:"]
+        and "--batch-size" in sections["Reuse and batching:"]
+    )
+    code, top = run_cli("--help")
+    assert "CSV" in top and "OpenAI Batch" in top and "WebDataset" in top

@@ -397,15 +397,19 @@ def inspect_results(results: Path, slowest: int) -> None:
     "-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML page to write."
 )
 @click.option("--media-base", type=click.Path(path_type=Path, file_okay=False),
-              help="Folder the job's relative media paths start from [the results file's].")  # fmt: skip
+              help="Folder the job's relative media paths start from [as the run recorded].")  # fmt: skip
 def report(results: Path, output: Path, media_base: Path | None) -> None:
     """Write a self-contained HTML gallery of a results file, one card per row."""
     from .report import write_gallery
 
     try:
-        cards = write_gallery(results, output, media_base)
+        cards, missing, base = write_gallery(results, output, media_base)
     except BatchgenError as e:
         _fail(e)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        click.echo(f"warning: {len(missing)} media not found or unreadable: {shown} (relative paths "
+                   f"start at {base}; --media-base to change it)", err=True)  # fmt: skip
     click.echo(f"wrote {output} ({cards} cards)", err=True)
 
 

@@ -27,6 +27,10 @@ _NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tok
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
+    return _table(path).to_pylist()
+
+
+def _table(path: Path):
     try:
         table = pq.read_table(path)
     except (OSError, ValueError) as e:
@@ -37,7 +41,13 @@ def _read(path: Path) -> list[dict[str, Any]]:
             f"{path}: not a batchgen results file (no {', '.join(missing)} column); "
             "give the output of `batchgen run`"
         )
-    return table.to_pylist()
+    return table
+
+
+def _about(path: Path) -> dict[bytes, bytes]:
+    """The output's own metadata (a shard folder: its first shard's)."""
+    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    return (pq.read_schema(files[0]).metadata or {}) if files else {}
 
 
 def summarize(path: Path, slowest: int = 5) -> str:
@@ -126,7 +136,11 @@ def _media_thumbs(ref: str, kind: str, base: Path, page_dir: Path) -> list[str]:
         return []
 
 
+_PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
+
+
 def _media_of(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """A row's images and videos: its flat columns, then those inside its messages."""
     refs = []
     for column, kind in (("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")):
         value = row.get(column)
@@ -138,12 +152,41 @@ def _media_of(row: dict[str, Any]) -> list[tuple[str, str]]:
         for ref in value if isinstance(value, list) else [value] if value else []:
             if isinstance(ref, str):
                 refs.append((ref, kind))
+    for message in _messages(row):
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            kind = _PARTS.get(part.get("type")) if isinstance(part, dict) else None
+            ref = part.get(part["type"]) if kind else None
+            ref = ref.get("url") if isinstance(ref, dict) else ref
+            if kind and isinstance(ref, str):
+                refs.append((ref, kind))
     return refs
 
 
-def _question(row: dict[str, Any]) -> str:
+def _messages(row: dict[str, Any]) -> list[Any]:
+    messages = row.get("messages")
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError:
+            return []
+    return messages if isinstance(messages, list) else []
+
+
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def _question(row: dict[str, Any], template: str | None = None) -> str:
+    """What the row asked: its prompt, its messages' text, or its --prompt-template filled in."""
     if row.get("prompt"):
         return str(row["prompt"])
+    if template is not None and row.get("messages") is None:
+        try:
+            return template.format_map(_Blank({k: "" if v is None else v for k, v in row.items()}))
+        except (ValueError, IndexError, AttributeError):
+            return template
     messages = row.get("messages")
     if isinstance(messages, str):
         try:
@@ -160,12 +203,27 @@ def _question(row: dict[str, Any]) -> str:
     return " ".join(texts)
 
 
-def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> int:
+def _metrics(r: dict[str, Any]) -> str:
+    """Tokens and time for a row that ran; for a failed one, the stages it spent time in."""
+    if r["status"] == "ok":
+        return (
+            f"{r['prompt_tokens']}+{r['completion_tokens']} tokens, {r.get('cached_tokens') or 0} cached, "
+            f"{r.get('generate_ms') or 0:.0f} ms"
+        )
+    stages = [(k[:-3], r.get(k) or 0) for k in ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")]
+    return ", ".join(f"{name} {ms:.0f} ms" for name, ms in stages if ms) or ""
+
+
+def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> tuple[int, list[str], Path]:
     """One page, one card per row, paged in the browser (100 cards at a time) so 10,000 rows
     stay light: local images are linked, not copied, and each embedded thumbnail is stored
-    once however many rows share it. Returns the number of cards."""
+    once however many rows share it. Relative media paths start where the run recorded the
+    job's (`--media-base` overrides). Returns (cards, media not found, where paths started)."""
     rows = _read(path)
-    base = media_base or path.parent
+    about = _about(path)
+    recorded = about.get(b"batchgen.media_base")
+    base = media_base or (Path(recorded.decode()) if recorded else path.parent if path.is_file() else path)
+    template = about[b"batchgen.prompt_template"].decode() if b"batchgen.prompt_template" in about else None
     thumbs: dict[str, list[str]] = {}
     cards = []
     for r in rows:
@@ -179,23 +237,21 @@ def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> int:
             {
                 "id": str(r["id"]),
                 "status": r["status"],
-                "question": _question(r),
+                "question": _question(r, template),
                 "text": r["generated_text"] or "",
                 "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
                 "expected": str(r["expected"]) if r.get("expected") is not None else None,
-                "metrics": (
-                    f"{r['prompt_tokens']}+{r['completion_tokens']} tokens, {r['cached_tokens']} cached, "
-                    f"{r['generate_ms']:.0f} ms"
-                ),
+                "metrics": _metrics(r),
                 "media": keys,
             }
         )
+    missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
     data = json.dumps({"cards": cards, "thumbs": thumbs, "page": _PAGE}).replace("</", "<\\/")
     ok = sum(c["status"] == "ok" for c in cards)
     page = _PAGE_HTML.replace("__TITLE__", html.escape(path.name)).replace("__DATA__", data)
     page = page.replace("__COUNTS__", f"{len(cards)} rows · {ok} ok · {len(cards) - ok} failed")
     out.write_text(page)
-    return len(cards)
+    return len(cards), missing, base
 
 
 _PAGE_HTML = """<!doctype html>
@@ -207,7 +263,7 @@ header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1e
 .card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px}
 .card.error{border:2px solid #c62828;background:#fff5f5}
 .card img{max-width:160px;max-height:160px;margin:0 4px 4px 0;border-radius:4px}
-.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
+.card div{overflow-wrap:anywhere}.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
 .err{color:#c62828}.m{color:#888;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
 </style></head><body>
 <header><h2 style="margin:0">__TITLE__</h2><span>__COUNTS__</span>

@@ -308,7 +308,7 @@ def _run(
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
     writer = ResultWriter(
         config.output, index, settings_of(config), config.overwrite, config.flush_rows, config.flush_seconds,
-        skip=dropped, sharded=config.output_shards, shard_rows=config.shard_rows,
+        skip=dropped, sharded=config.output_shards, shard_rows=config.shard_rows, about=_about(config, index),
     )  # fmt: skip
     done = writer.done()
     check_unchanged(index, done)
@@ -361,6 +361,20 @@ def _run(
         summary.one_at_a_time = stats["one_at_a_time"]
         summary.unused_media = stats["unused_media"]
         return _conclude(config, writer, summary, started)
+
+
+def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
+    """What readers of the output need that its rows do not say: where the job's relative
+    media paths start (report shows the pictures from any folder) and the prompt template."""
+    from .write import MEDIA_BASE_KEY, TEMPLATE_KEY
+
+    about = {}
+    base = index.source.base if index.source is not None else None
+    if base is not None:
+        about[MEDIA_BASE_KEY] = str(Path(base).resolve())
+    if config.prompt_template is not None:
+        about[TEMPLATE_KEY] = config.prompt_template
+    return about
 
 
 def _executor(config: RunConfig, work: WorkSettings, engines: Engines, tmp: Path, stop: threading.Event):

@@ -46,6 +46,8 @@ RESULT_SCHEMA = pa.schema(
     [(f.name, _arrow_type(_HINTS[f.name])) for f in dataclasses.fields(Result) if f.name != "id"]
 )
 SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
+MEDIA_BASE_KEY = b"batchgen.media_base"  # ... where the job's relative media paths start (for report)
+TEMPLATE_KEY = b"batchgen.prompt_template"  # ... the --prompt-template the prompts were made with
 
 
 PARTS_KEY = b"batchgen.parts"  # a shard's metadata: the part numbers it was made of
@@ -164,11 +166,13 @@ class ResultWriter:
 
     def __init__(self, output: Path | str, index: JobIndex, settings: dict[str, Any], overwrite: bool,
                  flush_rows: int = 64, flush_seconds: float = 10.0, skip: set[str] = frozenset(),
-                 sharded: bool = False, shard_rows: int = 100_000):  # fmt: skip
+                 sharded: bool = False, shard_rows: int = 100_000,
+                 about: dict[bytes, str] | None = None):  # fmt: skip
         self.output = output
         self.store = Store(str(output))
         self.index = index
         self.skip = skip  # input columns not carried
+        self.about = {k: v.encode() for k, v in (about or {}).items()}  # more metadata for readers
         self.settings = settings
         self.sharded, self.shard_rows = sharded, shard_rows
         self.partial = partial_dir(output, sharded)
@@ -278,7 +282,8 @@ class ResultWriter:
         """Our columns last, the run's settings in the metadata."""
         ours = list(RESULT_SCHEMA.names)
         table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
-        meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True)}
+        meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True),
+                **self.about}  # fmt: skip
         return table.replace_schema_metadata(meta)
 
     def finalize(self) -> pa.Table:

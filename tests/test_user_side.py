@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import MEDIA, MODELS, ROOT, read, run_cli
+from conftest import MEDIA, MODELS, ROOT, SAMPLE, read, run_cli, write_jsonl
 
 sys.path.insert(0, str(ROOT / "scripts"))
 
@@ -243,6 +243,57 @@ def test_inspect_counts(tmp_path):
     assert text.index("  b: 900 ms") < text.index("  a: 50 ms")
 
 
+def _browser(tmp_path):
+    return ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run", "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]  # fmt: skip
+
+
+def _dom_counts(page, tmp_path) -> dict[str, int]:
+    """The page as headless Chromium renders it: the data-* counts its script sets on <body>."""
+    dom = subprocess.run([*_browser(tmp_path), "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    body = dom.stdout[dom.stdout.index("<body") : dom.stdout.index(">", dom.stdout.index("<body"))]
+    attrs = dict(part.split("=", 1) for part in body.split()[1:])
+    return {k: int(v.strip('"')) for k, v in attrs.items() if k.startswith("data-")}
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_readme_results_gallery_shows_every_picture_wherever_it_is_written(tmp_path, monkeypatch):
+    """The README's run and report, the results written away from sample_data/: the job's
+    relative paths start where the run recorded them, images inside messages show, template
+    rows show their question, failed rows show no token counts."""
+    monkeypatch.chdir(tmp_path)
+    job = SAMPLE / "jobs.jsonl"
+    results = tmp_path / "out" / "results.parquet"
+    code, output = run_cli("run", str(job), "-o", str(results), "--max-tokens", "4", "-q")
+    assert code == 0, output
+    page = tmp_path / "gallery.html"
+    code, output = run_cli("report", str(results), "-o", str(page))
+    assert code == 0 and "warning" not in output, output
+    rows = [json.loads(line) for line in job.read_text().splitlines()]
+    pictures = sum(
+        len(r["image"]) if isinstance(r.get("image"), list) else bool(r.get("image")) for r in rows
+    )
+    pictures += sum(p.get("type") == "image_url" for r in rows for m in r.get("messages", [])
+                    if isinstance(m["content"], list) for p in m["content"])  # fmt: skip
+    attrs = _dom_counts(page, tmp_path)
+    frames = attrs["data-images"] - pictures
+    assert attrs["data-cards"] == len(rows) and frames >= 2  # every picture, and the clip's frames
+    assert attrs["data-loaded"] == attrs["data-images"]
+
+    template_rows = [{"id": "t", "image": str(MEDIA / "red_circle.png"), "title": "a red thing"},
+                     {"id": "bad", "image": "nope.png", "title": "x"}]  # fmt: skip
+    template_job = write_jsonl(tmp_path / "t.jsonl", template_rows)
+    out = tmp_path / "t.parquet"
+    run_cli("run", str(template_job), "-o", str(out), "--prompt-template", "Describe {title}.", *QUIET)
+    code, output = run_cli("report", str(out), "-o", str(tmp_path / "t.html"))
+    assert "warning: 1 media not found or unreadable: nope.png" in output
+    text = (tmp_path / "t.html").read_text()
+    assert '"question": "Describe a red thing."' in text
+    assert '"metrics": "0+0 tokens' not in text and "overflow-wrap:anywhere" in text
+
+
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
 def test_gallery_in_headless_chromium(tmp_path):
     _folder(tmp_path)
@@ -260,13 +311,8 @@ def test_gallery_in_headless_chromium(tmp_path):
     page = tmp_path / "gallery.html"
     code, output = run_cli("report", str(results), "-o", str(page))
     assert code == 0 and "5 cards" in output
-    browser = ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-               "--disable-component-update", "--no-first-run", "--disable-sync",
-               f"--user-data-dir={tmp_path / 'profile'}", "--virtual-time-budget=5000"]  # fmt: skip
-    dom = subprocess.run([*browser, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
-    body = dom.stdout[dom.stdout.index("<body") : dom.stdout.index(">", dom.stdout.index("<body"))]
-    attrs = dict(part.split("=", 1) for part in body.split()[1:])
-    attrs = {k: int(v.strip('"')) for k, v in attrs.items() if k.startswith("data-")}
+    browser = _browser(tmp_path)
+    attrs = _dom_counts(page, tmp_path)
     assert attrs["data-cards"] == len(rows)
     assert attrs["data-images"] >= 4 and attrs["data-loaded"] == attrs["data-images"]
     assert attrs["data-failed"] == 1

@@ -69,6 +69,8 @@ class FakeNetwork:
         if answer is None:
             return _real_getaddrinfo(host, port, *args, **kwargs)
         address = answer[min(self.lookups[name], len(answer)) - 1]  # later lookups: later answers
+        if address is None:  # a resolver that fails this time
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port or 0))]
 
     def connect(self, sock, address):

@@ -218,3 +218,18 @@ def test_a_stop_request_ends_a_trickling_download(server, tmp_path):
     t0 = time.monotonic()
     fails(f, f"{server.url}/trickle", "stopped")
     assert time.monotonic() - t0 < 2 and not list(tmp_path.glob("download-*.part"))
+
+
+def test_a_dns_failure_is_retried_and_counted_transient(server, tmp_path, network):
+    from conftest import PUBLIC_IP
+
+    network.dns["flaky.test"] = [None, PUBLIC_IP]  # the first lookup fails, the next one answers
+    f = fetcher(tmp_path, allow_private_urls=False)
+    port = server.url.rsplit(":", 1)[1]
+    assert f.fetch(image(f"http://flaky.test:{port}/img/red_circle.png")).read()[:4] == b"\x89PNG"
+    assert f.retries == 1 and network.lookups["flaky.test"] == 2
+    network.dns["down.test"] = [None]  # never answers: a transient failure, for a rerun to retry
+    error = fails(
+        f, f"http://down.test:{port}/img/red_circle.png", "cannot resolve down.test", "after 3 attempts"
+    )
+    assert error.transient

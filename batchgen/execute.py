@@ -112,7 +112,7 @@ def generate_window(
             spent[w] = spent.get(w, 0.0) + (now - last) * 1000
             last = now
             job, prepared = window[w]
-            if len(got) < job.params.n:
+            if len(got) < job.params.completions:
                 continue
             outcome, choices = _combined([o for _, o in sorted(got, key=lambda x: x[0])])
             result = _result(job, prepared, outcome, engines.model_for(job), spent.pop(w))

@@ -415,7 +415,7 @@ def completions(plan: Plan) -> list[Plan]:
     side by side; seeded sampling takes seed, seed + 1, … so the n draws differ."""
     p = plan.job.params
     out = [plan]
-    for k in range(1, p.n):
+    for k in range(1, p.completions):
         job = plan.job
         if p.seed is not None:
             job = dataclasses.replace(job, params=dataclasses.replace(p, seed=(p.seed + k) % 2**64))

@@ -87,8 +87,9 @@ PARAMS = (
     Param("frequency_penalty", _rule(is_number, "a number", float), "Frequency penalty", float,
           ("frequency_penalty",)),
     Param("logit_bias", _logit_bias, "Bias by token id, e.g. {\"42\": -100}", None, ("logit_bias",)),
-    Param("n", _rule(lambda v: is_int(v) and 1 <= v <= _MOST_CHOICES, f"an integer in [1, {_MOST_CHOICES}]"),
-          "Completions per row", None, ("n",)),
+    Param("completions", _rule(lambda v: is_int(v) and 1 <= v <= _MOST_CHOICES,
+                               f"an integer in [1, {_MOST_CHOICES}]"),
+          "Completions per row (OpenAI's n)", int, ("n",)),
     Param("stop", _stop, "Stop sequence (repeatable)", str, ("stop",)),
     Param("seed", _rule(lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's range
           "Sampling seed", int, ("seed",)),

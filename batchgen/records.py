@@ -36,7 +36,7 @@ class GenParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
-    n: int = 1  # completions of the one prompt (OpenAI's `n`)
+    completions: int = 1  # of the one prompt (OpenAI's `n`; a column named `n` is the row's data)
     stop: tuple[str, ...] = ()
     seed: int | None = None
     system: str | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -183,6 +184,14 @@ def _run_options(command):
         ),  # fmt: skip
         click.option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
         *_generation_options(),
+        click.option(
+            "--json-schema",
+            "json_schema_file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Every row answers JSON matching this schema file (a row's own constraint wins).",
+        ),
+        click.option("--guided-choice", multiple=True, help="Every row answers one of these (repeatable)."),
+        click.option("--guided-regex", help="Every row answers text matching this regular expression."),
         click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
         click.option("--video-max-frames", type=int, help="Most frames per video [128]."),
         click.option(
@@ -283,6 +292,14 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
 
     generation = {k: flags.pop(k) for k in GEN_FIELDS if k in flags}
     generation["stop"] = list(generation["stop"]) or None
+    schema_file = flags.pop("json_schema_file", None)
+    if schema_file is not None:
+        try:
+            generation["json_schema"] = json.loads(schema_file.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            _fail(ConfigError(f"--json-schema {schema_file}: not a JSON file ({e})"))
+    generation["guided_choice"] = list(flags.pop("guided_choice", ()) or ()) or None
+    generation["guided_regex"] = flags.pop("guided_regex", None)
     media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
                    "fetch_workers", "decode_workers")  # fmt: skip
     media = {k: flags.pop(k) for k in media_flags}

@@ -232,6 +232,7 @@ def build_config(
     med = dict(data.pop("media", None) or {})
     med.update({k: v for k, v in (media or {}).items() if v is not None})
     mapping = build_columns(data.pop("columns", None) or {}, columns or {})
+    constraint = _constraint(gen)
     for key in ("keep_columns", "drop_columns"):
         if isinstance(data.get(key), str):
             data[key] = (data[key],)
@@ -286,11 +287,25 @@ def build_config(
     return RunConfig(
         input=str(input) if is_uri(str(input)) else Path(input),
         output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),
-        defaults=_gen_params(gen),
+        defaults=dataclasses.replace(_gen_params(gen), constraint=constraint),
         media=limits,
         columns=mapping,
         **data,
     )
+
+
+def _constraint(gen: dict[str, Any]) -> Any:
+    """The run's output constraint (--json-schema FILE, --guided-choice, --guided-regex, or the
+    same keys under a preset's `generation:`), taken out of `gen`."""
+    from .parse import CONSTRAINT_FIELDS, constraint_of
+
+    given = {k: gen.pop(k) for k in CONSTRAINT_FIELDS if gen.get(k) not in (None, (), [])}
+    given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
+    problems: list[tuple[str, str]] = []
+    constraint = constraint_of(given, problems)
+    if problems:
+        raise ConfigError("; ".join(f"{k}: {msg}" for k, msg in problems))
+    return constraint
 
 
 def build_columns(preset: Any, flags: dict[str, Any]) -> Columns:

@@ -16,30 +16,19 @@ complete only the end token is allowed, so the row stops there.
 from __future__ import annotations
 
 import json
+import re
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 import numpy as np
 
-__all__ = ["Constraint", "KINDS", "grammar", "check", "processor", "satisfied"]
+from .records import Constraint
+
+__all__ = ["KINDS", "grammar", "check", "processor", "satisfied"]
 
 KINDS = ("json_schema", "json_object", "regex", "choice")
 _ANY_OBJECT = '{"type": "object"}'
-
-
-@dataclass(frozen=True, slots=True)
-class Constraint:
-    """What a row's output must be: `kind` one of KINDS, `spec` its JSON schema, regex, or
-    JSON list of choices, as text (so that GenParams stays hashable and comparable)."""
-
-    kind: str
-    spec: str
-
-    @property
-    def json(self) -> bool:
-        return self.kind in ("json_schema", "json_object")
 
 
 _GRAMMARS: dict[Constraint, str] = {}
@@ -52,8 +41,9 @@ def grammar(c: Constraint) -> str:
         if c not in _GRAMMARS:
             import llguidance as llg
 
-            if c.kind == "json_object":
-                _GRAMMARS[c] = llg.grammar_from("json_schema", _ANY_OBJECT)
+            if c.json:  # compact JSON: free whitespace would let a model pad for ever
+                compiler = llg.JsonCompiler(separators=(", ", ": "), whitespace_pattern="")
+                _GRAMMARS[c] = compiler.compile(c.spec if c.kind == "json_schema" else _ANY_OBJECT)
             else:
                 _GRAMMARS[c] = llg.grammar_from(c.kind, c.spec)
         return _GRAMMARS[c]
@@ -80,7 +70,8 @@ def _llg_tokenizer(tokenizer: Any, eos: int) -> Any:
         if key not in _TOKENIZERS:
             import llguidance.hf
 
-            hf = getattr(tokenizer, "_tokenizer", tokenizer)  # mlx-lm's TokenizerWrapper holds it
+            # mlx-lm wraps the Hugging Face tokenizer (mlx-vlm's processors hold it as it is).
+            hf = tokenizer._tokenizer if type(tokenizer).__name__ == "TokenizerWrapper" else tokenizer
             _TOKENIZERS[key] = (tokenizer, llguidance.hf.from_tokenizer(hf, eos_token=eos))
         return _TOKENIZERS[key][1]
 
@@ -119,18 +110,19 @@ def satisfied(c: Constraint, text: str) -> tuple[str | None, str | None]:
     constraint, or None). The grammar guarantees validity when the row ran to its end; a row
     cut short by max_tokens or a stop string is caught here, and the schema is checked again
     with jsonschema when it is installed."""
-    import re
-
     if c.kind == "choice":
-        return None, None if text in json.loads(c.spec) else "not one of its choices"
+        return None, None if text in json.loads(c.spec) else "is not one of its choices"
     if c.kind == "regex":
-        return None, None if re.fullmatch(c.spec, text) else "does not match its regex"
+        try:
+            return None, None if re.fullmatch(c.spec, text) else "does not match its regex"
+        except re.error:  # a Rust-only regex: the grammar is the judge
+            return None, None
     try:
         value = json.loads(text)
     except (json.JSONDecodeError, RecursionError):
-        return None, "not complete JSON"
+        return None, "is not complete JSON"
     if c.kind == "json_object":
-        return (json.dumps(value), None) if isinstance(value, dict) else (None, "not a JSON object")
+        return (json.dumps(value), None) if isinstance(value, dict) else (None, "is not a JSON object")
     try:
         import jsonschema
     except ImportError:

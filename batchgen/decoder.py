@@ -251,15 +251,22 @@ def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
     return make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k)
 
 
-def logits_processors_for(p: GenParams) -> list[Callable]:
+def logits_processors_for(p: GenParams, tokenizer: Any = None, eos: set[int] | None = None) -> list[Callable]:
+    """The row's penalties and biases (mlx-lm's), then its output constraint's mask, which
+    needs the tokenizer and the end tokens it allows once the output is complete."""
     from mlx_lm.sample_utils import make_logits_processors
 
-    return make_logits_processors(
+    processors = make_logits_processors(
         logit_bias=dict(p.logit_bias) or None,
         repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
         presence_penalty=p.presence_penalty or None,
         frequency_penalty=p.frequency_penalty or None,
     )
+    if p.constraint is not None:
+        from .constrain import processor
+
+        processors.append(processor(p.constraint, tokenizer, sorted(eos or ())))
+    return processors
 
 
 def hit_stop(tokens: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> bool:
@@ -286,6 +293,7 @@ def decode_stream(
     prefixes: PrefixCache | None = None,
     watch: Watch | None = None,
     width: int | None = None,
+    tokenizer: Any = None,
 ) -> Iterator[int]:
     """Generate every sequence, at most `width` at a time (continuous batching): when a row
     finishes, the next waiting one is prefilled from its longest cached prefix and joins the
@@ -302,7 +310,7 @@ def decode_stream(
     if len(seqs) == 1 and seqs[0].params.seed is not None:
         mx.random.seed(seqs[0].params.seed)
     samplers = [sampler_for(s.params) for s in seqs]
-    processors = [logits_processors_for(s.params) for s in seqs]
+    processors = [logits_processors_for(s.params, tokenizer, eos) for s in seqs]  # `tokenizer`: constraints
     deadlines = [float("inf")] * len(seqs)
 
     def pick(rows: list[int], logits: mx.array) -> list[int]:

@@ -200,11 +200,12 @@ class Engines:
         """The lane of a row: text rows on mlx-lm (speculative with a text drafter), media rows
         (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
         else one at a time through mlx-vlm."""
+        constrained = job.params.constraint is not None  # a drafter's guesses would skip the mask
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
-            return self.draft if self.models.drafter_lane == "lm" else self.text
+            return self.draft if self.models.drafter_lane == "lm" and not constrained else self.text
         model = self.models.vlm()[0]
         family = model.config.model_type
-        if self.models.drafter_lane == "vlm":
+        if self.models.drafter_lane == "vlm" and not constrained:
             return self._alone("the vision drafter runs inside mlx-vlm's generate")
         if media.audio:
             return self._alone("rows with audio")

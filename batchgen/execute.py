@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import WorkSettings
+from .constrain import satisfied
 from .engine import Engines, Plan
 from .errors import RowError, one_line
 from .lanes import completions
@@ -48,6 +49,21 @@ def _result(
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
         for name in TOTALS:
             setattr(result, name, getattr(outcome, name))
+        constraint = job.params.constraint
+        if constraint is not None:  # never output that misses its constraint marked ok
+            result.parsed, why = satisfied(constraint, outcome.text)
+            if why:
+                cut = (
+                    f" within max_tokens {job.params.max_tokens}" if outcome.finish_reason == "length" else ""
+                )
+                what = {"json_schema": "JSON schema", "json_object": "JSON object"}.get(
+                    constraint.kind, constraint.kind
+                )
+                result.status, result.error_stage = "error", "generate"
+                result.error = (
+                    f"the output {why}: it does not satisfy its {what}{cut} "
+                    f"(finish_reason {outcome.finish_reason})"
+                )
     return result
 
 

@@ -104,15 +104,16 @@ class Lane:
 class _Batched(Lane):
     """Lanes whose rows decode together through decoder.decode_stream."""
 
-    def _engine(self) -> tuple[Any, set[int], Callable[[list[int]], str]]:
+    def _engine(self) -> tuple[Any, set[int], Callable[[list[int]], str], Any]:
+        """(adapter, end tokens, detokenizer, tokenizer)."""
         raise NotImplementedError
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
-        adapter, eos, decode = self._engine()
+        adapter, eos, decode, tokenizer = self._engine()
         seqs: list[Sequence] = [plan.seq for plan in plans]  # type: ignore[misc]
         finished: set[int] = set()
         try:
-            for i in decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width):
+            for i in decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer):
                 finished.add(i)
                 s = seqs[i]
                 tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
@@ -146,7 +147,7 @@ class TextLane(_Batched):
 
     def _engine(self):
         model, tokenizer = self.models.lm()  # type: ignore[misc]
-        return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode
+        return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
 
 
 class _MediaLane(_Batched):
@@ -176,7 +177,12 @@ class _MediaLane(_Batched):
         model, processor = self.models.vlm()
         tokenizer = getattr(processor, "tokenizer", processor)
         tokenizer.stopping_criteria.reset(model.config.eos_token_id)
-        return self.adapter(model), set(tokenizer.stopping_criteria.eos_token_ids), tokenizer.decode
+        return (
+            self.adapter(model),
+            set(tokenizer.stopping_criteria.eos_token_ids),
+            tokenizer.decode,
+            tokenizer,
+        )
 
 
 class VisionLane(_MediaLane):
@@ -384,7 +390,8 @@ class SingleLane(_OneByOne):
 
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
         model, processor = self.models.vlm()
-        drafter = self.models.drafter if self.models.drafter_lane == "vlm" else None
+        vision_drafter = self.models.drafter_lane == "vlm" and plan.job.params.constraint is None
+        drafter = self.models.drafter if vision_drafter else None
         if drafter is not None:
             self.models.load_drafter()
         return generate_vlm(model, processor, self.info, plan.job, plan.media, drafter, watch)

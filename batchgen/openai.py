@@ -35,7 +35,8 @@ def row_id(value: dict[str, Any]) -> Any:
 _HARMLESS = {"model", "user", "metadata", "store", "service_tier", "messages"}
 # Fields whose default (or these values) asks nothing of the engine; any other value is refused.
 _ONLY_DEFAULT = {"stream": (False,), "logprobs": (False,), "top_logprobs": (0,),
-                 "parallel_tool_calls": (True, False), "response_format": ({"type": "text"},)}  # fmt: skip
+                 "parallel_tool_calls": (True, False)}  # fmt: skip
+_TAKEN = {"response_format"}  # carried to the row as they are (parse.constraint_of reads it)
 
 
 def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
@@ -55,6 +56,8 @@ def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any] | None, li
         if name in OPENAI_FIELDS:
             if field is not None:
                 row[OPENAI_FIELDS[name]] = field
+        elif name in _TAKEN:
+            row[name] = field
         elif name in _ONLY_DEFAULT:
             if field is not None and field not in _ONLY_DEFAULT[name]:
                 problems.append((f"body.{name}", f"{field!r:.60} is not supported by batchgen"))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
 from .config import Columns
@@ -9,9 +11,9 @@ from .errors import short
 from .openai import from_batch_request, is_batch_request
 from .params import Problem, check_params, is_int, is_number
 from .read import RawRow, valid_id
-from .records import GenParams, Job, MediaRef
+from .records import Constraint, GenParams, Job, MediaRef
 
-__all__ = ["parse_row", "MEDIA_COLUMNS", "media_like"]
+__all__ = ["parse_row", "MEDIA_COLUMNS", "media_like", "constraint_of", "CONSTRAINT_FIELDS"]
 
 # Flat media columns and the kind each holds.
 MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "audio": "audio"}
@@ -158,6 +160,65 @@ def _in_slot_order(messages: list[dict[str, Any]], media: list[MediaRef]) -> lis
     return ordered
 
 
+# Where a row asks for structured output: OpenAI's response_format, a JSON schema, or vLLM's
+# guided_* names (plain `choice` or `regex` would take over columns of those names).
+CONSTRAINT_FIELDS = ("response_format", "json_schema", "guided_json", "guided_choice", "guided_regex")
+
+
+def constraint_of(value: dict[str, Any], problems: list[Problem]) -> Constraint | None:
+    """The row's output constraint, checked (a schema llguidance cannot compile is a problem)."""
+    given = [name for name in CONSTRAINT_FIELDS if value.get(name) is not None]
+    if not given:
+        return None
+    if len(given) > 1:
+        problems.append((given[1], f"give one of {', '.join(given)}, not several"))
+        return None
+    name = given[0]
+    spec = value[name]
+    c: Constraint | None = None
+    if name == "response_format":
+        kind = spec.get("type") if isinstance(spec, dict) else None
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            c = Constraint("json_object")
+        elif kind == "json_schema" and isinstance(spec.get("json_schema"), dict):
+            schema = spec["json_schema"].get("schema", {})
+            c = Constraint("json_schema", json.dumps(schema)) if isinstance(schema, dict) else None
+        if c is None:
+            want = "{type: text | json_object | json_schema, json_schema: {schema}}"
+            problems.append((name, f"expected {want}, got {spec!r:.60}"))
+            return None
+    elif name in ("json_schema", "guided_json"):
+        if isinstance(spec, str):
+            try:
+                spec = json.loads(spec)
+            except json.JSONDecodeError as e:
+                problems.append((name, f"not JSON ({e.msg})"))
+                return None
+        if not isinstance(spec, dict):
+            problems.append((name, f"expected a JSON schema object, got {spec!r:.60}"))
+            return None
+        c = Constraint("json_schema", json.dumps(spec))
+    elif name == "guided_choice":
+        if not (isinstance(spec, list) and spec and all(isinstance(s, str) and s for s in spec)):
+            problems.append((name, f"expected a list of non-empty strings, got {spec!r:.60}"))
+            return None
+        c = Constraint("choice", json.dumps(spec))
+    else:
+        if not (isinstance(spec, str) and spec):
+            problems.append((name, f"expected a regular expression, got {spec!r:.60}"))
+            return None
+        c = Constraint("regex", spec)
+    from .constrain import check
+
+    why = check(c)
+    if why:
+        problems.append((name, f"cannot be compiled ({why})"))
+        return None
+    return c
+
+
 class _Columns(dict):
     def __missing__(self, key: str) -> str:
         raise KeyError(key)
@@ -246,6 +307,9 @@ def _parse_row(
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
     param_problems, job.params = check_params(value, defaults)
     problems += param_problems
+    constraint = constraint_of(value, problems)
+    if constraint is not None:
+        job.params = dataclasses.replace(job.params, constraint=constraint)
     fps, max_frames = value.get("video_fps"), value.get("video_max_frames")
     if fps is not None and not (is_number(fps) and fps > 0):
         problems.append(("video_fps", f"expected a number > 0, got {fps!r:.60}"))

@@ -9,6 +9,7 @@ __all__ = [
     "STAGES",
     "RESULT_COLUMNS",
     "TOTALS",
+    "Constraint",
     "GenParams",
     "MediaRef",
     "Job",
@@ -21,6 +22,19 @@ MediaKind = Literal["image", "video", "audio"]
 
 # The stages a row can fail in, in pipeline order.
 STAGES = ("read", "fetch", "decode", "frames", "generate")
+
+
+@dataclass(slots=True, frozen=True)
+class Constraint:
+    """What a row's output must be (constrain.py): `kind` json_schema, json_object, regex or
+    choice; `spec` its JSON schema, regex, or JSON list of choices, as text (hashable)."""
+
+    kind: str
+    spec: str = ""
+
+    @property
+    def json(self) -> bool:
+        return self.kind in ("json_schema", "json_object")
 
 
 @dataclass(slots=True, frozen=True)
@@ -38,6 +52,7 @@ class GenParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
     completions: int = 1  # of the one prompt (OpenAI's `n`; a column named `n` is the row's data)
     stop: tuple[str, ...] = ()
+    constraint: Constraint | None = None  # the output must match a schema, regex or choice
     seed: int | None = None
     system: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -127,6 +142,7 @@ class Result:
     attempts: int = 1  # runs that generated this row, this one included (failed rows are retried)
     transient: bool = False  # the failure may not happen again (a server down, a timeout): retried
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
+    parsed: str | None = None  # a JSON-constrained row: its output, parsed and checked, as JSON text
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
 
 

@@ -150,7 +150,7 @@ def generate_vlm(
         import mlx.core as mx
 
         mx.random.seed(p.seed)
-    processors = logits_processors_for(p)
+    processors = logits_processors_for(p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))
     if processors:
         processors = _seeing_the_prompt(processors, _prompt_ids(model, processor, prompt, images, videos))
     draft: dict[str, Any] = {}

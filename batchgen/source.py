@@ -16,7 +16,7 @@ from typing import IO, Any
 
 from .errors import JobFileError
 
-__all__ = ["Shard", "Source", "resolve", "is_uri", "EXTENSIONS"]
+__all__ = ["Shard", "Source", "resolve", "is_uri", "filesystem", "EXTENSIONS"]
 
 EXTENSIONS = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet",
@@ -75,7 +75,7 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
     if fmt is not None and fmt not in ("jsonl", "parquet", "csv", "webdataset"):
         raise JobFileError(f"unknown --format {fmt!r} (expected jsonl, parquet, csv or webdataset)")
     if is_uri(given):
-        fs, root = _filesystem(given)
+        fs, root = filesystem(given)
         entries = _listed_remote(fs, root, given)
     else:
         entries = _listed_local(given)
@@ -147,15 +147,17 @@ def _listed_local(given: str) -> list[tuple[str, str, int]]:
     return []
 
 
-def _filesystem(uri: str) -> tuple[Any, str]:
+def filesystem(uri: str) -> tuple[Any, str]:
+    """The fsspec filesystem of a URI and the path on it; the one place that opens one, for
+    jobs (here) and outputs (store.py)."""
     try:
         import fsspec
 
         return fsspec.core.url_to_fs(uri)
     except ImportError as e:
         raise JobFileError(
-            f"{uri}: reading it needs the filesystem package for its scheme "
-            "(pip install 'batchgen[remote]' for s3://, gs:// and hf://)"
+            f"{uri}: it needs the filesystem package for its scheme "
+            "(pip install 'batchgen[remote]' for s3:// and gs://)"
         ) from e
     except Exception as e:  # noqa: BLE001 - an unknown scheme, bad credentials
         raise JobFileError(f"{uri}: cannot reach it ({type(e).__name__}: {e})") from e

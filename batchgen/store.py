@@ -1,4 +1,5 @@
-"""Where outputs are written: a local folder, or object storage through fsspec.
+"""Where outputs are written: a local folder, or object storage through fsspec; and the lock
+that keeps one run per output.
 
 One small interface for the writer (write.py): whole files written so that a reader never
 sees half of one (a local temporary file renamed into place; an object, which storage
@@ -15,10 +16,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import ConfigError
-from .source import is_uri
+from .errors import ConfigError, JobFileError, OutputLockedError
+from .source import filesystem, is_uri
 
-__all__ = ["Store", "atomic_write"]
+__all__ = ["Store", "OutputLock", "atomic_write"]
 
 
 def atomic_write(path: Path, write) -> None:
@@ -38,16 +39,9 @@ class Store:
         self.fs: Any = None
         if self.remote:
             try:
-                import fsspec
-
-                self.fs, _ = fsspec.core.url_to_fs(example)
-            except ImportError as e:
-                raise ConfigError(
-                    f"-o {example}: writing there needs the filesystem package for its scheme "
-                    "(pip install 'batchgen[remote]' for s3://, gs:// and hf://)"
-                ) from e
-            except Exception as e:  # noqa: BLE001 - an unknown scheme, bad settings
-                raise ConfigError(f"-o {example}: cannot use it ({type(e).__name__}: {e})") from e
+                self.fs, _ = filesystem(example)
+            except JobFileError as e:
+                raise ConfigError(f"-o {e}") from None
             self._protocol = example.split("://", 1)[0]
 
     def _uri(self, path: str) -> str:
@@ -128,3 +122,61 @@ class Store:
                 self.fs.rm(path, recursive=True)
         else:
             shutil.rmtree(path, ignore_errors=True)
+
+
+class OutputLock:
+    """One run per output: an exclusive `flock` on `<output>.lock`. The kernel drops it when
+    the holder dies, so a killed run never blocks the next one. A clean exit removes the
+    file; a lock taken on a file that was removed meanwhile is retried on the new one."""
+
+    def __init__(self, output: Path | str):
+        if is_uri(str(output)):  # object storage has no locks: one run per output on this machine
+            import hashlib
+            import tempfile
+
+            digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
+            self.path = Path(tempfile.gettempdir()) / f"batchgen-{digest}.lock"
+        else:
+            output = Path(output)
+            self.path = output.with_name(output.name + ".lock")
+        self._file = None
+
+    def __enter__(self) -> OutputLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._take()
+        except OSError as e:
+            raise ConfigError(f"cannot create the lock {self.path}: {e.strerror or e}") from None
+
+    def _take(self) -> OutputLock:
+        import fcntl
+
+        while True:
+            f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise OutputLockedError(
+                    f"{self.path.name[: -len('.lock')]} is being written by another batchgen run "
+                    f"(pid {holder}); its lock is {self.path}"
+                ) from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()  # the previous holder removed this file as we locked it: take the new one
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self.path.unlink(missing_ok=True)  # still held: nobody can lock it in between
+            self._file.close()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
-    from .read import Mark, RawRow
+    from .formats import Mark, RawRow
 
 __all__ = ["iter_tar", "IMAGE_MEMBERS", "VIDEO_MEMBERS"]
 
@@ -69,7 +69,7 @@ def _sample(key: str, members: list[tuple[str, bytes | None, int]]) -> tuple[dic
 
 def iter_tar(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
     """The samples of one tar from `start` (its `seek` the offset of a sample's first member)."""
-    from .read import Mark, RawRow, checked
+    from .formats import Mark, RawRow, checked
 
     f.seek(start.seek)
     index = start.index

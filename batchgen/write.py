@@ -21,12 +21,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import ConfigError, OutputLockedError
+from .errors import ConfigError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
 from .resume import check_settings, finished, to_retry
 from .source import is_uri
-from .store import Store, atomic_write
+from .store import OutputLock, Store, atomic_write
 
 __all__ = [
     "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "stats_path",
@@ -377,61 +377,3 @@ def merge_outputs(parts: list[Path], index: JobIndex, out: Path) -> tuple[int, l
     table = table.replace_schema_metadata(meta)
     atomic_write(out, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
     return table.num_rows, missing, duplicated
-
-
-class OutputLock:
-    """One run per output: an exclusive `flock` on `<output>.lock`. The kernel drops it when
-    the holder dies, so a killed run never blocks the next one. A clean exit removes the
-    file; a lock taken on a file that was removed meanwhile is retried on the new one."""
-
-    def __init__(self, output: Path | str):
-        if is_uri(str(output)):  # object storage has no locks: one run per output on this machine
-            import hashlib
-            import tempfile
-
-            digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
-            self.path = Path(tempfile.gettempdir()) / f"batchgen-{digest}.lock"
-        else:
-            output = Path(output)
-            self.path = output.with_name(output.name + ".lock")
-        self._file = None
-
-    def __enter__(self) -> OutputLock:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return self._take()
-        except OSError as e:
-            raise ConfigError(f"cannot create the lock {self.path}: {e.strerror or e}") from None
-
-    def _take(self) -> OutputLock:
-        import fcntl
-
-        while True:
-            f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                holder = f.read().strip() or "unknown"
-                f.close()
-                raise OutputLockedError(
-                    f"{self.path.name[: -len('.lock')]} is being written by another batchgen run "
-                    f"(pid {holder}); its lock is {self.path}"
-                ) from None
-            try:
-                if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
-                    break
-            except FileNotFoundError:
-                pass
-            f.close()  # the previous holder removed this file as we locked it: take the new one
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self._file = f
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._file is not None:
-            self.path.unlink(missing_ok=True)  # still held: nobody can lock it in between
-            self._file.close()

@@ -46,7 +46,7 @@ def test_each_generation_parameter_is_declared_once_and_everything_derives_from_
 
     from batchgen.openai import from_batch_request
     from batchgen.params import NUMBERS, PARAMS
-    from batchgen.read import _csv_cell
+    from batchgen.formats import _csv_cell
 
     code, helptext = run_cli("run", "--help")
     flat = " ".join(helptext.split())

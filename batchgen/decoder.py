@@ -1,10 +1,12 @@
 """Batched generation with prompt-prefix reuse: the MLX core under engine.py.
 
 Each row becomes a `Sequence`: its full prompt ids, a way to embed any slice of them, and
-its positions. Rows are prefilled one at a time, resuming from the longest cached prefix
-(a system prompt shared by every row, an image shared by every question on it); snapshots
-are stored at the row's boundaries on the way. Then all rows of the batch decode together
-in one left-padded KV cache, each with its own sampler, stop rules and positions.
+its positions. Rows are prefilled one at a time up to their tails, resuming from the longest
+cached prefix (a system prompt shared by every row, an image shared by every question on
+it); snapshots are stored at the row's boundaries on the way. Rows joining together then
+feed their tails (the question after the image) in shared forward passes, and all rows of
+the batch decode together in one left-padded KV cache, each with its own sampler,
+penalties, output constraint, stop rules and positions.
 """
 
 from __future__ import annotations

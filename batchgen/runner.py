@@ -98,14 +98,16 @@ class RunSummary:
 
 def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     """Row counts come from the final table, token counts from this run's rows."""
+    import pyarrow.compute as pc
+
     s.rows = table.num_rows
-    statuses = table.column("status").to_pylist()
-    s.ok = statuses.count("ok")
-    s.failed = len(statuses) - s.ok
+    s.ok = pc.sum(pc.equal(table.column("status"), "ok")).as_py() or 0  # counted in Arrow: no row objects
+    s.failed = s.rows - s.ok
     s.resumed = table.num_rows - s.generated
+    failed = table.filter(pc.not_equal(table.column("status"), "ok")) if s.failed else table.slice(0, 0)
     errors: Counter[tuple[str, str]] = Counter()
     for stage, message in zip(
-        table.column("error_stage").to_pylist(), table.column("error").to_pylist(), strict=True
+        failed.column("error_stage").to_pylist(), failed.column("error").to_pylist(), strict=True
     ):
         if stage:
             s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
@@ -314,6 +316,7 @@ def _run(
     check_unchanged(index, done)
     keys = {id_key(i) for i in index.ids}
     retry = {k: n for k, n in writer.to_retry(config.max_attempts, config.retry_failed).items() if k in keys}
+    writer.retried = set(retry)  # their earlier records go when the output is put together
     for key in retry:
         done.pop(key, None)
     todo = sum(id_key(i) not in done for i in index.ids)

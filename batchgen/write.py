@@ -181,6 +181,7 @@ class ResultWriter:
         self._buffer: list[tuple[dict[str, Any], Result]] = []
         self._last_flush = time.monotonic()
         self._pending_rows = 0  # rows in parts not yet made a shard (by this run)
+        self.retried: set[str] = set()  # id keys this run generates again: their old records go
         partial = str(self.partial)
         if overwrite:
             self.store.remove_tree(partial)
@@ -296,7 +297,9 @@ class ResultWriter:
             self.store.remove_tree(str(self.partial))
             columns = ["id", "status", "error", "error_stage"]
             shards = self._shards()
-            tables = self._drop_superseded(shards, [self.store.read_table(s, columns) for s in shards])
+            tables = [self.store.read_table(s, columns) for s in shards]
+            if self.retried:
+                tables = self._drop_superseded(shards, tables)
             return (
                 pa.concat_tables(tables, promote_options="permissive")
                 if tables
@@ -328,14 +331,16 @@ class ResultWriter:
 
     def _drop_superseded(self, shards: list[str], tables: list[pa.Table]) -> list[pa.Table]:
         """A row run again (a retried failure) keeps its latest record only: earlier shards
-        holding it are written again without it."""
+        holding it are written again without it. (Parts already made into a shard are
+        removed when a run starts, so a retry is the only way a row is written twice.)"""
         latest: dict[str, int] = {}
         for k, table in enumerate(tables):
             for row_id in table.column("id").to_pylist():
-                latest[id_key(row_id)] = k
+                if id_key(row_id) in self.retried:
+                    latest[id_key(row_id)] = k
         for k, (shard, table) in enumerate(zip(shards, tables, strict=True)):
             ids = table.column("id").to_pylist()
-            keep = [j for j, row_id in enumerate(ids) if latest[id_key(row_id)] == k]
+            keep = [j for j, row_id in enumerate(ids) if latest.get(id_key(row_id), k) == k]
             if len(keep) == len(ids):
                 continue
             rows = pa.array(keep, pa.int64())

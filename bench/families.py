@@ -1,6 +1,7 @@
 """Per model family: 16 images x 4 questions under a shared system prompt, max_tokens 24,
 greedy, on each family's tiny checkpoint (`make-tiny-model --kind ...`): batchgen against a
-per-row `mlx_vlm.generate` loop, outputs compared. Families on a batched lane should be >= 3x.
+per-row `mlx_vlm.generate` loop, outputs compared; each side runs twice, alternating, and the
+faster run counts. Families on a batched lane should be >= 3x.
 
     python bench/families.py            # one line per family, then the ratios
     python bench/families.py llava      # only the named kinds
@@ -30,7 +31,7 @@ QUESTIONS = [
     "Describe it briefly.",
     "Is it busy or calm?",
 ]
-SYSTEM = "You look at each picture and answer the question about it in one short sentence. " * 8
+SYSTEM = ("You look at each picture and answer the question about it in one short sentence. " * 8).strip()
 KINDS = {
     "vlm": "qwen2_vl", "qwen2_5_vl": "qwen2_5_vl", "qwen3_vl": "qwen3_vl", "qwen3_vl_moe": "qwen3_vl_moe",
     "qwen3_5": "qwen3_5", "llava": "llava", "llava_next": "llava_next", "smolvlm": "smolvlm",
@@ -67,31 +68,35 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
             processor, [{"role": "system", "content": system}, {"role": "user", "content": user}], True
         )
 
-    mlx_vlm.generate(model, processor, prompt("warm up"), image=[images[0]], max_tokens=2)
-    t0 = time.perf_counter()
-    loop = []
-    for image in images:
-        for q in QUESTIONS:
-            r = mlx_vlm.generate(
-                model, processor, prompt(q), image=[image], max_tokens=MAX_TOKENS, temperature=0.0
-            )
-            ids = list(r.token_ids)
-            loop.append(processor.tokenizer.decode(ids[:-1] if r.finish_reason == "stop" else ids))
-    t_loop = time.perf_counter() - t0
+    def per_row() -> tuple[float, list[str]]:
+        t0 = time.perf_counter()
+        texts = []
+        for image in images:
+            for q in QUESTIONS:
+                r = mlx_vlm.generate(
+                    model, processor, prompt(q), image=[image], max_tokens=MAX_TOKENS, temperature=0.0
+                )
+                ids = list(r.token_ids)
+                texts.append(processor.tokenizer.decode(ids[:-1] if r.finish_reason == "stop" else ids))
+        return time.perf_counter() - t0, texts
 
+    def batched(k: int) -> tuple[float, list[str]]:
+        out = folder / f"{kind}-{k}.parquet"
+        config = batchgen.build_config(job, out, None, {"temperature": 0.0, "max_tokens": MAX_TOKENS},
+                                       model=str(model_dir), quiet=True)  # fmt: skip
+        t0 = time.perf_counter()
+        batchgen.run(config)
+        return time.perf_counter() - t0, pq.read_table(out).column("generated_text").to_pylist()
+
+    mlx_vlm.generate(model, processor, prompt("warm up"), image=[images[0]], max_tokens=2)
     warm = folder / f"{kind}-warm.jsonl"  # as the loop had its warm-up call: imports, first kernels
     warm.write_text(json.dumps(rows[0]) + "\n")
     batchgen.run(batchgen.build_config(warm, folder / f"{kind}-warm.parquet", None, {"max_tokens": 2},
                                        model=str(model_dir), quiet=True))  # fmt: skip
-    config = batchgen.build_config(
-        job, folder / f"{kind}.parquet", None, {"temperature": 0.0, "max_tokens": MAX_TOKENS},
-        model=str(model_dir), quiet=True,
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    batchgen.run(config)
-    t_batchgen = time.perf_counter() - t0
-    texts = pq.read_table(folder / f"{kind}.parquet").column("generated_text").to_pylist()
-    return t_loop, t_batchgen, texts == loop
+    # Each side twice, alternating, the faster taken: a ~1 s job is at the mercy of the box.
+    (t_loop, loop), (t_batchgen, texts) = per_row(), batched(0)
+    (t_loop2, _), (t_batchgen2, _) = per_row(), batched(1)
+    return min(t_loop, t_loop2), min(t_batchgen, t_batchgen2), texts == loop
 
 
 def main() -> None:

@@ -88,17 +88,14 @@ class _Masking:
         self.steps = 0
 
     def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
-        import llguidance.numpy
+        from llguidance.numpy import fill_next_token_bitmask
 
         if self.steps:  # the token sampled at the previous step ends the history
-            self.matcher.consume_token(int(history[-1].item()))
+            self.matcher.consume_token(history[-1].item())
         self.steps += 1
-        llguidance.numpy.fill_next_token_bitmask(self.matcher, self.bits, 0)
-        allowed = np.unpackbits(self.bits.view(np.uint8), bitorder="little").astype(bool)
-        vocab = logits.shape[-1]
-        if allowed.size < vocab:  # the model's head is wider than the tokenizer: those ids never
-            allowed = np.concatenate([allowed, np.zeros(vocab - allowed.size, bool)])
-        return mx.where(mx.array(allowed[:vocab]), logits, -mx.inf)
+        fill_next_token_bitmask(self.matcher, self.bits, 0)
+        allowed = np.unpackbits(self.bits.view(np.uint8), count=logits.shape[-1], bitorder="little")
+        return mx.where(mx.array(allowed, dtype=mx.bool_), logits, -mx.inf)
 
 
 def processor(c: Constraint, tokenizer: Any, eos: int) -> _Masking:
@@ -123,14 +120,28 @@ def satisfied(c: Constraint, text: str) -> tuple[str | None, str | None]:
         return None, "is not complete JSON"
     if c.kind == "json_object":
         return (json.dumps(value), None) if isinstance(value, dict) else (None, "is not a JSON object")
-    try:
-        import jsonschema
-    except ImportError:
-        return json.dumps(value), None
-    try:
-        jsonschema.validate(value, json.loads(c.spec))
-    except jsonschema.ValidationError as e:
-        return None, f"does not match its schema ({e.message[:120]})"
-    except jsonschema.SchemaError:
-        pass  # llguidance compiled it: a dialect jsonschema reads otherwise
+    validator = _validator(c)
+    error = next(iter(validator.iter_errors(value)), None) if validator is not None else None
+    if error is not None:
+        return None, f"does not match its schema ({error.message[:120]})"
     return json.dumps(value), None
+
+
+_VALIDATORS: dict[Constraint, Any] = {}
+
+
+def _validator(c: Constraint) -> Any:
+    """A jsonschema validator per schema, built once (building one per row cost more than the
+    row's masks); None when jsonschema is missing or reads the schema otherwise than llguidance."""
+    with _LOCK:
+        if c not in _VALIDATORS:
+            try:
+                import jsonschema
+
+                schema = json.loads(c.spec)
+                cls = jsonschema.validators.validator_for(schema)
+                cls.check_schema(schema)
+                _VALIDATORS[c] = cls(schema)
+            except Exception:  # noqa: BLE001 - ImportError, SchemaError: llguidance is the judge
+                _VALIDATORS[c] = None
+        return _VALIDATORS[c]

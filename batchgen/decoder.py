@@ -319,18 +319,25 @@ def decode_stream(
         """Sample each row's next token and return the rows still running."""
         if all(samplers[i] is None and not processors[i] for i in rows):
             picked = mx.argmax(logits, axis=-1).tolist()
-        else:
-            picked = []
+        else:  # each row's processors on its own logits, then one evaluation for the greedy rows
+            shaped = []
             for j, i in enumerate(rows):
                 row = logits[j : j + 1]
                 if processors[i]:
                     history = mx.array((seqs[i].ids + seqs[i].tokens)[-HISTORY:])
                     for proc in processors[i]:
                         row = proc(history, row)
-                if samplers[i] is None:
-                    picked.append(mx.argmax(row, axis=-1).item())
-                else:
-                    picked.append(samplers[i](row - mx.logsumexp(row, axis=-1, keepdims=True)).item())
+                shaped.append(row)
+            greedy = [j for j, i in enumerate(rows) if samplers[i] is None]
+            picked = [0] * len(rows)
+            if greedy:
+                best = mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1).tolist()
+                for j, token in zip(greedy, best, strict=True):
+                    picked[j] = token
+            for j, i in enumerate(rows):
+                if samplers[i] is not None:
+                    row = shaped[j]
+                    picked[j] = samplers[i](row - mx.logsumexp(row, axis=-1, keepdims=True)).item()
         now = time.monotonic()
         running = []
         for i, token in zip(rows, picked, strict=True):

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 
 from .errors import BatchgenError, ConfigError
+from .options import COLUMN, COLUMN_FLAGS, Sectioned, run_options
 from .source import is_uri
 from .tiny import KINDS
 
@@ -60,182 +61,7 @@ def main(verbose: int, log_level: str | None) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
 
 
-def _generation_options() -> list:
-    """One option per generation parameter (params.PARAMS), showing the default a run without
-    --config uses: the default preset's where it sets one, else the built-in one."""
-    from .config import find_preset, load_preset
-    from .params import PARAMS
-
-    try:
-        preset = load_preset(find_preset(None)).get("generation") or {}
-    except BatchgenError:
-        preset = {}
-    options = []
-    for p in PARAMS:
-        if p.cli is None:
-            continue
-        default = preset.get(p.name, p.default)
-        shown = "none" if default in (None, ()) else default
-        origin = " from the default preset" if p.name in preset else ""
-        options.append(
-            click.option(
-                f"--{p.name.replace('_', '-')}",
-                type=p.cli,
-                multiple=p.name == "stop",
-                help=f"{p.help} [{shown}{origin}].",
-            )  # fmt: skip
-        )
-    return options
-
-
-# `run --help` in sections, by option name (the generation options are all the rest).
-_SECTIONS = {
-    "Input": ("output", "fmt", "limit", "prompts", "extensions", "prompt_template", "id_column",
-              "prompt_column", "system_column", "image_column", "video_column", "shard"),
-    "Models": ("model", "text_model", "preset"),
-    "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
-              "fetch_workers", "decode_workers"),
-    "Reuse and batching": ("batch_size", "continuous", "window", "cache", "row_timeout"),
-    "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
-    "Scale-out": ("engine", "ray_address", "workers"),
-    "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns", "overwrite",
-                          "fail_fast", "max_attempts", "retry_failed", "quiet", "help"),
-}  # fmt: skip
-
-
-class _Sectioned(click.Command):
-    """A command whose --help lists its options in sections (input, models, generation, …)."""
-
-    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        section_of = {name: title for title, names in _SECTIONS.items() for name in names}
-        rows: dict[str, list[tuple[str, str]]] = {
-            title: [] for title in ("Input", "Models", "Generation", *_SECTIONS)
-        }
-        for param in self.get_params(ctx):
-            record = param.get_help_record(ctx)
-            if record is not None:
-                rows[section_of.get(param.name or "", "Generation")].append(record)
-        for title, records in rows.items():
-            if records:
-                with formatter.section(title):
-                    formatter.write_dl(records)
-
-
-_COLUMN = {"metavar": "NAME"}
-_COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "system",
-                 "image_column": "image", "video_column": "video"}  # fmt: skip
-
-
-def _run_options(command):
-    """The options `run` and `caption` share: models, presets, generation, media, output."""
-    options = [
-        click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
-        click.option("--text-model", help="Model for rows without media [--model]."),
-        click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
-        click.option(
-            "--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'
-        ),
-        click.option("--id-column", help="Column holding each row's id [id].", **_COLUMN),
-        click.option("--prompt-column", help="Column holding the prompt [prompt].", **_COLUMN),
-        click.option("--system-column", help="Column holding the system prompt [system].", **_COLUMN),
-        click.option(
-            "--image-column",
-            multiple=True,
-            help="Column holding images (repeatable) [image, images].",
-            **_COLUMN,
-        ),
-        click.option(
-            "--video-column",
-            multiple=True,
-            help="Column holding videos (repeatable) [video, videos].",
-            **_COLUMN,
-        ),
-        click.option(
-            "--keep-columns", multiple=True, help="Carry these binary columns to the output too (repeatable)."
-        ),
-        click.option(
-            "--drop-columns", multiple=True, help="Do not carry these columns to the output (repeatable)."
-        ),
-        click.option(
-            "--output-format",
-            type=click.Choice(["parquet", "openai", "both"]),
-            default="parquet",
-            show_default=True,
-            help="openai: -o is an OpenAI Batch JSONL, Parquet beside; both: Parquet at -o, JSONL beside.",
-        ),
-        click.option("--overwrite", is_flag=True, help="Start over instead of resuming."),
-        click.option(
-            "--output-shards",
-            is_flag=True,
-            default=None,
-            help="-o is a folder of Parquet shards (as -o DIR/ is), read with pandas.read_parquet(DIR).",
-        ),  # fmt: skip
-        click.option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
-        click.option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
-        click.option("--workers", type=int, help="Ray actors, one model load each [1]."),
-        click.option(
-            "--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."
-        ),
-        click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
-        click.option(
-            "--max-attempts",
-            type=int,
-            help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
-        ),  # fmt: skip
-        click.option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
-        *_generation_options(),
-        click.option(
-            "--json-schema",
-            "json_schema_file",
-            type=click.Path(exists=True, dir_okay=False, path_type=Path),
-            help="Every row answers JSON matching this schema file (a row's own constraint wins).",
-        ),
-        click.option("--guided-choice", multiple=True, help="Every row answers one of these (repeatable)."),
-        click.option("--guided-regex", help="Every row answers text matching this regular expression."),
-        click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
-        click.option("--video-max-frames", type=int, help="Most frames per video [128]."),
-        click.option(
-            "--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts."
-        ),
-        click.option(
-            "--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs."
-        ),
-        click.option(
-            "--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it."
-        ),
-        click.option("--fetch-workers", type=int, help="Downloads in flight [16]."),
-        click.option("--decode-workers", type=int, help="Image/video decodes at once [2]."),
-        click.option(
-            "--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding."
-        ),
-        click.option("--num-draft-tokens", type=int, help="Text drafts per round [3]."),
-        click.option(
-            "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
-        ),
-        click.option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
-        click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
-        click.option(
-            "--static-batches",
-            "continuous",
-            flag_value=False,
-            default=None,
-            help="Run batches to their end (no refilling of finished rows' slots), to compare.",
-        ),  # fmt: skip
-        click.option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
-        click.option(
-            "--row-timeout", type=float, help="Seconds a row may generate; past it, a row error [none]."
-        ),
-        click.option(
-            "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
-        ),
-        click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
-
-
-@main.command(cls=_Sectioned)
+@main.command(cls=Sectioned)
 @click.argument("job_file")
 @click.option(
     "-o", "--output", help="Result Parquet, or DIR/ for a folder of shards [JOB_FILE.results.parquet]."
@@ -247,7 +73,7 @@ def _run_options(command):
     help="Job format [by extension; .tar: webdataset].",
 )
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
-@_run_options
+@run_options
 def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
     """Generate for every row of JOB_FILE; rerun the same command to resume.
 
@@ -262,14 +88,14 @@ def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
     _run(job_file, output, format=fmt, **flags)
 
 
-@main.command(cls=_Sectioned)
+@main.command(cls=Sectioned)
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Result Parquet.")
 @click.option("-p", "--prompt", "prompts", multiple=True, help="A question for every file (repeatable).")
 @click.option(
     "--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones]."
 )
-@_run_options
+@run_options
 def caption(
     paths: tuple[str, ...], output: Path, prompts: tuple[str, ...], extensions: tuple[str, ...], **flags
 ):
@@ -303,7 +129,7 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
     media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
                    "fetch_workers", "decode_workers")  # fmt: skip
     media = {k: flags.pop(k) for k in media_flags}
-    columns = {key: flags.pop(flag) for flag, key in _COLUMN_FLAGS.items()}
+    columns = {key: flags.pop(flag) for flag, key in COLUMN_FLAGS.items()}
     output, openai_output = _outputs(output, output_format)
     try:
         config = build_config(
@@ -342,11 +168,11 @@ def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | 
     type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]),
     help="Job format [by extension; .tar: webdataset].",
 )
-@click.option("--id-column", **_COLUMN)
-@click.option("--prompt-column", **_COLUMN)
-@click.option("--system-column", **_COLUMN)
-@click.option("--image-column", multiple=True, **_COLUMN)
-@click.option("--video-column", multiple=True, **_COLUMN)
+@click.option("--id-column", **COLUMN)
+@click.option("--prompt-column", **COLUMN)
+@click.option("--system-column", **COLUMN)
+@click.option("--image-column", multiple=True, **COLUMN)
+@click.option("--video-column", multiple=True, **COLUMN)
 @click.option("--prompt-template", help="As for run.")
 def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flags) -> None:
     """Check every row of JOB_FILE as `run` would read it (with the same column mapping and
@@ -356,7 +182,7 @@ def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flag
 
     count = 0
     try:
-        columns = build_columns({}, {key: flags[flag] for flag, key in _COLUMN_FLAGS.items()})
+        columns = build_columns({}, {key: flags[flag] for flag, key in COLUMN_FLAGS.items()})
         for problem in validate_file(job_file, fmt, columns, prompt_template):
             click.echo(problem)
             count += 1

@@ -16,10 +16,11 @@ from .config import EngineSettings
 from .decoder import Watch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
 from .errors import BatchgenError, ConfigError, RowError
-from .lanes import DraftLane, Lane, OffsetVisionLane, Plan, SingleLane, TextLane, VisionLane, row_error
+from .lanes import DraftLane, Lane, Plan, SingleLane, TextLane, row_error
 from .models import ModelInfo, inspect_model
 from .prompts import END_OF_TURN
 from .records import Generation, Job, Media
+from .vision_lanes import OffsetVisionLane, VisionLane
 
 __all__ = ["Plan", "Models", "Engines"]
 

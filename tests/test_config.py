@@ -44,9 +44,9 @@ def test_default_preset_and_flags(tmp_path, monkeypatch):
 def test_each_generation_parameter_is_declared_once_and_everything_derives_from_it():
     from conftest import run_cli
 
+    from batchgen.formats import _csv_cell
     from batchgen.openai import from_batch_request
     from batchgen.params import NUMBERS, PARAMS
-    from batchgen.formats import _csv_cell
 
     code, helptext = run_cli("run", "--help")
     flat = " ".join(helptext.split())

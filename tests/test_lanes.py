@@ -335,7 +335,7 @@ def test_rows_that_cannot_batch_are_counted_once_per_reason(workdir):
 
 
 def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
-    from batchgen.lanes import _media_blocks
+    from batchgen.vision_lanes import _media_blocks
 
     IMG, BREAK, END, TEXT = 7, 8, 9, 100
     ids = [1, IMG, IMG, BREAK, IMG, IMG, END, TEXT, TEXT, IMG, IMG, BREAK, IMG, IMG, END, TEXT]

@@ -314,8 +314,10 @@ def _run(
     )  # fmt: skip
     done = writer.done()
     check_unchanged(index, done)
-    keys = {id_key(i) for i in index.ids}
-    retry = {k: n for k, n in writer.to_retry(config.max_attempts, config.retry_failed).items() if k in keys}
+    retry = writer.to_retry(config.max_attempts, config.retry_failed) if done else {}
+    if retry:  # only this job's rows (its --shard, its --limit)
+        keys = {id_key(i) for i in index.ids}
+        retry = {k: n for k, n in retry.items() if k in keys}
     writer.retried = set(retry)  # their earlier records go when the output is put together
     for key in retry:
         done.pop(key, None)

@@ -6,12 +6,13 @@ planned (routed, tokenized), then run in batches of one lane.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .cache import PrefixCache
+from .cache import Memo, PrefixCache
 from .config import EngineSettings
 from .decoder import Watch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
@@ -31,6 +32,9 @@ _TEXT_ONLY_KWARGS = frozenset({"padding", "padding_side", "truncation", "max_len
                                "pad_to_multiple_of", "return_attention_mask"})  # fmt: skip
 
 
+_SHARED_IMAGE_BYTES = 256 * 2**20  # image processor outputs kept for rows sharing an image
+
+
 class _ImagesOnly:
     """An image processor that is handed only the keyword arguments meant for it."""
 
@@ -42,6 +46,46 @@ class _ImagesOnly:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _leaves(images: Any) -> list[Any]:
+    return [x for item in images for x in _leaves(item)] if isinstance(images, (list, tuple)) else [images]
+
+
+class _SharedImages:
+    """The image processor, its output kept for images it has seen. Rows asking several
+    questions about one image (the captioning pattern) hold the same decoded image object
+    (media.py's memo by content), so an image's identity stands for its content here; each
+    entry keeps its images alive, so no id is reused while the entry lives. Every call gets
+    a copy: processors pop keys from what the image processor returns."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self._memo: Memo[tuple[list[Any], Any]] = Memo(32, _SHARED_IMAGE_BYTES, lambda v: _nbytes(v[1]))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from PIL import Image
+
+        images = _leaves(args[0] if args else kwargs.get("images"))
+        if not images or not all(isinstance(im, Image.Image) for im in images):
+            return self._inner(*args, **kwargs)
+        key = (tuple(map(id, images)), len(args), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
+        _, out = self._memo.get(key, lambda: (images, self._inner(*args, **kwargs)))
+        return copy.deepcopy(out)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the arrays in an image processor's output (a mapping, a tuple, arrays)."""
+    if hasattr(value, "nbytes"):
+        return int(value.nbytes)
+    if isinstance(value, Mapping):  # transformers' BatchFeature is one
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
 
 
 def _mend_processor(processor: Any) -> None:
@@ -92,6 +136,8 @@ class Models:
                 )
                 raise self._failed["vlm"] from e
             _mend_processor(processor)
+            if hasattr(processor, "image_processor"):
+                processor.image_processor = _SharedImages(processor.image_processor)
             tokenizer = getattr(processor, "tokenizer", processor)
             criteria = getattr(tokenizer, "stopping_criteria", None)
             if criteria is not None and END_OF_TURN in tokenizer.get_vocab():

@@ -113,3 +113,28 @@ def test_distinct_images_and_images_with_identical_byte_prefixes_never_share(wor
     assert a["cached_tokens"] == 0 and b["cached_tokens"] == 3
     stats = json.loads((workdir / "out.parquet.stats.json").read_text())["cache"]
     assert stats["prefix_hits"] == 1 and stats["prompt_tokens_saved"] == 3
+
+
+def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_copies():
+    from batchgen.engine import _SharedImages
+
+    calls = []
+
+    def inner(images, **kwargs):
+        calls.append((len(images), kwargs))
+        return {"pixel_values": np.ones((len(images), 3, 4, 4)) * len(calls), "num_crops": [0] * len(images)}
+
+    shared = _SharedImages(inner)
+    a, b = Image.new("RGB", (4, 4), "red"), Image.new("RGB", (4, 4), "red")
+    first = shared([a], do_pad=True)
+    first.pop("num_crops")  # gemma3's processor pops keys from what it gets
+    first["pixel_values"] *= 0
+    again = shared([a], do_pad=True)
+    assert len(calls) == 1 and again["num_crops"] == [0] and again["pixel_values"].max() == 1
+    shared([a], do_pad=False)  # other settings
+    shared(images=[b], do_pad=True)  # another image object, even with the same pixels
+    shared([[a, b]], do_pad=True)  # nested, as batched processors pass them
+    assert len(calls) == 4
+    shared([np.zeros((4, 4, 3))], do_pad=True)  # arrays can change in place: never kept
+    shared([np.zeros((4, 4, 3))], do_pad=True)
+    assert len(calls) == 6

@@ -21,6 +21,7 @@ __all__ = [
     "RawRow", "Mark", "JobIndex", "iter_rows", "scan", "id_key", "valid_id", "shard_of", "holds_bytes",
     "checked",
 ]  # fmt: skip
+_DIGEST = 16  # bytes of a row's fingerprint (RawRow.digest, 32 hex digits)
 _MARK_ROWS = 64  # JSONL/CSV rows between two marks: a reader starting at a row reads at most this many more
 
 
@@ -37,8 +38,7 @@ class JobIndex:
     ids: list[Any]
     schema: pa.Schema | None  # Parquet input keeps its column types in the output
     source: Source | None = None  # the job's files
-    digests: list[str] | None = None  # RawRow.digest of each row, aligned with ids
-    wheres: list[str] | None = None  # how messages name each row (line N / row N)
+    digests: bytearray | None = None  # RawRow.digest of each row, aligned with ids: 16 bytes a row
     columns: list[str] = field(default_factory=list)  # the file's columns (JSONL: the keys rows have)
     binary: set[str] = field(default_factory=set)  # columns holding bytes (images): not copied by default
     id_column: str | None = None  # where ids come from (--id-column)
@@ -55,6 +55,22 @@ class JobIndex:
         """The ids the output holds, in job order: a --limit narrows the work, never the output."""
         return self.kept_ids if self.kept_ids is not None else self.ids
 
+    def digest(self, i: int) -> str:
+        """RawRow.digest of the i-th row kept."""
+        return self.digests[i * _DIGEST : (i + 1) * _DIGEST].hex()  # type: ignore[index]
+
+    def wheres(self, indices: list[int]) -> list[str]:
+        """How messages name these rows (indices into ids), read again from the job: only
+        failures need them, so the index does not hold one a row."""
+        wanted = {(self.rows[i] if self.rows is not None else i): i for i in indices}
+        found = {}
+        for raw in iter_rows(self.source, id_column=self.id_column):  # type: ignore[arg-type]
+            if raw.index in wanted:
+                found[wanted[raw.index]] = raw.where
+                if len(found) == len(wanted):
+                    break
+        return [found.get(i, f"row {i}") for i in indices]
+
     def narrow(self, shard: tuple[int, int] | None = None, limit: int | None = None) -> None:
         """Keep shard i of n (by a stable hash of the id), then work on its first `limit` rows."""
         keep = [
@@ -64,8 +80,9 @@ class JobIndex:
         keep = keep[:limit] if limit is not None else keep
         self.rows = [self.rows[i] for i in keep] if self.rows is not None else keep
         self.ids = [self.ids[i] for i in keep]
-        self.digests = [self.digests[i] for i in keep] if self.digests is not None else None
-        self.wheres = [self.wheres[i] for i in keep] if self.wheres is not None else None
+        if self.digests is not None:
+            d, n = self.digests, _DIGEST
+            self.digests = bytearray(b"".join(d[i * n : (i + 1) * n] for i in keep))
 
 
 def shard_of(row_id: Any, shards: int) -> int:
@@ -145,11 +162,10 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
                 raise JobFileError(f"{source.shards[shard].path}: not a readable Parquet file ({e})") from e
     schema = _unified(schemas)
     ids: list[Any] = []
-    digests: list[str] = []
-    wheres: list[str] = []
+    digests = bytearray()
     columns: dict[str, None] = {n: None for s in schemas for n in s.names}
     binary = {f.name for s in schemas for f in s if holds_bytes(f.type)}
-    first_seen: dict[str, str] = {}
+    seen: set[str] = set()
     marks = [START]
     parsed = 0
     try:
@@ -166,20 +182,20 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
                 binary.update(k for k, v in row.value.items() if k not in binary and _has_bytes(v))
 
             key = id_key(row.id)
-            if key in first_seen:
+            if key in seen:
+                first = next(r.where for r in iter_rows(source, id_column=id_column) if id_key(r.id) == key)
                 raise JobFileError(
-                    f"{source.given}: duplicate id {row.id!r:.80} at {first_seen[key]} and {row.where}; "
+                    f"{source.given}: duplicate id {row.id!r:.80} at {first} and {row.where}; "
                     "ids must be unique"
                 )
-            first_seen[key] = row.where
+            seen.add(key)
             ids.append(row.id)
-            digests.append(row.digest)
-            wheres.append(row.where)
+            digests += bytes.fromhex(row.digest)
     except OSError as e:
         raise JobFileError(f"{source.given}: cannot read ({e})") from e
     if ids and not parsed:
         raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
-    return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests, wheres=wheres,
+    return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests,
                     marks=marks, columns=list(columns), binary=binary, id_column=id_column)  # fmt: skip
 
 

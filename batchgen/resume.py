@@ -100,12 +100,12 @@ def to_retry(
 def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
     """Refuse rows whose input changed under an id that already has a result."""
     changed = [
-        f"{index.wheres[i]} (id {index.ids[i]!r:.80})"  # type: ignore[index]
-        for i, key in enumerate(map(id_key, index.ids))
-        if done.get(key) not in (None, index.digests[i])  # type: ignore[index]
+        i for i, key in enumerate(map(id_key, index.ids)) if done.get(key) not in (None, index.digest(i))
     ]
     if changed:
-        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        wheres = index.wheres(changed[:5])
+        named = [f"{where} (id {index.ids[i]!r:.80})" for i, where in zip(changed, wheres, strict=True)]
+        shown = ", ".join(named) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise ConfigError(
             f"{len(changed)} row(s) changed since their results were written: {shown}; "
             "pass --overwrite to start over"

@@ -183,6 +183,20 @@ def test_unknown_model_is_a_usage_error(workdir):
     assert code == 2 and "not a checkpoint folder" in output
 
 
+def test_a_row_changed_under_a_finished_id_is_refused_by_its_place(workdir):
+    rows = [{"id": f"r{i}", "prompt": f"Question {i}?"} for i in range(6)]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    assert batch(job, out, "--limit", "4")[0] == 0
+    rows[2]["prompt"], rows[5]["prompt"] = "Another question?", "Not run yet, so free to change."
+    job.write_text("\n" + "".join(json.dumps(r) + "\n" for r in rows))  # a blank first line
+    code, output = batch(job, out)
+    assert code == 2 and "1 row(s) changed since their results were written: line 4 (id 'r2')" in output
+    assert [(r["id"], r["status"]) for r in read(out)] == [(f"r{i}", "ok") for i in range(4)]  # kept
+    code, output = batch(job, out, "--limit", "5")  # a narrowed index names the same row
+    assert code == 2 and "line 4 (id 'r2')" in output
+
+
 def test_duplicate_ids_are_refused_before_any_work(workdir):
     job = write_jsonl(workdir / "jobs.jsonl", [{"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}])
     code, output = batch(job, workdir / "out.parquet")

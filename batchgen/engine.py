@@ -69,7 +69,7 @@ class _SharedImages:
         images = _leaves(args[0] if args else kwargs.get("images"))
         if not images or not all(isinstance(im, Image.Image) for im in images):
             return self._inner(*args, **kwargs)
-        key = (tuple(map(id, images)), len(args), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
+        key = (tuple(map(id, images)), repr(args[1:]), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
         _, out = self._memo.get(key, lambda: (images, self._inner(*args, **kwargs)))
         return copy.deepcopy(out)
 

@@ -183,7 +183,8 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
 
             key = id_key(row.id)
             if key in seen:
-                first = next(r.where for r in iter_rows(source, id_column=id_column) if id_key(r.id) == key)
+                rows = iter_rows(source, id_column=id_column)
+                first = next((r.where for r in rows if id_key(r.id) == key), "an earlier row")
                 raise JobFileError(
                     f"{source.given}: duplicate id {row.id!r:.80} at {first} and {row.where}; "
                     "ids must be unique"

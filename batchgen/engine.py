@@ -32,7 +32,7 @@ _TEXT_ONLY_KWARGS = frozenset({"padding", "padding_side", "truncation", "max_len
                                "pad_to_multiple_of", "return_attention_mask"})  # fmt: skip
 
 
-_SHARED_IMAGE_BYTES = 256 * 2**20  # image processor outputs kept for rows sharing an image
+_SHARED_IMAGE_BYTES = 256 * 2**20  # images and their processed pixels kept for rows sharing them
 
 
 class _ImagesOnly:
@@ -61,7 +61,7 @@ class _SharedImages:
 
     def __init__(self, inner: Any):
         self._inner = inner
-        self._memo: Memo[tuple[list[Any], Any]] = Memo(32, _SHARED_IMAGE_BYTES, lambda v: _nbytes(v[1]))
+        self._memo: Memo[tuple[list[Any], Any]] = Memo(32, _SHARED_IMAGE_BYTES, _weight)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from PIL import Image
@@ -75,6 +75,12 @@ class _SharedImages:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def _weight(entry: tuple[list[Any], Any]) -> int:
+    """What an entry holds: its images (kept alive by it) and the processor's arrays."""
+    images, out = entry
+    return sum(im.width * im.height * len(im.getbands()) for im in images) + _nbytes(out)
 
 
 def _nbytes(value: Any) -> int:

@@ -138,3 +138,19 @@ def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_c
     shared([np.zeros((4, 4, 3))], do_pad=True)  # arrays can change in place: never kept
     shared([np.zeros((4, 4, 3))], do_pad=True)
     assert len(calls) == 6
+
+
+def test_kept_image_processor_outputs_are_bounded_by_their_bytes():
+    from batchgen.engine import _SHARED_IMAGE_BYTES, _SharedImages
+
+    calls = []
+    shared = _SharedImages(lambda images: calls.append(1) or {"pixel_values": np.zeros((1, 3, 8, 8))})
+    side = int((_SHARED_IMAGE_BYTES / 3 / 2.5) ** 0.5)  # two such images and their outputs fit, not three
+    big = [Image.new("RGB", (side, side)) for _ in range(3)]
+    for im in big:
+        shared([im])
+    shared([big[2]])
+    shared([big[1]])
+    assert len(calls) == 3 and len(shared._memo) == 2
+    shared([big[0]])  # the oldest went, with its image
+    assert len(calls) == 4

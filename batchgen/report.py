@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from .decode import IMAGE_FORMATS
 from .errors import JobFileError, gist
+from .write import MEDIA_BASE_KEY, TEMPLATE_KEY
 
 __all__ = ["summarize", "write_gallery"]
 
@@ -152,7 +153,7 @@ def _media_of(row: dict[str, Any]) -> list[tuple[str, str]]:
         for ref in value if isinstance(value, list) else [value] if value else []:
             if isinstance(ref, str):
                 refs.append((ref, kind))
-    for message in _messages(row):
+    for message in _messages(row) or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
             kind = _PARTS.get(part.get("type")) if isinstance(part, dict) else None
@@ -163,13 +164,14 @@ def _media_of(row: dict[str, Any]) -> list[tuple[str, str]]:
     return refs
 
 
-def _messages(row: dict[str, Any]) -> list[Any]:
+def _messages(row: dict[str, Any]) -> list[Any] | None:
+    """The row's messages (a list, or JSON text of one); None for text that is not JSON."""
     messages = row.get("messages")
     if isinstance(messages, str):
         try:
             messages = json.loads(messages)
         except json.JSONDecodeError:
-            return []
+            return None
     return messages if isinstance(messages, list) else []
 
 
@@ -187,14 +189,11 @@ def _question(row: dict[str, Any], template: str | None = None) -> str:
             return template.format_map(_Blank({k: "" if v is None else v for k, v in row.items()}))
         except (ValueError, IndexError, AttributeError):
             return template
-    messages = row.get("messages")
-    if isinstance(messages, str):
-        try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError:
-            return messages
+    messages = _messages(row)
+    if messages is None:  # not JSON: shown as written
+        return row["messages"]
     texts = []
-    for m in messages or []:
+    for m in messages:
         content = m.get("content") if isinstance(m, dict) else None
         if isinstance(content, str):
             texts.append(content)
@@ -221,9 +220,9 @@ def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> tupl
     job's (`--media-base` overrides). Returns (cards, media not found, where paths started)."""
     rows = _read(path)
     about = _about(path)
-    recorded = about.get(b"batchgen.media_base")
+    recorded = about.get(MEDIA_BASE_KEY)
     base = media_base or (Path(recorded.decode()) if recorded else path.parent if path.is_file() else path)
-    template = about[b"batchgen.prompt_template"].decode() if b"batchgen.prompt_template" in about else None
+    template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
     thumbs: dict[str, list[str]] = {}
     cards = []
     for r in rows:

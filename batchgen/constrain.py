@@ -63,7 +63,7 @@ def check(c: Constraint) -> str | None:
 _TOKENIZERS: dict[int, Any] = {}
 
 
-def _llg_tokenizer(tokenizer: Any, eos: int) -> Any:
+def _llg_tokenizer(tokenizer: Any, eos: list[int]) -> Any:
     """llguidance's view of a tokenizer (a walk over the vocabulary: once per run and tokenizer)."""
     key = id(tokenizer)
     with _LOCK:
@@ -79,7 +79,7 @@ def _llg_tokenizer(tokenizer: Any, eos: int) -> Any:
 class _Masking:
     """The logits processor of one row's constraint (logits of one row, shape (1, vocab))."""
 
-    def __init__(self, c: Constraint, tokenizer: Any, eos: int):
+    def __init__(self, c: Constraint, tokenizer: Any, eos: list[int]):
         from llguidance import LLMatcher
 
         self.llg = _llg_tokenizer(tokenizer, eos)
@@ -98,7 +98,7 @@ class _Masking:
         return mx.where(mx.array(allowed, dtype=mx.bool_), logits, -mx.inf)
 
 
-def processor(c: Constraint, tokenizer: Any, eos: int) -> _Masking:
+def processor(c: Constraint, tokenizer: Any, eos: list[int]) -> _Masking:
     return _Masking(c, tokenizer, eos)
 
 

@@ -23,18 +23,12 @@ import mlx.core as mx
 from .cache import PrefixCache
 from .errors import StopRequested
 from .records import GenParams
+from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for
 
-__all__ = [
-    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "decode_stream",
-    "hit_stop", "final_text", "sampler_for", "logits_processors_for", "HISTORY",
-]  # fmt: skip
+__all__ = ["Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "decode_stream"]
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
 _SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
-# Logits processors (penalties) see the prompt and then the generated tokens, on every lane
-# (mlx-lm's rule; single.py brings mlx-vlm's generate to it): its last HISTORY tokens, more
-# than any penalty's own window.
-HISTORY = 256
 
 
 @dataclass(slots=True)
@@ -243,48 +237,6 @@ def _finish(
                                        [e for *_, e in group])  # fmt: skip
         mx.eval(logits)
         yield ids, logits, merged
-
-
-def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
-    if p.temperature == 0:
-        return None
-    from mlx_lm.sample_utils import make_sampler
-
-    return make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k)
-
-
-def logits_processors_for(p: GenParams, tokenizer: Any = None, eos: set[int] | None = None) -> list[Callable]:
-    """The row's penalties and biases (mlx-lm's), then its output constraint's mask, which
-    needs the tokenizer and the end tokens it allows once the output is complete."""
-    from mlx_lm.sample_utils import make_logits_processors
-
-    processors = make_logits_processors(
-        logit_bias=dict(p.logit_bias) or None,
-        repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
-        presence_penalty=p.presence_penalty or None,
-        frequency_penalty=p.frequency_penalty or None,
-    )
-    if p.constraint is not None:
-        from .constrain import processor
-
-        processors.append(processor(p.constraint, tokenizer, sorted(eos or ())))
-    return processors
-
-
-def hit_stop(tokens: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> bool:
-    """Stop strings are looked for in a bounded tail of the text, not the whole of it."""
-    longest = max(len(s) for s in stop)
-    tail = decode(tokens[-(longest + 8) :])
-    return any(s in tail for s in stop)
-
-
-def final_text(
-    tokens: list[int], eos: set[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
-) -> str:
-    """The completion as text: without its end-of-turn token, cut before the first stop string."""
-    text = decode(tokens[:-1] if tokens and tokens[-1] in eos else tokens)
-    hits = [i for s in stop if (i := text.find(s)) >= 0]
-    return text[: min(hits)] if hits else text
 
 
 def decode_stream(

@@ -11,122 +11,26 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 from tqdm import tqdm
 
 from .config import RunConfig, WorkSettings, work_settings
 from .engine import Engines
-from .errors import ConfigError, FailFastError, Interrupted, StopRequested, gist, short
+from .errors import ConfigError, FailFastError, Interrupted, StopRequested, short
 from .execute import LocalExecutor
 from .openai import write_batch_output
 from .read import JobIndex, id_key, scan
 from .records import TOTALS, Job, Result
 from .resume import Pending, check_unchanged, settings_of
 from .source import Source, resolve
+from .summary import RunSummary, finish, progress
 from .write import OutputLock, ResultWriter, dropped_columns, partial_dir, stats_path
 
-__all__ = ["RunSummary", "run", "check_paths", "check_columns", "template_fields"]
-
-
-@dataclass(slots=True)
-class RunSummary:
-    """The figures printed at the end and saved as `<output>.stats.json`."""
-
-    output: str
-    rows: int = 0
-    ok: int = 0
-    failed: int = 0
-    resumed: int = 0  # rows taken from an earlier run instead of generated again
-    generated: int = 0  # rows processed by this run
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    mtp_drafts: int = 0  # tokens proposed by the drafter
-    mtp_accepted: int = 0
-    acceptance_rate: float = 0.0  # accepted / drafted
-    max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
-    one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
-    unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
-    dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
-    wall_s: float = 0.0
-    rows_per_s: float = 0.0
-    tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
-    errors_by_stage: dict[str, int] = field(default_factory=dict)
-    commonest_errors: list[str] = field(default_factory=list)  # "12× fetch: HTTP 404 Not Found", …
-    media: dict[str, int] = field(default_factory=dict)  # downloads, reuses, decodes (MediaStage.stats)
-    cache: dict[str, float] = field(default_factory=dict)  # prefix hits, misses, tokens saved
-
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.failed else 0
-
-    def line(self) -> str:
-        cache = ""
-        if self.cache:
-            cache = (
-                f" · cache {self.cache['prefix_hits']} hits / {self.cache['prefix_misses']} misses "
-                f"({self.cache['prefix_hit_rate']:.0%}), "
-                f"{self.cache['prompt_tokens_saved']} prompt tokens saved"
-            )
-        drafts = ""
-        if self.mtp_drafts:
-            drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
-        capped = f" · {self.max_tokens_capped} rows capped at the context" if self.max_tokens_capped else ""
-        capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())
-        capped += "".join(
-            f" · warning: {n} rows without media beside column {name!r}, which looks like media "
-            f"(--image-column {name} or --video-column {name} to use it)"
-            for name, n in self.unused_media.items()
-        )
-        if self.dropped_columns:
-            names = ", ".join(self.dropped_columns)
-            capped += f" · not copied to the output: {names} (binary; --keep-columns to keep)"
-        if self.commonest_errors:
-            capped += f" · commonest errors: {'; '.join(self.commonest_errors)}"
-        return (
-            f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
-            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
-            f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
-        )
-
-
-def _finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
-    """Row counts come from the final table, token counts from this run's rows."""
-    import pyarrow.compute as pc
-
-    s.rows = table.num_rows
-    s.ok = pc.sum(pc.equal(table.column("status"), "ok")).as_py() or 0  # counted in Arrow: no row objects
-    s.failed = s.rows - s.ok
-    s.resumed = table.num_rows - s.generated
-    failed = table.filter(pc.not_equal(table.column("status"), "ok")) if s.failed else table.slice(0, 0)
-    errors: Counter[tuple[str, str]] = Counter()
-    for stage, message in zip(
-        failed.column("error_stage").to_pylist(), failed.column("error").to_pylist(), strict=True
-    ):
-        if stage:
-            s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
-            errors[(stage, gist(message or ""))] += 1
-    s.commonest_errors = [f"{n}× {stage}: {message}" for (stage, message), n in errors.most_common(3)]
-    s.acceptance_rate = round(s.mtp_accepted / s.mtp_drafts, 4) if s.mtp_drafts else 0.0
-    s.wall_s = round(wall, 3)
-    s.rows_per_s = round(s.generated / wall, 3) if wall > 0 else 0.0
-    s.tokens_per_s = round(s.completion_tokens / wall, 1) if wall > 0 else 0.0
-    return s
-
-
-def _progress(s: RunSummary, cache: dict[str, float], elapsed: float) -> str:
-    """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
-    parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
-    if cache.get("prefix_hits", 0) + cache.get("prefix_misses", 0):
-        parts.append(f"cache {cache['prefix_hit_rate']:.0%}")
-    parts.append(f"{s.failed} failed")
-    return ", ".join(parts)
+__all__ = ["run", "check_paths", "check_columns", "template_fields"]
 
 
 class _Heartbeat(threading.Thread):
@@ -151,7 +55,7 @@ class _Heartbeat(threading.Thread):
         eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left < 100 * 3600 else "unknown"
         return (
             f"progress: {s.generated:,}/{self.total:,} rows ({s.generated / max(self.total, 1):.1%}), "
-            f"{rate:.2f} rows/s, {_progress(s, self.cache(), elapsed)}, ETA {eta}"
+            f"{rate:.2f} rows/s, {progress(s, self.cache(), elapsed)}, ETA {eta}"
         )
 
 
@@ -345,7 +249,7 @@ def _run(
                         _record(job, result, writer, summary, config)
                         bar.update()
                     writer.flush()  # a finished batch is on disk before the next one starts
-                    tail = _progress(summary, executor.stats()["cache"], time.perf_counter() - started)
+                    tail = progress(summary, executor.stats()["cache"], time.perf_counter() - started)
                     bar.set_postfix_str(tail, refresh=False)
                     signals.check(writer)
             except StopRequested:
@@ -396,7 +300,7 @@ def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, star
     table = writer.finalize()
     if config.openai_output is not None:
         write_batch_output(table, config.openai_output)
-    _finish(summary, table, time.perf_counter() - started)
+    finish(summary, table, time.perf_counter() - started)
     path = str(stats_path(config.output, config.output_shards))
     figures = asdict(summary)
     if not summary.generated and writer.store.exists(path):

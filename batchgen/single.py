@@ -7,11 +7,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .decoder import HISTORY, Watch, final_text, hit_stop, logits_processors_for, sampler_for
+from .decoder import Watch
 from .draft import Drafter, drafted_from_flags
 from .models import ModelInfo
 from .prompts import apply_template, template_parts, text_only
 from .records import Generation, GenParams, Job, Media
+from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for
 
 __all__ = ["collect", "generate_vlm", "generate_draft_lm"]
 

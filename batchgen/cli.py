@@ -113,7 +113,7 @@ def caption(
 
 
 def _run(job_file: str | Path, output: str | Path, preset: str | None, output_format: str, **flags) -> None:
-    from .config import GEN_FIELDS, build_config
+    from .config import GEN_FIELDS, build_config, read_json_settings
     from .runner import run as run_job
 
     generation = {k: flags.pop(k) for k in GEN_FIELDS if k in flags}
@@ -121,9 +121,9 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
     schema_file = flags.pop("json_schema_file", None)
     if schema_file is not None:
         try:
-            generation["json_schema"] = json.loads(schema_file.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            _fail(ConfigError(f"--json-schema {schema_file}: not a JSON file ({e})"))
+            generation["json_schema"] = read_json_settings(schema_file, "--json-schema")
+        except ConfigError as e:
+            _fail(e)
     generation["guided_choice"] = list(flags.pop("guided_choice", ()) or ()) or None
     generation["guided_regex"] = flags.pop("guided_regex", None)
     media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",

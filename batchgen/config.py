@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from .errors import ConfigError, one_line
 from .params import check_params
 from .records import GenParams
-from .source import is_uri
+from .source import checked_location, is_uri
 
 __all__ = [
     "MediaConfig",
@@ -24,6 +26,8 @@ __all__ = [
     "work_settings",
     "find_preset",
     "load_preset",
+    "read_settings_file",
+    "read_json_settings",
     "build_config",
     "build_columns",
     "GEN_FIELDS",
@@ -174,6 +178,8 @@ def find_preset(name_or_path: str | None) -> Path | None:
     for path in candidates:
         if path.is_file():
             return path
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"config {path}: not a regular file")
     if required:
         raise ConfigError(f"config {name_or_path!r} not found (looked in {', '.join(map(str, candidates))})")
     return None
@@ -189,13 +195,43 @@ def _packaged(name: str) -> list[Path]:
         return []
 
 
+SETTINGS_FILE_BYTES = 16 * 2**20  # presets and schemas are kilobytes: /dev/zero is not one
+
+
+def read_settings_file(path: Path, what: str) -> str:
+    """A preset's or a schema's text: a regular file of bounded size, opened without blocking,
+    so that a FIFO, a device or an endless file is a message, never a run that waits."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"{what} {path}: not a regular file")
+            data = f.read(SETTINGS_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from e
+    if len(data) > SETTINGS_FILE_BYTES:
+        raise ConfigError(f"{what} {path}: over {SETTINGS_FILE_BYTES // 2**20} MiB")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path}: not UTF-8 text") from e
+
+
+def read_json_settings(path: Path, what: str) -> Any:
+    try:
+        return json.loads(read_settings_file(path, what))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} {path}: not a JSON file ({e})") from e
+    except RecursionError as e:
+        raise ConfigError(f"{what} {path}: nested too deep to read") from e
+
+
 def load_preset(path: Path | None) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise ConfigError(f"cannot read config {path}: {e}") from e
+        data = yaml.safe_load(read_settings_file(path, "config")) or {}
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ConfigError(f"cannot read config {path}: {one_line(str(e))}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: expected a mapping at the top level")
     # Model paths in a preset are relative to the preset, so it works from any folder.
@@ -226,6 +262,7 @@ def build_config(
     **overrides: Any,
 ) -> RunConfig:
     """Merge preset < flags (None or empty means 'not given') into a validated RunConfig."""
+    input, output = checked_location(str(input), "job"), checked_location(str(output), "-o")
     data = load_preset(find_preset(preset))
     gen = dict(data.pop("generation", None) or {})
     gen.update({k: v for k, v in (generation or {}).items() if v is not None})

@@ -51,7 +51,10 @@ def _result(
             setattr(result, name, getattr(outcome, name))
         constraint = job.params.constraint
         if constraint is not None:  # never output that misses its constraint marked ok
-            result.parsed, why = satisfied(constraint, outcome.text)
+            try:
+                result.parsed, why = satisfied(constraint, outcome.text)
+            except Exception as e:  # noqa: BLE001 - a hostile constraint fails its row, never the run
+                result.parsed, why = None, f"could not be checked ({type(e).__name__})"
             if why:
                 cut = (
                     f" within max_tokens {job.params.max_tokens}" if outcome.finish_reason == "length" else ""

@@ -104,7 +104,7 @@ def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
     ]
     if changed:
         wheres = index.wheres(changed[:5])
-        named = [f"{where} (id {index.ids[i]!r:.80})" for i, where in zip(changed, wheres, strict=True)]
+        named = [f"{where} (id {index.ids[i]!r:.80})" for i, where in zip(changed[:5], wheres, strict=True)]
         shown = ", ".join(named) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise ConfigError(
             f"{len(changed)} row(s) changed since their results were written: {shown}; "

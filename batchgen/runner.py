@@ -222,7 +222,6 @@ def _run(
     if retry:  # only this job's rows (its --shard, its --limit)
         keys = {id_key(i) for i in index.ids}
         retry = {k: n for k, n in retry.items() if k in keys}
-    writer.retried = set(retry)  # their earlier records go when the output is put together
     for key in retry:
         done.pop(key, None)
     todo = sum(id_key(i) not in done for i in index.ids)

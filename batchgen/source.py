@@ -13,10 +13,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
+from urllib.parse import unquote, urlsplit
 
-from .errors import JobFileError
+from .errors import ConfigError, JobFileError
 
-__all__ = ["Shard", "Source", "resolve", "is_uri", "filesystem", "EXTENSIONS"]
+__all__ = ["Shard", "Source", "resolve", "is_uri", "checked_location", "filesystem", "EXTENSIONS"]
 
 EXTENSIONS = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet",
@@ -29,6 +30,40 @@ _GLOB = re.compile(r"[*?\[]")
 def is_uri(text: str) -> bool:
     """`s3://bucket/key` and friends; a Windows drive letter (`C:\\`) is a path."""
     return bool(_URI.match(text))
+
+
+# The fsspec protocols a job or output may use: storage services reached with the user's own
+# credentials, local files, and archive or cache layers over them. http(s), ftp, sftp, smb,
+# webhdfs and the rest reach arbitrary addresses through clients that follow redirects past
+# the URL policy media go through, so they are refused, in a chain (`zip://...::http://...`)
+# as anywhere else.
+STORAGE_PROTOCOLS = frozenset(
+    {"s3", "s3a", "gs", "gcs", "hf", "az", "abfs", "abfss", "adl", "file", "local",
+     "zip", "tar", "simplecache", "filecache", "blockcache"}
+)  # fmt: skip
+
+
+def checked_location(given: str, role: str) -> str:
+    """A job's or an output's location as batchgen uses it: a `file://` URI as the local path it
+    names, any other URI only when every link of its chain is a storage protocol. `role` names
+    the flag or argument in messages. Raises ConfigError."""
+    if not is_uri(given) and "::" not in given:
+        return given
+    links = given.split("::")
+    for link in links:
+        protocol = link.split("://", 1)[0].lower() if "://" in link else link.lower()
+        if protocol not in STORAGE_PROTOCOLS:
+            hint = "download it first or " if role == "job" and protocol in ("http", "https") else ""
+            raise ConfigError(
+                f"{role} {given!r}: {protocol}:// is not read as a job or output location (its "
+                f"addresses and redirects escape the URL policy); {hint}use a local path, s3://, gs:// or hf://"
+            )
+    if len(links) == 1 and given.lower().startswith("file://"):
+        parts = urlsplit(given)
+        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
+            raise ConfigError(f"{role} {given!r}: a file:// URI names a path on this machine (file:///path)")
+        return unquote(parts.path)
+    return given
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +106,7 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
     names skipped, as pyarrow does); the files a glob matches; each as a local path or a URI.
     A folder of WebDataset tars may hold img2dataset's Parquet metadata beside them: the tars
     are the job. Raises JobFileError when nothing is found or formats are mixed."""
-    given = str(given)
+    given = checked_location(str(given), "job")
     if fmt is not None and fmt not in ("jsonl", "parquet", "csv", "webdataset"):
         raise JobFileError(f"unknown --format {fmt!r} (expected jsonl, parquet, csv or webdataset)")
     if is_uri(given):

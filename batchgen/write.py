@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 import typing
 from dataclasses import asdict
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import ConfigError
@@ -34,6 +36,7 @@ __all__ = [
 ]  # fmt: skip
 
 _ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
+_SHARD_NAME = re.compile(r"part-\d{6,}\.parquet")  # a shard's (and a part's) file name
 
 
 def _arrow_type(hint: Any) -> pa.DataType:
@@ -181,8 +184,9 @@ class ResultWriter:
         self._buffer: list[tuple[dict[str, Any], Result]] = []
         self._last_flush = time.monotonic()
         self._pending_rows = 0  # rows in parts not yet made a shard (by this run)
-        self.retried: set[str] = set()  # id keys this run generates again: their old records go
         partial = str(self.partial)
+        if sharded:
+            self._check_folder()
         if overwrite:
             self.store.remove_tree(partial)
             for shard in self._shards():
@@ -207,6 +211,25 @@ class ResultWriter:
             if _number(part) in covered:
                 self.store.remove(part)
         self._parts = max([0, *covered, *map(_number, self._part_files())])
+
+    def _check_folder(self) -> None:
+        """A shard folder holds batchgen's shards only: another tool's Parquet there (Spark's
+        `part-00000-<uuid>.snappy.parquet`, a file without batchgen's columns) would be read
+        as results, or overwritten, so the run is refused before any work."""
+        for path in self.store.listed(str(self.output), "", ".parquet"):
+            name = path.rsplit("/", 1)[-1]
+            ours = _SHARD_NAME.fullmatch(name) is not None
+            if ours:
+                try:
+                    names = self.store.metadata_schema(path).names
+                except (OSError, pa.ArrowException):
+                    names = []
+                ours = {"id", "input_hash", "status"} <= set(names)
+            if not ours:
+                raise ConfigError(
+                    f"-o {self.output}/: {name} is not a shard batchgen wrote; give a folder of "
+                    "batchgen's shards or an empty one"
+                )
 
     def _part_files(self) -> list[str]:
         return self.store.listed(str(self.partial), "part-", ".parquet")
@@ -297,9 +320,7 @@ class ResultWriter:
             self.store.remove_tree(str(self.partial))
             columns = ["id", "status", "error", "error_stage"]
             shards = self._shards()
-            tables = [self.store.read_table(s, columns) for s in shards]
-            if self.retried:
-                tables = self._drop_superseded(shards, tables)
+            tables = self._drop_superseded(shards, [self.store.read_table(s, columns) for s in shards])
             return (
                 pa.concat_tables(tables, promote_options="permissive")
                 if tables
@@ -330,24 +351,33 @@ class ResultWriter:
         return table
 
     def _drop_superseded(self, shards: list[str], tables: list[pa.Table]) -> list[pa.Table]:
-        """A row run again (a retried failure) keeps its latest record only: earlier shards
-        holding it are written again without it. (Parts already made into a shard are
-        removed when a run starts, so a retry is the only way a row is written twice.)"""
-        latest: dict[str, int] = {}
-        for k, table in enumerate(tables):
-            for row_id in table.column("id").to_pylist():
-                if id_key(row_id) in self.retried:
-                    latest[id_key(row_id)] = k
-        for k, (shard, table) in enumerate(zip(shards, tables, strict=True)):
-            ids = table.column("id").to_pylist()
-            keep = [j for j, row_id in enumerate(ids) if latest.get(id_key(row_id), k) == k]
-            if len(keep) == len(ids):
+        """Each id once: a row written again (a retried failure, also one whose run was killed
+        after its new record reached a part or shard) keeps its latest record, and the shards
+        holding an earlier one are written again without it. Duplicates are found in Arrow,
+        so only the few repeated ids are ever Python strings."""
+        keys = [pc.cast(t.column("id"), pa.string()) for t in tables]
+        if not keys:
+            return tables
+        counts = pc.value_counts(pa.chunked_array(keys, pa.string()))
+        repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+        if not len(repeated):
+            return tables
+        places: list[list[int]] = []
+        latest: dict[str, tuple[int, int]] = {}
+        for k, column in enumerate(keys):
+            rows = pc.indices_nonzero(pc.is_in(column, value_set=repeated)).to_pylist()
+            places.append(rows)
+            for j in rows:
+                latest[column[j].as_py()] = (k, j)
+        for k, (shard, rows) in enumerate(zip(shards, places, strict=True)):
+            drop = {j for j in rows if latest[keys[k][j].as_py()] != (k, j)}
+            if not drop:
                 continue
-            rows = pa.array(keep, pa.int64())
+            keep = pa.array([j for j in range(tables[k].num_rows) if j not in drop], pa.int64())
             self.store.write_table(
-                shard, self.store.read_table(shard).take(rows), row_group_size=_ROW_GROUP_ROWS
+                shard, self.store.read_table(shard).take(keep), row_group_size=_ROW_GROUP_ROWS
             )
-            tables[k] = table.take(rows)
+            tables[k] = tables[k].take(keep)
         return tables
 
 

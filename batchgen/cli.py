@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -251,8 +250,9 @@ def report(results: Path, output: Path, media_base: Path | None) -> None:
         _fail(e)
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
-        click.echo(f"warning: {len(missing)} media not found or unreadable: {shown} (relative paths "
-                   f"start at {base}; --media-base to change it)", err=True)  # fmt: skip
+        where = f"relative paths start at {base}" if base else "a remote job's local paths are not opened"
+        click.echo(f"warning: {len(missing)} media not found, unreadable or refused: {shown} ({where}; "
+                   "--media-base to change it)", err=True)  # fmt: skip
     click.echo(f"wrote {output} ({cards} cards)", err=True)
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from .errors import ConfigError, one_line
 from .params import check_params
-from .records import GenParams
+from .records import ByteCaps, GenParams
 from .source import checked_location, is_uri
 
 __all__ = [
@@ -45,9 +45,9 @@ class MediaConfig:
     max_row_pixels: int = 100_000_000  # decoded pixels per row, images and frames (~300 MB RGB)
     frame_pixels: int | None = None  # frames are downscaled to this; None: the model's own, else 602,112
     window_media_bytes: int = 512 * 2**20  # decoded media held by rows waiting for generation
-    image_bytes: int = 20 * 2**20  # caps from reference.md
-    video_bytes: int = 500 * 2**20
-    audio_bytes: int = 100 * 2**20
+    image_bytes: int = ByteCaps().image  # caps from reference.md
+    video_bytes: int = ByteCaps().video
+    audio_bytes: int = ByteCaps().audio
     image_timeout: float = 30.0  # seconds for a whole download, not per read
     video_timeout: float = 120.0
     audio_timeout: float = 120.0
@@ -60,6 +60,10 @@ class MediaConfig:
     video_fps: float = 2.0  # enough to follow motion without flooding the context
     video_min_frames: int = 4
     video_max_frames: int = 128
+
+    @property
+    def caps(self) -> ByteCaps:
+        return ByteCaps(self.image_bytes, self.video_bytes, self.audio_bytes)
 
 
 @dataclass(frozen=True, slots=True)

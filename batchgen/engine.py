@@ -16,7 +16,7 @@ from .cache import Memo, PrefixCache
 from .config import EngineSettings
 from .decoder import Watch
 from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
-from .errors import BatchgenError, ConfigError, RowError
+from .errors import BatchgenError, ConfigError, RowError, short
 from .lanes import DraftLane, Lane, Plan, SingleLane, TextLane, row_error
 from .models import ModelInfo, inspect_model
 from .prompts import END_OF_TURN
@@ -161,13 +161,18 @@ class Models:
 
             try:
                 model, tokenizer = mlx_lm.load(str(self.text_info.path))
-            except Exception as e:  # an architecture mlx-lm lacks is a ValueError; other failures too
-                if not self.text_info.multimodal or not isinstance(e, ValueError):
+            except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
+                if not self.text_info.multimodal:
                     self._failed["lm"] = ConfigError(
                         f"model {self.text_info.name!r}: mlx-lm cannot load it ({e})"
                     )
                     raise self._failed["lm"] from e
-                log.info("mlx-lm cannot load %s (%s); text rows use mlx-vlm", self.text_info.name, e)
+                # Any failure on a multimodal checkpoint (a tied checkpoint without `lm_head`, a
+                # TypeError in a model class): mlx-vlm, which loads it, serves the text rows.
+                log.warning(
+                    "mlx-lm cannot load %s (%s: %s); text rows use mlx-vlm",
+                    self.text_info.name, type(e).__name__, short(e),
+                )  # fmt: skip
                 self.text_on_vlm = True
                 return None
             if END_OF_TURN in tokenizer.get_vocab():

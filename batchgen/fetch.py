@@ -121,8 +121,7 @@ class Fetcher:
         return self._urls.hits
 
     def _cap(self, kind: str) -> int:
-        c = self.config
-        return {"image": c.image_bytes, "video": c.video_bytes, "audio": c.audio_bytes}[kind]
+        return self.config.caps.of(kind)
 
     def _timeout(self, kind: str) -> float:
         c = self.config
@@ -167,19 +166,20 @@ class Fetcher:
         return Fetched(ref, data=data, mime=mime or None)
 
     def _local_file(self, ref: MediaRef) -> tuple[Path, int]:
+        if self.base_dir is None:  # one message whatever the path: nothing says what exists here
+            raise RowError(
+                "fetch", f"{describe(ref.source)}: a local path in a remote job (give a URL or the bytes)"
+            )
         path = Path(ref.source).expanduser()
         if not path.is_absolute():
-            if self.base_dir is None:
-                raise RowError(
-                    "fetch", f"{describe(ref.source)}: a relative path in a remote job (give a URL)"
-                )
             path = self.base_dir / path
         if self.config.media_root is not None:
             root = Path(self.config.media_root).resolve()
             if not path.resolve().is_relative_to(root):
                 raise RowError("fetch", f"{describe(ref.source)}: outside the media root {root}")
         if not path.is_file():
-            raise RowError("fetch", f"{describe(ref.source)}: no such file ({describe(str(path))})")
+            what = "not a regular file" if path.exists() else "no such file"  # a FIFO would block a read
+            raise RowError("fetch", f"{describe(ref.source)}: {what} ({describe(str(path))})")
         return path, path.stat().st_size
 
     def _from_path(self, ref: MediaRef) -> Fetched:
@@ -280,6 +280,8 @@ class Fetcher:
             except RowError as e:
                 if e.transient:  # a DNS failure: tried again, as a connection error is
                     raise _Retry(e.message.split(": ", 1)[-1]) from None
+                if url != ref.source:  # a hop: the row's own reference comes first
+                    raise RowError(e.stage, f"{describe(ref.source)}: redirected to {e.message}") from None
                 raise
             try:
                 response = self._pool(target, address).urlopen(

@@ -13,14 +13,16 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import JobFileError
 from .openai import row_id
 from .params import NUMBERS
+from .records import MEDIA_COLUMNS, ByteCaps
 from .webdataset import iter_tar
 
-__all__ = ["RawRow", "Mark", "START", "valid_id", "checked", "READERS"]
+__all__ = ["RawRow", "Mark", "START", "ReadPolicy", "valid_id", "checked", "READERS"]
 
 # CSV cells are text: these columns are read as numbers, and `[...]` / `{...}` cells as JSON.
 _CSV_NUMBERS = (*NUMBERS, "video_fps", "video_max_frames")
@@ -37,6 +39,7 @@ class RawRow:
     error: str | None = None
     id_column: str | None = None  # the column holding the id (--id-column); None: `id`
     file: str | None = None  # the row's shard, when the job has several
+    fingerprint: str | None = None  # the reader's own digest (a tar sample's, from its headers)
 
     @property
     def id(self) -> Any:
@@ -59,6 +62,8 @@ class RawRow:
     @property
     def digest(self) -> str:
         """A fingerprint of the row's content, independent of key order and formatting."""
+        if self.fingerprint is not None:
+            return self.fingerprint
         body = (
             self.error if self.value is None else json.dumps(self.value, sort_keys=True, default=_digest_of)
         )
@@ -86,6 +91,21 @@ class Mark:
 
 
 START = Mark(0, 0, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadPolicy:
+    """What a reader may hold of a row: media bytes (binary cells, tar members) up to their
+    kind's cap, never read whole past it; `bodies` False (the scan) reads no tar media body."""
+
+    caps: ByteCaps = ByteCaps()
+    video_columns: tuple[str, ...] = ()  # besides `video`, `videos`: mapped with --video-column
+    bodies: bool = True
+
+    def column_cap(self, name: str) -> tuple[str, int]:
+        """A binary column's kind and cap: a media column's own, else the image cap."""
+        kind = "video" if name in self.video_columns else MEDIA_COLUMNS.get(name, "image")
+        return kind, self.caps.of(kind)
 
 
 def valid_id(value: Any) -> bool:
@@ -149,7 +169,7 @@ def _parse_json(text: str) -> tuple[Any, str | None]:
         return None, f"invalid JSON: nested deeper than {_MAX_DEPTH} levels"
 
 
-def _iter_jsonl(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+def _iter_jsonl(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[RawRow, Mark]]:
     index, offset, line_no = start.index, start.seek, start.base
     f.seek(offset)
     for raw in f:
@@ -171,24 +191,83 @@ def _iter_jsonl(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
         yield (checked(row) if row.error is None else row), here
 
 
-def _iter_parquet(file: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+_BATCH_BYTES = 64 * 2**20  # ... and fewer when the rows are large (binary cells): bounded either way
+
+
+def _iter_parquet(file: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[RawRow, Mark]]:
     f = pq.ParquetFile(file)
     first = start.base  # the row group's first row
     for group in range(start.seek, f.num_row_groups):
         here = Mark(first, group, first, start.shard)
         index = first
-        for batch in f.iter_batches(batch_size=_BATCH_ROWS, row_groups=[group]):
+        meta = f.metadata.row_group(group)
+        columns, skipped = _readable_columns(f, group, policy)
+        per_row = meta.total_byte_size // max(1, meta.num_rows)
+        rows_at_once = max(1, min(_BATCH_ROWS, _BATCH_BYTES // max(1, per_row)))
+        for batch in f.iter_batches(batch_size=rows_at_once, row_groups=[group], columns=columns):
             skip = max(0, min(start.index - index, batch.num_rows))  # rows before the start
             if skip:
                 batch, index = batch.slice(skip), index + skip
+            batch, too_big = _capped(batch, policy)
             try:
                 rows = [RawRow(index=index + i, line=None, value=v) for i, v in enumerate(batch.to_pylist())]
             except (UnicodeDecodeError, pa.ArrowException):
                 rows = _cell_by_cell(batch, index)
+            for i, row in enumerate(rows):
+                row.error = row.error or too_big.get(i) or skipped
             for row in rows:
                 yield (checked(row) if row.error is None else row), here
             index += batch.num_rows
-        first += f.metadata.row_group(group).num_rows
+        first += meta.num_rows
+
+
+def _readable_columns(
+    f: pq.ParquetFile, group: int, policy: ReadPolicy
+) -> tuple[list[str] | None, str | None]:
+    """The columns of a row group to read, and why every row of it is an error: a binary
+    column whose chunk holds more than its cap for each of its rows holds at least one cell
+    over the cap (one, when the group is one row), so it is never decoded."""
+    meta = f.metadata.row_group(group)
+    schema = f.schema_arrow
+    names = list(schema.names)
+    problem = None
+    for j in range(meta.num_columns):
+        column = meta.column(j)
+        name = column.path_in_schema
+        if name not in names or not _is_binary(schema.field(name).type):
+            continue
+        kind, cap = policy.column_cap(name)
+        if column.total_uncompressed_size > cap * max(1, meta.num_rows):
+            names.remove(name)
+            what = f"{column.total_uncompressed_size:,} bytes"
+            if meta.num_rows > 1:
+                what += f" for {meta.num_rows} rows in row group {group}"
+            problem = problem or f"column {name!r}: {what}, over the {kind} cap ({cap:,} bytes)"
+    return (names if problem else None), problem
+
+
+def _is_binary(type_: pa.DataType) -> bool:
+    return pa.types.is_binary(type_) or pa.types.is_large_binary(type_)
+
+
+def _capped(batch: pa.RecordBatch, policy: ReadPolicy) -> tuple[pa.RecordBatch, dict[int, str]]:
+    """The batch with every top-level binary cell over its column's cap made null, and each
+    such row's problem: a cell that size is no media item, and is never copied into Python."""
+    problems: dict[int, str] = {}
+    columns = list(batch.columns)
+    for k, (name, column) in enumerate(zip(batch.schema.names, columns, strict=True)):
+        if not _is_binary(column.type):
+            continue
+        kind, cap = policy.column_cap(name)
+        lengths = pc.binary_length(column)
+        over = pc.fill_null(pc.greater(lengths, cap), False)
+        if not pc.any(over).as_py():
+            continue
+        for i in pc.indices_nonzero(over).to_pylist():
+            problems.setdefault(i, f"column {name!r}: {lengths[i].as_py():,} bytes, over the {kind} cap "
+                                   f"({cap:,} bytes)")  # fmt: skip
+        columns[k] = pc.if_else(over, pa.nulls(len(column), column.type), column)
+    return (pa.RecordBatch.from_arrays(columns, schema=batch.schema) if problems else batch), problems
 
 
 def _cell_by_cell(batch: pa.RecordBatch, index: int) -> list[RawRow]:
@@ -254,7 +333,7 @@ class _CsvLines:
                     raise
 
 
-def _iter_csv(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
+def _iter_csv(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[RawRow, Mark]]:
     import csv
 
     try:

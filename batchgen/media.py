@@ -99,12 +99,9 @@ class MediaStage:
             for ref in job.media:
                 stage = "fetch"
                 t0 = time.perf_counter()
-                # Bytes from the row itself (a binary column) are the media: nothing to fetch.
-                item = (
-                    Fetched(ref, data=ref.source)
-                    if isinstance(ref.source, bytes)
-                    else self.fetcher.fetch(ref)
-                )
+                # Bytes from the row itself (a binary column, a tar member) are the media:
+                # nothing to fetch, but the same cap as a download.
+                item = self._given(ref) if isinstance(ref.source, bytes) else self.fetcher.fetch(ref)
                 t1 = time.perf_counter()
                 out.times.fetch_ms += (t1 - t0) * 1000
                 stage = {"image": "decode", "video": "frames"}.get(ref.kind, "fetch")
@@ -124,6 +121,13 @@ class MediaStage:
         if out.error is not None:
             out.media = Media()  # a failed row holds no decoded media
         return out
+
+    def _given(self, ref: MediaRef) -> Fetched:
+        cap = self.config.caps.of(ref.kind)
+        if len(ref.source) > cap:
+            raise RowError("fetch", f"{describe(ref.source)}: {len(ref.source):,} bytes is over the "
+                                    f"{ref.kind} cap ({cap:,} bytes)")  # fmt: skip
+        return Fetched(ref, data=ref.source)  # type: ignore[arg-type]
 
     def _budget_left(self, out: Prepared) -> int:
         """Decoded pixels the row may still take (max_row_pixels less its images and frames)."""
@@ -215,9 +219,11 @@ class Prefetcher:
         self._fill()
 
     def held(self) -> tuple[int, int]:
-        """(bytes of decoded media in the finished rows ahead, rows still resolving)."""
+        """(bytes held by the rows ahead: their decoded media and the undecoded media bytes
+        the rows carry themselves; rows still resolving)."""
         futures = [f for _, f in self.ahead if f is not None]
-        return sum(f.result().nbytes for f in futures if f.done()), sum(not f.done() for f in futures)
+        given = sum(_given_bytes(job) for job, _ in self.ahead)
+        return given + sum(f.result().nbytes for f in futures if f.done()), sum(not f.done() for f in futures)
 
     def _room(self, held: int, pending: int) -> bool:
         if not (held or pending):
@@ -233,12 +239,14 @@ class Prefetcher:
             if job is None:
                 return
             needs_media = bool(job.media) and not job.error
-            if needs_media and not self._room(held, pending):
+            given = _given_bytes(job)
+            if needs_media and not self._room(held + given, pending):
                 self._next = job
                 return
             self._next = None
             self.ahead.append((job, self.pool.submit(self.stage.resolve, job) if needs_media else None))
             pending += needs_media
+            held += given
 
     def take(self, most: int, least: int) -> list[tuple[Job, Prepared | None]]:
         """Up to `most` rows and about `max_bytes` of media; past `least`, stop at the first row
@@ -257,10 +265,16 @@ class Prefetcher:
                 wait([future], timeout=0.1)
             self.ahead.popleft()
             prepared = future.result() if future else None
+            size += _given_bytes(job)
             if prepared is not None:
                 self._seen += 1
-                self._seen_bytes += prepared.nbytes
+                self._seen_bytes += prepared.nbytes + _given_bytes(job)
                 size += prepared.nbytes
             window.append((job, prepared))
             self._fill()
         return window
+
+
+def _given_bytes(job: Job) -> int:
+    """Media bytes a row carries itself (binary cells, tar members), held until it is written."""
+    return sum(len(ref.source) for ref in job.media if isinstance(ref.source, bytes))

@@ -52,10 +52,16 @@ def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any] | None, li
         problems.append(("method", f"expected POST, got {value.get('method')!r:.40}"))
     body = value["body"]
     row: dict[str, Any] = {"id": value["custom_id"], "messages": body.get("messages")}
+    named: dict[str, str] = {}  # parameter → the body field that gave it
     for name, field in body.items():
         if name in OPENAI_FIELDS:
-            if field is not None:
-                row[OPENAI_FIELDS[name]] = field
+            param = OPENAI_FIELDS[name]
+            if field is None:
+                continue
+            if param in named and row[param] != field:  # max_tokens beside max_completion_tokens
+                problems.append((f"body.{name}", f"{field!r:.30} but body.{named[param]} is "
+                                                 f"{row[param]!r:.30}: give one of them"))  # fmt: skip
+            row[param], named[param] = field, name
         elif name in _TAKEN:
             row[name] = field
         elif name in _ONLY_DEFAULT:

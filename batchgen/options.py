@@ -56,7 +56,22 @@ _SECTIONS = {
 
 
 class Sectioned(click.Command):
-    """A command whose --help lists its options in sections (input, models, generation, …)."""
+    """A command whose --help lists its options in sections (input, models, generation, …),
+    and whose bad option values name the environment variable they came from, if one did."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as e:
+            param = e.param
+            if (
+                param is not None
+                and param.name
+                and (ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT)
+            ):
+                variable = param.envvar or f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+                e.message = f"{e.message} (from the environment variable {variable})"
+            raise
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         section_of = {name: title for title, names in _SECTIONS.items() for name in names}

@@ -11,12 +11,10 @@ from .errors import short
 from .openai import from_batch_request, is_batch_request
 from .params import Problem, check_params, is_int, is_number
 from .read import RawRow, valid_id
-from .records import Constraint, GenParams, Job, MediaRef
+from .records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef
 
 __all__ = ["parse_row", "MEDIA_COLUMNS", "media_like", "constraint_of", "CONSTRAINT_FIELDS"]
 
-# Flat media columns and the kind each holds.
-MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "audio": "audio"}
 # OpenAI content-part types and (kind, key holding the reference).
 _PART_TYPES = {
     "image_url": ("image", "image_url"),

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import JobFileError
-from .formats import READERS, START, Mark, RawRow, checked, valid_id
+from .formats import READERS, START, Mark, RawRow, ReadPolicy, checked, valid_id
 from .source import Source, resolve
 
 __all__ = [
@@ -111,16 +111,18 @@ def _has_bytes(value: Any) -> bool:
     return False
 
 
-def _positioned(source: Source, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
-    """Rows from `start` on, shard after shard, each with where reading can resume to get it again."""
+def _positioned(source: Source, start: Mark, bodies: bool = True) -> Iterator[tuple[RawRow, Mark]]:
+    """Rows from `start` on, shard after shard, each with where reading can resume to get it
+    again; without `bodies`, a tar's media members are not read (the scan needs headers only)."""
     several = len(source.shards) > 1
     read = READERS[source.format]
+    policy = ReadPolicy(source.caps, source.video_columns, bodies)
     for shard in range(start.shard, len(source.shards)):
         name = source.shards[shard].name if several else None
         index = start.index
         try:
             with source.open(shard) as f:
-                for row, here in read(f, start):
+                for row, here in read(f, start, policy):
                     row.file = name
                     index = row.index + 1
                     yield row, here
@@ -169,7 +171,7 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
     marks = [START]
     parsed = 0
     try:
-        for row, mark in _positioned(source, START):
+        for row, mark in _positioned(source, START, bodies=False):
             changed = (
                 mark.seek != marks[-1].seek if fmt == "parquet" else row.index - marks[-1].index >= _MARK_ROWS
             )
@@ -194,7 +196,7 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
             digests += bytes.fromhex(row.digest)
     except OSError as e:
         raise JobFileError(f"{source.given}: cannot read ({e})") from e
-    if ids and not parsed:
+    if ids and not parsed and fmt == "jsonl":
         raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
     return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests,
                     marks=marks, columns=list(columns), binary=binary, id_column=id_column)  # fmt: skip

@@ -7,8 +7,10 @@ from typing import Any, Literal
 
 __all__ = [
     "STAGES",
+    "MEDIA_COLUMNS",
     "RESULT_COLUMNS",
     "TOTALS",
+    "ByteCaps",
     "Constraint",
     "GenParams",
     "MediaRef",
@@ -19,6 +21,9 @@ __all__ = [
 ]
 
 MediaKind = Literal["image", "video", "audio"]
+
+# Flat media columns and the kind each holds.
+MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "audio": "audio"}
 
 # The stages a row can fail in, in pipeline order.
 STAGES = ("read", "fetch", "decode", "frames", "generate")
@@ -56,6 +61,24 @@ class GenParams:
     seed: int | None = None
     system: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True, frozen=True)
+class ByteCaps:
+    """The most bytes one media item may have, by kind (reference.md's caps): a download, a
+    data URL, a binary cell or a WebDataset member alike. A reader holds a job's caps, so a
+    member over its cap is never read into memory."""
+
+    image: int = 20 * 2**20
+    video: int = 500 * 2**20
+    audio: int = 100 * 2**20
+
+    def of(self, kind: str) -> int:
+        return {"image": self.image, "video": self.video, "audio": self.audio}[kind]
+
+    @property
+    def most(self) -> int:
+        return max(self.image, self.video, self.audio)
 
 
 @dataclass(slots=True, frozen=True)

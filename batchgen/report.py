@@ -3,25 +3,27 @@
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import os
+import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import jinja2
 import pyarrow.parquet as pq
 
 from .decode import IMAGE_FORMATS
 from .errors import JobFileError, gist
-from .write import MEDIA_BASE_KEY, TEMPLATE_KEY
+from .write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
 __all__ = ["summarize", "write_gallery"]
 
 _THUMB = 160  # pixels on the long side: enough to recognise, small enough for 10,000 rows
-_PAGE = 100  # cards per page
+_PAGE_CARDS = 100  # cards per page
 
 
 _NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tokens", "completion_tokens")
@@ -49,6 +51,16 @@ def _about(path: Path) -> dict[bytes, bytes]:
     """The output's own metadata (a shard folder: its first shard's)."""
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     return (pq.read_schema(files[0]).metadata or {}) if files else {}
+
+
+# Terminal controls (C0, DEL, C1) and bidirectional overrides: an id or an error message
+# holding them could move the cursor, recolour or rewrite what `inspect` prints.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str) -> str:
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                            else f"\\u{ord(m.group()):04x}", text)  # fmt: skip
 
 
 def summarize(path: Path, slowest: int = 5) -> str:
@@ -95,7 +107,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
         for r in worst:
             parts = ", ".join(f"{k[:-3]} {r[k]:.0f} ms" for k in stages if r[k])
             lines.append(f"  {r['id']}: {sum(r[k] or 0 for k in stages):.0f} ms ({parts or 'nothing'})")
-    return "\n".join(lines)
+    return "\n".join(map(_printable, lines))
 
 
 def _thumbnail(img) -> str:
@@ -109,7 +121,25 @@ def _thumbnail(img) -> str:
 _BROWSER_IMAGES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp"}
 
 
-def _media_thumbs(ref: str, kind: str, base: Path, page_dir: Path) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class _Policy:
+    """Which local media the gallery may open: those the run could read (output metadata)."""
+
+    base: Path | None  # where relative paths start; None: no local path at all (a remote job)
+    root: Path | None = None  # --media-root: nothing outside it
+
+    def path(self, ref: str) -> Path | None:
+        """The regular file a reference names, if the run's policy let it be read."""
+        if self.base is None:
+            return None
+        path = Path(ref).expanduser()
+        path = (path if path.is_absolute() else self.base / path).resolve()
+        if self.root is not None and not path.is_relative_to(self.root):
+            return None
+        return path if path.is_file() else None  # never a FIFO or a device: opening one blocks
+
+
+def _media_thumbs(ref: str, kind: str, policy: _Policy, page_dir: Path) -> list[str]:
     """What a card shows: local images the browser can read are linked relative to the page
     (loaded only when their page of cards is shown); data-URL images and a few frames of each
     video are embedded as small thumbnails; remote URLs are linked as they are."""
@@ -123,11 +153,13 @@ def _media_thumbs(ref: str, kind: str, base: Path, page_dir: Path) -> list[str]:
             return (
                 [_thumbnail(Image.open(io.BytesIO(data), formats=IMAGE_FORMATS))] if kind == "image" else []
             )
-        path = Path(ref) if Path(ref).is_absolute() else base / ref
+        path = policy.path(ref)
+        if path is None:
+            return []
         if kind == "image":
             with Image.open(path, formats=IMAGE_FORMATS) as img:  # the header only: is it an image?
                 if path.suffix.lower() in _BROWSER_IMAGES:
-                    return [quote(Path(os.path.relpath(path.resolve(), page_dir.resolve())).as_posix())]
+                    return [quote(Path(os.path.relpath(path, page_dir.resolve())).as_posix())]
                 return [_thumbnail(img)]
         from .frames import extract_frames
 
@@ -135,6 +167,19 @@ def _media_thumbs(ref: str, kind: str, base: Path, page_dir: Path) -> list[str]:
         return [_thumbnail(Image.fromarray(f)) for f in frames[:: max(1, len(frames) // 3)][:3]]
     except Exception:  # a broken file is shown as missing, as its row says
         return []
+
+
+def _policy(path: Path, about: dict[bytes, bytes], media_base: Path | None) -> _Policy:
+    """The run's media policy as its output recorded it (outputs of earlier versions: paths
+    start beside the output); `--media-base` moves where relative paths start."""
+    recorded = json.loads(about.get(MEDIA_POLICY_KEY, b"{}") or b"{}")
+    root = Path(recorded["media_root"]) if recorded.get("media_root") else None
+    if recorded.get("local_paths") is False and media_base is None:
+        return _Policy(None, root)
+    base = about.get(MEDIA_BASE_KEY)
+    return _Policy(
+        media_base or (Path(base.decode()) if base else path.parent if path.is_file() else path), root
+    )
 
 
 _PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
@@ -213,15 +258,17 @@ def _metrics(r: dict[str, Any]) -> str:
     return ", ".join(f"{name} {ms:.0f} ms" for name, ms in stages if ms) or ""
 
 
-def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> tuple[int, list[str], Path]:
+def write_gallery(
+    path: Path, out: Path, media_base: Path | None = None
+) -> tuple[int, list[str], Path | None]:
     """One page, one card per row, paged in the browser (100 cards at a time) so 10,000 rows
     stay light: local images are linked, not copied, and each embedded thumbnail is stored
     once however many rows share it. Relative media paths start where the run recorded the
-    job's (`--media-base` overrides). Returns (cards, media not found, where paths started)."""
+    job's (`--media-base` overrides), and only files the run's media policy let it read are
+    opened. Returns (cards, media not found, where paths started: None for a remote job)."""
     rows = _read(path)
     about = _about(path)
-    recorded = about.get(MEDIA_BASE_KEY)
-    base = media_base or (Path(recorded.decode()) if recorded else path.parent if path.is_file() else path)
+    policy = _policy(path, about, media_base)
     template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
     thumbs: dict[str, list[str]] = {}
     cards = []
@@ -230,7 +277,7 @@ def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> tupl
         for ref, kind in _media_of(r):
             key = f"{kind}:{ref}"
             if key not in thumbs:
-                thumbs[key] = _media_thumbs(ref, kind, base, out.parent)
+                thumbs[key] = _media_thumbs(ref, kind, policy, out.parent)
             keys.append(key)
         cards.append(
             {
@@ -245,16 +292,18 @@ def write_gallery(path: Path, out: Path, media_base: Path | None = None) -> tupl
             }
         )
     missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
-    data = json.dumps({"cards": cards, "thumbs": thumbs, "page": _PAGE}).replace("</", "<\\/")
     ok = sum(c["status"] == "ok" for c in cards)
-    page = _PAGE_HTML.replace("__TITLE__", html.escape(path.name)).replace("__DATA__", data)
-    page = page.replace("__COUNTS__", f"{len(cards)} rows · {ok} ok · {len(cards) - ok} failed")
+    page = _PAGE.render(
+        title=path.name,
+        counts=f"{len(cards)} rows · {ok} ok · {len(cards) - ok} failed",
+        data={"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS},
+    )
     out.write_text(page)
-    return len(cards), missing, base
+    return len(cards), missing, policy.base
 
 
-_PAGE_HTML = """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>batchgen · __TITLE__</title>
+_PAGE = jinja2.Environment(autoescape=True).from_string("""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>batchgen · {{ title }}</title>
 <style>
 body{font:14px system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
 header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1em}
@@ -265,11 +314,11 @@ header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1e
 .card div{overflow-wrap:anywhere}.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
 .err{color:#c62828}.m{color:#888;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
 </style></head><body>
-<header><h2 style="margin:0">__TITLE__</h2><span>__COUNTS__</span>
+<header><h2 style="margin:0">{{ title }}</h2><span>{{ counts }}</span>
 <label><input type="checkbox" id="failed"> failed rows only</label>
 <span><button id="prev">&lsaquo;</button> <span id="pos"></span> <button id="next">&rsaquo;</button></span></header>
 <div id="cards"></div>
-<script id="data" type="application/json">__DATA__</script>
+<script id="data" type="application/json">{{ data|tojson }}</script>
 <script>
 const D = JSON.parse(document.getElementById("data").textContent);
 let page = 0;
@@ -301,4 +350,4 @@ document.getElementById("prev").onclick = () => { page = Math.max(0, page - 1); 
 document.getElementById("next").onclick = () => { page += 1; render(); };
 render();
 </script></body></html>
-"""
+""")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,7 +21,7 @@ from tqdm import tqdm
 
 from .config import RunConfig, WorkSettings, work_settings
 from .engine import Engines
-from .errors import ConfigError, FailFastError, Interrupted, StopRequested, short
+from .errors import ConfigError, FailFastError, Interrupted, JobFileError, StopRequested, short
 from .execute import LocalExecutor
 from .openai import write_batch_output
 from .read import JobIndex, id_key, scan
@@ -122,7 +123,9 @@ def run(config: RunConfig) -> RunSummary:
 
     The job file and the models are checked before the output is locked or touched."""
     started = time.perf_counter()
-    source = resolve(config.input, config.format)
+    source = dataclasses.replace(
+        resolve(config.input, config.format), caps=config.media.caps, video_columns=config.columns.video
+    )
     check_paths(config, source)
     index = scan(source, id_column=config.columns.id)
     check_columns(config, index)
@@ -228,7 +231,13 @@ def _run(
     if done and todo and not config.quiet:
         again = f", {len(retry):,} failed rows tried again" if retry else ""
         print(f"resuming: {len(index.ids) - todo:,} of {len(index.ids):,} rows done{again}", file=sys.stderr)
-    summary = RunSummary(output=str(config.output), dropped_columns=sorted(dropped))
+    summary = RunSummary(
+        output=str(config.output),
+        dropped_columns=sorted(dropped),
+        private_urls_allowed=config.media.allow_private_urls,
+    )
+    if config.media.allow_private_urls and not config.quiet:
+        print("warning: private and loopback URLs are allowed for this run's media", file=sys.stderr)
     bar = tqdm(total=todo, unit="row", file=sys.stderr, disable=config.quiet or None, dynamic_ncols=True)
     with bar, tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         signals.cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
@@ -253,7 +262,8 @@ def _run(
                     signals.check(writer)
             except StopRequested:
                 pass  # the batch in flight is dropped; its rows run again on resume
-            except ConfigError as e:  # a model that cannot load: the same exit 2 as before any work
+            except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced:
+                # the same exit 2 as before any work
                 writer.flush()
                 raise ConfigError(
                     f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
@@ -274,12 +284,20 @@ def _run(
 def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
     """What readers of the output need that its rows do not say: where the job's relative
     media paths start (report shows the pictures from any folder) and the prompt template."""
-    from .write import MEDIA_BASE_KEY, TEMPLATE_KEY
+    from .write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
     about = {}
     base = index.source.base if index.source is not None else None
     if base is not None:
         about[MEDIA_BASE_KEY] = str(Path(base).resolve())
+    root = config.media.media_root
+    about[MEDIA_POLICY_KEY] = json.dumps(
+        {
+            "local_paths": base is not None,
+            "media_root": str(Path(root).resolve()) if root else None,
+            "allow_private_urls": config.media.allow_private_urls,
+        }
+    )
     if config.prompt_template is not None:
         about[TEMPLATE_KEY] = config.prompt_template
     return about

@@ -8,16 +8,23 @@ with credentials from the usual environment (AWS_*, GOOGLE_APPLICATION_CREDENTIA
 
 from __future__ import annotations
 
+import fnmatch
 import glob as globbing
+import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 from .errors import ConfigError, JobFileError
+from .records import ByteCaps
 
-__all__ = ["Shard", "Source", "resolve", "is_uri", "checked_location", "filesystem", "EXTENSIONS"]
+__all__ = [
+    "Shard", "Source", "resolve", "is_uri", "checked_location", "filesystem", "files_under", "glob_files",
+    "EXTENSIONS",
+]  # fmt: skip
 
 EXTENSIONS = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet",
@@ -55,13 +62,13 @@ def checked_location(given: str, role: str) -> str:
         if protocol not in STORAGE_PROTOCOLS:
             hint = "download it first or " if role == "job" and protocol in ("http", "https") else ""
             raise ConfigError(
-                f"{role} {given!r}: {protocol}:// is not read as a job or output location (its "
+                f"{role} {given}: {protocol}:// is not read as a job or output location (its "
                 f"addresses and redirects escape the URL policy); {hint}use a local path, s3://, gs:// or hf://"
             )
     if len(links) == 1 and given.lower().startswith("file://"):
         parts = urlsplit(given)
         if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
-            raise ConfigError(f"{role} {given!r}: a file:// URI names a path on this machine (file:///path)")
+            raise ConfigError(f"{role} {given}: a file:// URI names a path on this machine (file:///path)")
         return unquote(parts.path)
     return given
 
@@ -81,15 +88,27 @@ class Source:
     format: str  # jsonl | parquet | csv | webdataset
     shards: tuple[Shard, ...]
     base: str | None  # where the rows' relative media paths start; None for a remote job
+    caps: ByteCaps = ByteCaps()  # no binary cell or tar member over these is read into memory
+    video_columns: tuple[str, ...] = ()  # columns mapped to video (--video-column): the video cap
 
     @property
     def remote(self) -> bool:
         return is_uri(self.given) and not self.given.startswith("file://")
 
     def open(self, shard: int) -> IO[bytes]:
-        path = self.shards[shard].path
+        """A shard's file, refused when it is no longer the file the run scanned (replaced
+        meanwhile): its rows would be read otherwise than the index counted them."""
+        path, size = self.shards[shard].path, self.shards[shard].size
         if not is_uri(path):
-            return open(path, "rb")  # noqa: SIM115 - the caller closes it
+            f = open(path, "rb")  # noqa: SIM115 - the caller closes it
+            now = os.fstat(f.fileno()).st_size
+            if now != size:
+                f.close()
+                raise JobFileError(
+                    f"changed since the run started ({size:,} bytes then, {now:,} now); "
+                    "its rows not yet run are still to do: rerun"
+                )
+            return f
         try:
             import fsspec
 
@@ -167,19 +186,62 @@ def _listed_local(given: str) -> list[tuple[str, str, int]]:
     path = Path(given)
     if _GLOB.search(given):
         root = Path(_fixed(given))
-        matched = sorted(Path(p) for p in globbing.glob(given, recursive=True) if Path(p).is_file())
+        matched = sorted(glob_files(given))  # a bounded walk: a symlink loop cannot hang it
         return [(str(p), str(p.relative_to(root)) if p.is_relative_to(root) else str(p), p.stat().st_size)
                 for p in matched]  # fmt: skip
     if path.is_dir():
         out = []
-        for p in sorted(path.rglob("*")):
+        for p in sorted(files_under(path)):
             rel = p.relative_to(path)
-            if p.is_file() and not any(part.startswith((".", "_")) for part in rel.parts):
+            if not any(part.startswith((".", "_")) for part in rel.parts):
                 out.append((str(p), str(rel), p.stat().st_size))
         return out
     if path.is_file():
         return [(given, "", path.stat().st_size)]
     return []
+
+
+def files_under(root: Path) -> Iterator[Path]:
+    """Every file below `root`, following symlinked folders but entering each real folder
+    once: a link to `.` or to a parent cannot loop the walk."""
+    seen: set[tuple[int, int]] = set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        try:
+            st = os.stat(folder)
+        except OSError:
+            dirs[:] = []
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        dirs.sort()
+        for name in sorted(files):
+            path = Path(folder) / name
+            if path.is_file():
+                yield path
+
+
+def glob_files(pattern: str) -> list[Path]:
+    """Files matching `pattern` (`*`, `?`, `[...]` within a name, `**` across folders),
+    found by the bounded walk from the pattern's fixed leading folders."""
+    parts = Path(pattern).expanduser().parts
+    fixed = next((i for i, p in enumerate(parts) if globbing.has_magic(p)), len(parts))
+    base = Path(*parts[:fixed]) if fixed else Path(".")
+    rest = parts[fixed:]
+    if not rest:
+        return [base] if base.is_file() else []
+    if not base.is_dir():
+        return []
+    return [p for p in files_under(base) if _matches(p.relative_to(base).parts, rest)]
+
+
+def _matches(names: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    if not pattern:
+        return not names
+    if pattern[0] == "**":
+        return any(_matches(names[i:], pattern[1:]) for i in range(len(names) + 1))
+    return bool(names) and fnmatch.fnmatchcase(names[0], pattern[0]) and _matches(names[1:], pattern[1:])
 
 
 def filesystem(uri: str) -> tuple[Any, str]:

@@ -33,6 +33,7 @@ class RunSummary:
     one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
     unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
     dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
+    private_urls_allowed: bool = False  # the URL policy was off: loopback and private hosts reachable
     wall_s: float = 0.0
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
@@ -66,6 +67,11 @@ class RunSummary:
         if self.dropped_columns:
             names = ", ".join(self.dropped_columns)
             capped += f" · not copied to the output: {names} (binary; --keep-columns to keep)"
+        if self.private_urls_allowed:
+            capped += (
+                " · warning: private and loopback URLs were allowed (allow_private_urls, from "
+                "--allow-private-urls, BATCHGEN_RUN_ALLOW_PRIVATE_URLS or a config)"
+            )
         if self.commonest_errors:
             capped += f" · commonest errors: {'; '.join(self.commonest_errors)}"
         return (

@@ -9,20 +9,23 @@ member, which is where a mark points.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tarfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from .records import ByteCaps
+
 if TYPE_CHECKING:
-    from .formats import Mark, RawRow
+    from .formats import Mark, RawRow, ReadPolicy
 
 __all__ = ["iter_tar", "IMAGE_MEMBERS", "VIDEO_MEMBERS"]
 
 IMAGE_MEMBERS = {"jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff"}
 VIDEO_MEMBERS = {"mp4", "webm", "mkv", "avi", "mov"}
 _TEXT_MEMBERS = {"txt", "text", "caption", "cls", "id"}
-_MAX_MEMBER = 500 * 2**20  # the video cap: a bigger member is the row's error, never read into memory
 
 
 def _split(name: str) -> tuple[str, str]:
@@ -32,19 +35,38 @@ def _split(name: str) -> tuple[str, str]:
     return (f"{folder}/{stem}" if folder else stem), ext.lower() if dot else ""
 
 
-def _sample(key: str, members: list[tuple[str, bytes | None, int]]) -> tuple[dict[str, Any], str | None]:
+def _cap(ext: str, caps: ByteCaps) -> tuple[str, int]:
+    """The kind a member is capped as, and its cap: images and videos by their own caps, any
+    other member (text, JSON, a binary column) by the image cap."""
+    return ("video", caps.video) if ext in VIDEO_MEMBERS else ("image", caps.image)
+
+
+@dataclass(slots=True)
+class _Member:
+    ext: str
+    size: int
+    mtime: float
+    data: bytes | None  # None: over its cap, or a body the scan does not read
+
+
+def _sample(key: str, members: list[_Member], caps: ByteCaps) -> tuple[dict[str, Any], str | None]:
     """A row's value from its members, and the first problem with them."""
     value: dict[str, Any] = {}
     problem = None
     images, videos = [], []
-    for ext, data, size in members:
-        if data is None:
-            problem = problem or f"member {key}.{ext} of {size} bytes is over the {_MAX_MEMBER} byte cap"
-        elif ext in IMAGE_MEMBERS:
+    for m in members:
+        kind, cap = _cap(m.ext, caps)
+        if m.size > cap:
+            problem = (
+                problem or f"member {key}.{m.ext} of {m.size:,} bytes is over the {kind} cap ({cap:,} bytes)"
+            )
+            continue
+        data = m.data if m.data is not None else b""
+        if m.ext in IMAGE_MEMBERS:
             images.append(data)
-        elif ext in VIDEO_MEMBERS:
+        elif m.ext in VIDEO_MEMBERS:
             videos.append(data)
-        elif ext == "json":
+        elif m.ext == "json":
             try:
                 fields = json.loads(data.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
@@ -54,11 +76,11 @@ def _sample(key: str, members: list[tuple[str, bytes | None, int]]) -> tuple[dic
                 value.update(fields)
             else:
                 value["json"] = fields
-        elif ext in _TEXT_MEMBERS:
+        elif m.ext in _TEXT_MEMBERS:
             text = data.decode("utf-8", "replace")
-            value["caption" if ext in ("txt", "text") else ext] = text
+            value["caption" if m.ext in ("txt", "text") else m.ext] = text
         else:
-            value[ext or "data"] = data
+            value[m.ext or "data"] = data
     if images:
         value["image"] = images[0] if len(images) == 1 else images
     if videos:
@@ -67,23 +89,46 @@ def _sample(key: str, members: list[tuple[str, bytes | None, int]]) -> tuple[dic
     return value, problem
 
 
-def iter_tar(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
-    """The samples of one tar from `start` (its `seek` the offset of a sample's first member)."""
+def _fingerprint(key: str, members: list[_Member]) -> str:
+    """A sample's fingerprint from its tar headers (name, size, time) and its small text
+    members' content: the same whether or not the bodies were read, so the scan reads none."""
+    parts = [
+        [
+            m.ext,
+            m.size,
+            m.mtime,
+            m.data.decode("utf-8", "replace") if m.ext in _READ_IN_SCAN and m.data else None,
+        ]
+        for m in members
+    ]
+    return hashlib.sha256(json.dumps([key, parts]).encode()).hexdigest()[:32]
+
+
+_READ_IN_SCAN = {"json", *_TEXT_MEMBERS}  # columns and ids live in these: small, read by the scan too
+
+
+def iter_tar(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[RawRow, Mark]]:
+    """The samples of one tar from `start` (its `seek` the offset of a sample's first member).
+    A member over its cap is skipped by its header, never read; without `policy.bodies` (the
+    scan) only the text and JSON members are read, and media members are seeked over."""
     from .formats import Mark, RawRow, checked
 
+    caps = policy.caps
     f.seek(start.seek)
     index = start.index
     key: str | None = None
-    members: list[tuple[str, bytes | None, int]] = []
+    members: list[_Member] = []
     first = start.seek
 
     def row() -> tuple[RawRow, Mark]:
-        value, problem = _sample(key, members)  # type: ignore[arg-type]
-        raw = RawRow(index=index, line=None, value=value, error=problem)
+        value, problem = _sample(key, members, caps)  # type: ignore[arg-type]
+        fingerprint = _fingerprint(key, members)  # type: ignore[arg-type]
+        raw = RawRow(index=index, line=None, value=value, error=problem, fingerprint=fingerprint)
         return (checked(raw) if problem is None else raw), Mark(index, first, 0, start.shard)
 
-    with tarfile.open(fileobj=f, mode="r|") as tar:
-        for member in tar:
+    with tarfile.open(fileobj=f, mode="r:") as tar:  # seekable: skipped bodies are seeked over
+        while (member := tar.next()) is not None:
+            tar.members.clear()  # tarfile keeps every header it read: millions in a large shard
             if not member.isfile():
                 continue
             name, ext = _split(member.name)
@@ -92,11 +137,9 @@ def iter_tar(f: BinaryIO, start: Mark) -> Iterator[tuple[RawRow, Mark]]:
                 index += 1
                 members = []
             if name != key:
-                key, first = name, start.seek + member.offset
-            if member.size > _MAX_MEMBER:
-                members.append((ext, None, member.size))
-                continue
-            data = tar.extractfile(member)
-            members.append((ext, data.read() if data is not None else b"", member.size))
+                key, first = name, member.offset
+            read = member.size <= _cap(ext, caps)[1] and (policy.bodies or ext in _READ_IN_SCAN)
+            data = tar.extractfile(member) if read else None
+            members.append(_Member(ext, member.size, member.mtime, data.read() if data is not None else None))
         if key is not None:
             yield row()

@@ -50,6 +50,7 @@ RESULT_SCHEMA = pa.schema(
 )
 SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
 MEDIA_BASE_KEY = b"batchgen.media_base"  # ... where the job's relative media paths start (for report)
+MEDIA_POLICY_KEY = b"batchgen.media_policy"  # ... which local media the run could read: report reads no other
 TEMPLATE_KEY = b"batchgen.prompt_template"  # ... the --prompt-template the prompts were made with
 
 

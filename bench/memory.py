@@ -11,11 +11,15 @@
    `jpg`, `caption`) against 2,000, mapped with --image-column/--id-column and a prompt
    template, max_tokens 1, written to a folder of shards: the shards are made as parts pile
    up, so the output is never one table in memory, and the images are never copied into it.
+4. Byte bombs: a 20 KB sparse tar of eight 400 MB `.png` members, and a small zstd Parquet of
+   eight 400 MB zero cells. Members and cells are capped before they are read whole, and
+   undecoded bytes count in the look-ahead bound: each peak stays under 1 GB.
 
     python bench/memory.py          # last lines: peak RSS growth 1k→100k, then the media peaks
     python bench/memory.py 20000    # a shorter text check
     python bench/memory.py media    # the media peaks alone
     python bench/memory.py i2d      # the dataset job: peak RSS growth 2k→200k
+    python bench/memory.py bytes    # the byte bombs alone
     python bench/memory.py i2d 20000
 """
 
@@ -43,6 +47,16 @@ config = batchgen.build_config(job, out, None, {"temperature": 0.0, "max_tokens"
                                json.loads(media), more.pop("columns", None), model=model, quiet=True, **more)
 summary = batchgen.run(config)
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, summary.rows, summary.ok)
+"""
+
+BOMB_PARQUET = """
+import sys
+import pyarrow as pa, pyarrow.parquet as pq
+path, size = sys.argv[1], int(sys.argv[2])
+schema = pa.schema([("id", pa.string()), ("image", pa.binary()), ("prompt", pa.string())])
+with pq.ParquetWriter(path, schema, compression="zstd") as w:
+    for i in range(8):
+        w.write_table(pa.table({"id": [f"r{i}"], "image": [bytes(size)], "prompt": ["What?"]}, schema))
 """
 
 
@@ -146,7 +160,34 @@ def hostile_media(folder: Path) -> None:
         print(f"  {name}: peak RSS {mb} MB ({'ok' if ok else 'row error'})")
 
 
+def byte_bombs(folder: Path) -> None:
+    """Peak RSS of the two small files that used to take 3.5 and 5.2 GB."""
+    import tarfile
+
+    model = str(ROOT / "sample_data" / "models" / "tiny-vlm")
+    size = 400 * 2**20
+    tar = folder / "bomb.tar"
+    with open(tar, "wb") as f:  # headers only: the members' bodies are holes in a sparse file
+        for i in range(8):
+            member = tarfile.TarInfo(f"{i:05d}.png")
+            member.size = size
+            f.write(member.tobuf())
+            f.seek(size, 1)
+        f.write(b"\0" * 1024)
+    parquet = folder / "bomb.parquet"
+    # Written by another process: a child's peak RSS starts at its parent's RSS when it forks.
+    subprocess.run([sys.executable, "-c", BOMB_PARQUET, str(parquet), str(size)], check=True)
+    on_disk = tar.stat().st_blocks * 512 // 1024
+    print(f"byte bombs (tar {on_disk} KB on disk, Parquet {parquet.stat().st_size // 1024} KB):")
+    for name, job in (("tar of eight 400 MB .png", tar), ("Parquet of eight 400 MB cells", parquet)):
+        mb, rows, ok = run_child(job, model, out=str(folder / f"{job.stem}.out.parquet"))
+        print(f"  {name}: peak RSS {mb} MB ({rows} rows, {ok} ok)")
+
+
 def main() -> None:
+    if sys.argv[1:] == ["bytes"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            return byte_bombs(Path(tmp))
     if sys.argv[1:] == ["media"]:
         with tempfile.TemporaryDirectory() as tmp:
             return hostile_media(Path(tmp))
@@ -169,6 +210,7 @@ def main() -> None:
         print(f"{big:,} rows: peak RSS {big_mb} MB ({big_s:.0f} s)")
         print(f"peak RSS growth 1k→{big // 1000}k: {big_mb - small_mb} MB")
         hostile_media(Path(tmp))
+        byte_bombs(Path(tmp))
 
 
 if __name__ == "__main__":

@@ -288,7 +288,7 @@ def test_the_readme_results_gallery_shows_every_picture_wherever_it_is_written(t
     out = tmp_path / "t.parquet"
     run_cli("run", str(template_job), "-o", str(out), "--prompt-template", "Describe {title}.", *QUIET)
     code, output = run_cli("report", str(out), "-o", str(tmp_path / "t.html"))
-    assert "warning: 1 media not found or unreadable: nope.png" in output
+    assert "warning: 1 media not found, unreadable or refused: nope.png" in output
     text = (tmp_path / "t.html").read_text()
     assert '"question": "Describe a red thing."' in text
     assert '"metrics": "0+0 tokens' not in text and "overflow-wrap:anywhere" in text

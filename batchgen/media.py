@@ -226,8 +226,10 @@ class Prefetcher:
         return given + sum(f.result().nbytes for f in futures if f.done()), sum(not f.done() for f in futures)
 
     def _room(self, held: int, pending: int) -> bool:
-        if not (held or pending):
+        if not (held or pending) or not self.ahead:
             return True  # one row always goes, however large
+        if held > self.max_bytes:  # rows carrying their own bytes (binary cells, tar members)
+            return False
         if not self._seen:
             return pending < self.stage.config.fetch_workers
         return held + (pending + 1) * self._seen_bytes / self._seen <= self.max_bytes

@@ -237,11 +237,16 @@ def glob_files(pattern: str) -> list[Path]:
 
 
 def _matches(names: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    """Glob's rules: a hidden name (`.x`) only matches a part that starts with a dot, and
+    `**` crosses no hidden folder."""
     if not pattern:
         return not names
     if pattern[0] == "**":
-        return any(_matches(names[i:], pattern[1:]) for i in range(len(names) + 1))
-    return bool(names) and fnmatch.fnmatchcase(names[0], pattern[0]) and _matches(names[1:], pattern[1:])
+        ends = next((i for i, n in enumerate(names) if n.startswith(".")), len(names))
+        return any(_matches(names[i:], pattern[1:]) for i in range(ends + 1))
+    if not names or (names[0].startswith(".") and not pattern[0].startswith(".")):
+        return False
+    return fnmatch.fnmatchcase(names[0], pattern[0]) and _matches(names[1:], pattern[1:])
 
 
 def filesystem(uri: str) -> tuple[Any, str]:

@@ -153,3 +153,24 @@ def sensitive_qwen3_vl_moe(tmp_path_factory) -> Path:
     from batchgen.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen3_vl_moe", "qwen3_vl_moe", sensitive=True)
+
+
+@pytest.fixture
+def s3(monkeypatch):
+    """A moto S3 server on loopback, and the environment that points boto and s3fs at it."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    port = server._server.server_address[1]
+    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = s3fs.S3FileSystem()
+    fs.makedirs("bucket", exist_ok=True)
+    yield fs, env
+    server.stop()

@@ -47,3 +47,23 @@ def test_media_ahead_of_generation_stay_under_the_byte_bound(tmp_path):
             assert held + pending * row <= 3 * row
             taken += [job.id for job, _ in window]
     assert taken == list(range(12))
+
+
+def test_bytes_rows_carry_count_in_the_bound_before_they_decode(tmp_path):
+    """Rows holding their media as bytes (binary cells, tar members) weigh what they carry,
+    even while nothing is decoded yet and even when they fail: no more than the bound is
+    read ahead, however many fetch workers wait."""
+    carried = 2**20
+    jobs = [Job(index=i, id=i, media=[MediaRef("image", bytes([i]) * carried)]) for i in range(12)]
+    stage = MediaStage(MediaConfig(fetch_workers=16, image_bytes=1000), tmp_path, tmp_path)
+    with ThreadPoolExecutor(2) as pool:
+        prefetcher = Prefetcher(iter(jobs), stage, pool, depth=256, max_bytes=3 * carried)
+        prefetcher.start()
+        assert len(prefetcher.ahead) == 3  # not one a worker: the bytes already read count
+        taken = []
+        while window := prefetcher.take(most=256, least=1):
+            assert len(prefetcher.ahead) <= 4
+            for _, prepared in window:
+                assert "bytes is over the image cap (1,000 bytes)" in prepared.error.message
+            taken += [job.id for job, _ in window]
+    assert taken == list(range(12))

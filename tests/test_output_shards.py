@@ -12,7 +12,6 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from conftest import MODELS, run_cli, write_jsonl
 
 QUICK = ("--model", str(MODELS / "tiny-vlm"), "--text-model", str(MODELS / "tiny-lm"), "--temperature", "0",
@@ -86,27 +85,6 @@ def test_a_killed_run_into_shards_resumes_with_every_row_once(tmp_path):
     assert done.returncode == 0, done.stderr
     ids = pq.read_table(out, columns=["id"]).column("id").to_pylist()
     assert sorted(ids) == sorted(f"r{i}" for i in range(60))  # every row, once
-
-
-@pytest.fixture
-def s3(monkeypatch):
-    """A moto S3 server on loopback, and the environment that points boto and s3fs at it."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    port = server._server.server_address[1]
-    env = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}  # fmt: skip
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    import s3fs
-
-    s3fs.S3FileSystem.clear_instance_cache()
-    fs = s3fs.S3FileSystem()
-    fs.makedirs("bucket", exist_ok=True)
-    yield fs, env
-    server.stop()
 
 
 def test_a_job_on_s3_runs_into_shards_on_s3_and_resumes_after_kill_9(tmp_path, s3):

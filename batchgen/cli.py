@@ -11,8 +11,8 @@ import click
 
 from .errors import BatchgenError, ConfigError
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, run_options
-from .source import is_uri
 from .tiny import KINDS
+from .uris import is_uri
 
 __all__ = ["main"]
 

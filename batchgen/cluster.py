@@ -38,7 +38,8 @@ from .execute import merge_stats
 from .read import Mark, RawRow, iter_rows
 from .records import Job, Result
 from .resume import Pending
-from .source import Source, is_uri
+from .source import Source
+from .uris import is_uri
 from .write import RESULT_SCHEMA
 
 __all__ = ["RayExecutor", "RowWorker"]

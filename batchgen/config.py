@@ -12,10 +12,11 @@ from typing import Any
 
 import yaml
 
+from .constraints import CONSTRAINT_FIELDS, constraint_of
 from .errors import ConfigError, one_line
 from .params import check_params
 from .records import ByteCaps, GenParams
-from .source import checked_location, is_uri
+from .uris import checked_location, is_uri
 
 __all__ = [
     "MediaConfig",
@@ -338,8 +339,6 @@ def build_config(
 def _constraint(gen: dict[str, Any]) -> Any:
     """The run's output constraint (--json-schema FILE, --guided-choice, --guided-regex, or the
     same keys under a preset's `generation:`), taken out of `gen`."""
-    from .parse import CONSTRAINT_FIELDS, constraint_of
-
     given = {k: gen.pop(k) for k in CONSTRAINT_FIELDS if gen.get(k) not in (None, (), [])}
     given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
     problems: list[tuple[str, str]] = []

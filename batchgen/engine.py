@@ -6,102 +6,21 @@ planned (routed, tokenized), then run in batches of one lane.
 
 from __future__ import annotations
 
-import copy
-import logging
 import threading
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
-from .cache import Memo, PrefixCache
+from .cache import PrefixCache
 from .config import EngineSettings
 from .decoder import Watch
-from .draft import Drafter, inspect_drafter, load_text_drafter, load_vision_drafter
-from .errors import BatchgenError, ConfigError, RowError, short
+from .draft import Drafter, inspect_drafter
+from .errors import BatchgenError, RowError
 from .lanes import DraftLane, Lane, Plan, SingleLane, TextLane, row_error
-from .models import ModelInfo, inspect_model
-from .prompts import END_OF_TURN
+from .loading import Models
+from .models import inspect_model
 from .records import Generation, Job, Media
 from .vision_lanes import OffsetVisionLane, VisionLane
 
-__all__ = ["Plan", "Models", "Engines"]
-
-log = logging.getLogger(__name__)
-
-
-_TEXT_ONLY_KWARGS = frozenset({"padding", "padding_side", "truncation", "max_length", "add_special_tokens",
-                               "pad_to_multiple_of", "return_attention_mask"})  # fmt: skip
-
-
-_SHARED_IMAGE_BYTES = 256 * 2**20  # images and their processed pixels kept for rows sharing them
-
-
-class _ImagesOnly:
-    """An image processor that is handed only the keyword arguments meant for it."""
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-
-    def __call__(self, images: Any, **kwargs: Any) -> Any:
-        return self._inner(images, **{k: v for k, v in kwargs.items() if k not in _TEXT_ONLY_KWARGS})
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def _leaves(images: Any) -> list[Any]:
-    return [x for item in images for x in _leaves(item)] if isinstance(images, (list, tuple)) else [images]
-
-
-class _SharedImages:
-    """The image processor, its output kept for images it has seen. Rows asking several
-    questions about one image (the captioning pattern) hold the same decoded image object
-    (media.py's memo by content), so an image's identity stands for its content here; each
-    entry keeps its images alive, so no id is reused while the entry lives. Every call gets
-    a copy: processors pop keys from what the image processor returns."""
-
-    def __init__(self, inner: Any):
-        self._inner = inner
-        self._memo: Memo[tuple[list[Any], Any]] = Memo(32, _SHARED_IMAGE_BYTES, _weight)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from PIL import Image
-
-        images = _leaves(args[0] if args else kwargs.get("images"))
-        if not images or not all(isinstance(im, Image.Image) for im in images):
-            return self._inner(*args, **kwargs)
-        key = (tuple(map(id, images)), repr(args[1:]), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
-        _, out = self._memo.get(key, lambda: (images, self._inner(*args, **kwargs)))
-        return copy.deepcopy(out)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-def _weight(entry: tuple[list[Any], Any]) -> int:
-    """What an entry holds: its images (kept alive by it) and the processor's arrays."""
-    images, out = entry
-    return sum(im.width * im.height * len(im.getbands()) for im in images) + _nbytes(out)
-
-
-def _nbytes(value: Any) -> int:
-    """Bytes of the arrays in an image processor's output (a mapping, a tuple, arrays)."""
-    if hasattr(value, "nbytes"):
-        return int(value.nbytes)
-    if isinstance(value, Mapping):  # transformers' BatchFeature is one
-        return sum(_nbytes(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-def _mend_processor(processor: Any) -> None:
-    """mlx-vlm 0.7.10's llava processors hand the tokenizer's `padding=True` to the image
-    processor too, which transformers 5 refuses (`ImagesKwargs.__init__() got an unexpected
-    keyword argument 'padding'`): every image row of a llava checkpoint would fail."""
-    if type(processor).__name__ in ("LlavaProcessor", "LlavaNextProcessor") and hasattr(
-        processor, "image_processor"
-    ):
-        processor.image_processor = _ImagesOnly(processor.image_processor)
+__all__ = ["Plan", "Engines"]
 
 
 _UNBATCHED = {  # families that cannot batch, and why
@@ -109,92 +28,6 @@ _UNBATCHED = {  # families that cannot batch, and why
     "bidirectional": "its image tokens attend both ways (use_bidirectional_attention: vision), so padding "
     "and prefix snapshots change results",
 }
-
-
-class Models:
-    """The run's checkpoints, each loaded once on first use. A load failure is a ConfigError,
-    kept and raised again for every later use rather than retried for every row."""
-
-    def __init__(self, vision_info: ModelInfo, text_info: ModelInfo, drafter: Drafter | None = None):
-        self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
-        self._vlm: tuple[Any, Any] | None = None
-        self._lm: tuple[Any, Any] | None = None
-        self._failed: dict[str, ConfigError] = {}
-        self.text_on_vlm = False  # mlx-lm cannot load this VLM checkpoint: mlx-vlm serves text rows
-
-    @property
-    def drafter_lane(self) -> str | None:
-        return self.drafter.lane if self.drafter is not None else None
-
-    def vlm(self) -> tuple[Any, Any]:
-        if "vlm" in self._failed:
-            raise self._failed["vlm"]
-        if self._vlm is None:
-            import mlx_vlm
-            from transformers.utils import logging as hf_logging
-
-            hf_logging.set_verbosity_error()  # one kwargs notice per row otherwise
-            try:
-                model, processor = mlx_vlm.load(str(self.vision_info.path))
-            except Exception as e:  # loaders fail in many ways; all of them stop the run the same way
-                self._failed["vlm"] = ConfigError(
-                    f"model {self.vision_info.name!r}: mlx-vlm cannot load it ({e})"
-                )
-                raise self._failed["vlm"] from e
-            _mend_processor(processor)
-            if hasattr(processor, "image_processor"):
-                processor.image_processor = _SharedImages(processor.image_processor)
-            tokenizer = getattr(processor, "tokenizer", processor)
-            criteria = getattr(tokenizer, "stopping_criteria", None)
-            if criteria is not None and END_OF_TURN in tokenizer.get_vocab():
-                criteria.additional_eos_token_ids.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))
-            self._vlm = (model, processor)
-        return self._vlm
-
-    def lm(self) -> tuple[Any, Any] | None:
-        """The text model through mlx-lm, or None when mlx-lm cannot load this (multimodal)
-        checkpoint and mlx-vlm serves its text rows."""
-        if "lm" in self._failed:
-            raise self._failed["lm"]
-        if self._lm is None and not self.text_on_vlm:
-            import mlx_lm
-
-            try:
-                model, tokenizer = mlx_lm.load(str(self.text_info.path))
-            except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
-                if not self.text_info.multimodal:
-                    self._failed["lm"] = ConfigError(
-                        f"model {self.text_info.name!r}: mlx-lm cannot load it ({e})"
-                    )
-                    raise self._failed["lm"] from e
-                # Any failure on a multimodal checkpoint (a tied checkpoint without `lm_head`, a
-                # TypeError in a model class): mlx-vlm, which loads it, serves the text rows.
-                log.warning(
-                    "mlx-lm cannot load %s (%s: %s); text rows use mlx-vlm",
-                    self.text_info.name, type(e).__name__, short(e),
-                )  # fmt: skip
-                self.text_on_vlm = True
-                return None
-            if END_OF_TURN in tokenizer.get_vocab():
-                tokenizer.add_eos_token(END_OF_TURN)
-            self._lm = (model, tokenizer)
-        return self._lm
-
-    def load_drafter(self) -> None:
-        """Load the target and the drafter now: a drafter that cannot pair with the target is a
-        configuration error before any row runs."""
-        d = self.drafter
-        if d is None or d.model is not None:
-            return
-        if d.lane == "vlm":
-            load_vision_drafter(d, self.vlm()[0])
-        else:
-            target = self.lm()
-            if target is None:
-                raise ConfigError(
-                    f"draft model {str(d.path)!r} is a text model, but mlx-lm cannot load the target"
-                )
-            load_text_drafter(d, target[0])
 
 
 class Engines:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import WorkSettings
-from .constrain import satisfied
+from .constraints import satisfied
 from .engine import Engines, Plan
 from .errors import RowError, one_line
 from .lanes import completions

@@ -24,9 +24,9 @@ from urllib.parse import urljoin, urlsplit
 
 import urllib3
 
-from .cache import Memo
 from .config import MediaConfig
 from .errors import RowError, describe, short
+from .memo import Memo
 from .records import MediaRef
 from .urls import Target, check_url
 

@@ -17,18 +17,16 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .cache import PrefixCache
 from .decoder import LMAdapter, Sequence, Watch, decode_stream
 from .errors import BatchgenError, RowError, short
+from .loading import Models
 from .models import ModelInfo
 from .prompts import apply_template, check_length, message_bounds, text_only
 from .records import Generation, Job, Media
 from .single import generate_draft_lm, generate_vlm
-
-if TYPE_CHECKING:
-    from .engine import Models
 
 __all__ = [
     "Plan",

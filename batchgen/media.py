@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .cache import Memo
 from .config import MediaConfig
 from .decode import decode_image, image_size
 from .errors import RowError, describe, short
 from .fetch import Fetched, Fetcher
 from .frames import extract_frames
+from .memo import Memo
 from .records import Job, Media, MediaRef
 
 __all__ = ["StageTimes", "Prepared", "MediaStage", "Prefetcher"]

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
-import json
+import re
+import string
 from typing import Any
 
 from .config import Columns
-from .errors import short
+from .constraints import constraint_of
+from .errors import ConfigError, short
 from .openai import from_batch_request, is_batch_request
 from .params import Problem, check_params, is_int, is_number
 from .read import RawRow, valid_id
-from .records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef
+from .records import MEDIA_COLUMNS, GenParams, Job, MediaRef
 
-__all__ = ["parse_row", "MEDIA_COLUMNS", "media_like", "constraint_of", "CONSTRAINT_FIELDS"]
+__all__ = ["parse_row", "media_like", "template_fields"]
 
 # OpenAI content-part types and (kind, key holding the reference).
 _PART_TYPES = {
@@ -158,65 +160,6 @@ def _in_slot_order(messages: list[dict[str, Any]], media: list[MediaRef]) -> lis
     return ordered
 
 
-# Where a row asks for structured output: OpenAI's response_format, a JSON schema, or vLLM's
-# guided_* names (plain `choice` or `regex` would take over columns of those names).
-CONSTRAINT_FIELDS = ("response_format", "json_schema", "guided_json", "guided_choice", "guided_regex")
-
-
-def constraint_of(value: dict[str, Any], problems: list[Problem]) -> Constraint | None:
-    """The row's output constraint, checked (a schema llguidance cannot compile is a problem)."""
-    given = [name for name in CONSTRAINT_FIELDS if value.get(name) is not None]
-    if not given:
-        return None
-    if len(given) > 1:
-        problems.append((given[1], f"give one of {', '.join(given)}, not several"))
-        return None
-    name = given[0]
-    spec = value[name]
-    c: Constraint | None = None
-    if name == "response_format":
-        kind = spec.get("type") if isinstance(spec, dict) else None
-        if kind == "text":
-            return None
-        if kind == "json_object":
-            c = Constraint("json_object")
-        elif kind == "json_schema" and isinstance(spec.get("json_schema"), dict):
-            schema = spec["json_schema"].get("schema", {})
-            c = Constraint("json_schema", json.dumps(schema)) if isinstance(schema, dict) else None
-        if c is None:
-            want = "{type: text | json_object | json_schema, json_schema: {schema}}"
-            problems.append((name, f"expected {want}, got {spec!r:.60}"))
-            return None
-    elif name in ("json_schema", "guided_json"):
-        if isinstance(spec, str):
-            try:
-                spec = json.loads(spec)
-            except json.JSONDecodeError as e:
-                problems.append((name, f"not JSON ({e.msg})"))
-                return None
-        if not isinstance(spec, dict):
-            problems.append((name, f"expected a JSON schema object, got {spec!r:.60}"))
-            return None
-        c = Constraint("json_schema", json.dumps(spec))
-    elif name == "guided_choice":
-        if not (isinstance(spec, list) and spec and all(isinstance(s, str) and s for s in spec)):
-            problems.append((name, f"expected a list of non-empty strings, got {spec!r:.60}"))
-            return None
-        c = Constraint("choice", json.dumps(spec))
-    else:
-        if not (isinstance(spec, str) and spec):
-            problems.append((name, f"expected a regular expression, got {spec!r:.60}"))
-            return None
-        c = Constraint("regex", spec)
-    from .constrain import check
-
-    why = check(c)
-    if why:
-        problems.append((name, f"cannot be compiled ({why})"))
-        return None
-    return c
-
-
 class _Columns(dict):
     def __missing__(self, key: str) -> str:
         raise KeyError(key)
@@ -348,3 +291,15 @@ def _parse_row(
     if problems:
         job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
     return job, problems
+
+
+def template_fields(template: str) -> list[str]:
+    """The columns a --prompt-template names; a malformed one is a ConfigError."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise ConfigError(f"--prompt-template {template!r:.80}: malformed ({e})") from None
+    names = [re.split(r"[.\[]", name, maxsplit=1)[0] for name in fields]
+    if any(not name or name.isdigit() for name in names):
+        raise ConfigError(f"--prompt-template {template!r:.80}: every field names a column, e.g. {{caption}}")
+    return names

@@ -14,7 +14,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import JobFileError
-from .formats import READERS, START, Mark, RawRow, ReadPolicy, checked, valid_id
+from .formats import READERS
+from .rows import START, Mark, RawRow, ReadPolicy, checked, valid_id
 from .source import Source, resolve
 
 __all__ = [

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -23,7 +22,8 @@ from .config import RunConfig, WorkSettings, work_settings
 from .engine import Engines
 from .errors import ConfigError, FailFastError, Interrupted, JobFileError, StopRequested, short
 from .execute import LocalExecutor
-from .openai import write_batch_output
+from .openai_out import write_batch_output
+from .parse import template_fields
 from .read import JobIndex, id_key, scan
 from .records import TOTALS, Job, Result
 from .resume import Pending, check_unchanged, settings_of
@@ -31,7 +31,7 @@ from .source import Source, resolve
 from .summary import RunSummary, finish, progress
 from .write import OutputLock, ResultWriter, dropped_columns, partial_dir, stats_path
 
-__all__ = ["run", "check_paths", "check_columns", "template_fields"]
+__all__ = ["run", "check_paths", "check_columns"]
 
 
 class _Heartbeat(threading.Thread):
@@ -190,20 +190,6 @@ def check_columns(config: RunConfig, index: JobIndex) -> None:
     if missing:
         shown = ", ".join(index.columns[:40]) + (" …" if len(index.columns) > 40 else "")
         raise ConfigError(f"{config.input}: no column {', '.join(missing)}; its columns: {shown}")
-
-
-def template_fields(template: str) -> list[str]:
-    """The columns a --prompt-template names; a malformed one is a ConfigError."""
-    import string
-
-    try:
-        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
-    except ValueError as e:
-        raise ConfigError(f"--prompt-template {template!r:.80}: malformed ({e})") from None
-    names = [re.split(r"[.\[]", name, maxsplit=1)[0] for name in fields]
-    if any(not name or name.isdigit() for name in names):
-        raise ConfigError(f"--prompt-template {template!r:.80}: every field names a column, e.g. {{caption}}")
-    return names
 
 
 def _run(

@@ -16,61 +16,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import unquote, urlsplit
 
-from .errors import ConfigError, JobFileError
+from .errors import JobFileError
 from .records import ByteCaps
+from .uris import checked_location, filesystem, is_uri
 
-__all__ = [
-    "Shard", "Source", "resolve", "is_uri", "checked_location", "filesystem", "files_under", "glob_files",
-    "EXTENSIONS",
-]  # fmt: skip
+__all__ = ["Shard", "Source", "resolve", "files_under", "glob_files", "EXTENSIONS"]
 
 EXTENSIONS = {
     ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet",
     ".csv": "csv", ".tar": "webdataset",
 }  # fmt: skip
-_URI = re.compile(r"^[a-zA-Z][\w+.-]+://")
 _GLOB = re.compile(r"[*?\[]")
-
-
-def is_uri(text: str) -> bool:
-    """`s3://bucket/key` and friends; a Windows drive letter (`C:\\`) is a path."""
-    return bool(_URI.match(text))
-
-
-# The fsspec protocols a job or output may use: storage services reached with the user's own
-# credentials, local files, and archive or cache layers over them. http(s), ftp, sftp, smb,
-# webhdfs and the rest reach arbitrary addresses through clients that follow redirects past
-# the URL policy media go through, so they are refused, in a chain (`zip://...::http://...`)
-# as anywhere else.
-STORAGE_PROTOCOLS = frozenset(
-    {"s3", "s3a", "gs", "gcs", "hf", "az", "abfs", "abfss", "adl", "file", "local",
-     "zip", "tar", "simplecache", "filecache", "blockcache"}
-)  # fmt: skip
-
-
-def checked_location(given: str, role: str) -> str:
-    """A job's or an output's location as batchgen uses it: a `file://` URI as the local path it
-    names, any other URI only when every link of its chain is a storage protocol. `role` names
-    the flag or argument in messages. Raises ConfigError."""
-    if not is_uri(given) and "::" not in given:
-        return given
-    links = given.split("::")
-    for link in links:
-        protocol = link.split("://", 1)[0].lower() if "://" in link else link.lower()
-        if protocol not in STORAGE_PROTOCOLS:
-            hint = "download it first or " if role == "job" and protocol in ("http", "https") else ""
-            raise ConfigError(
-                f"{role} {given}: {protocol}:// is not read as a job or output location (its "
-                f"addresses and redirects escape the URL policy); {hint}use a local path, s3://, gs:// or hf://"
-            )
-    if len(links) == 1 and given.lower().startswith("file://"):
-        parts = urlsplit(given)
-        if parts.netloc not in ("", "localhost") or parts.query or parts.fragment:
-            raise ConfigError(f"{role} {given}: a file:// URI names a path on this machine (file:///path)")
-        return unquote(parts.path)
-    return given
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,22 +204,6 @@ def _matches(names: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
     if not names or (names[0].startswith(".") and not pattern[0].startswith(".")):
         return False
     return fnmatch.fnmatchcase(names[0], pattern[0]) and _matches(names[1:], pattern[1:])
-
-
-def filesystem(uri: str) -> tuple[Any, str]:
-    """The fsspec filesystem of a URI and the path on it; the one place that opens one, for
-    jobs (here) and outputs (store.py)."""
-    try:
-        import fsspec
-
-        return fsspec.core.url_to_fs(uri)
-    except ImportError as e:
-        raise JobFileError(
-            f"{uri}: it needs the filesystem package for its scheme "
-            "(pip install 'batchgen[remote]' for s3:// and gs://)"
-        ) from e
-    except Exception as e:  # noqa: BLE001 - an unknown scheme, bad credentials
-        raise JobFileError(f"{uri}: cannot reach it ({type(e).__name__}: {e})") from e
 
 
 def _listed_remote(fs: Any, root: str, given: str) -> list[tuple[str, str, int]]:

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import ConfigError, JobFileError, OutputLockedError
-from .source import filesystem, is_uri
+from .uris import filesystem, is_uri
 
 __all__ = ["Store", "OutputLock", "atomic_write"]
 

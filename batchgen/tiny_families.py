@@ -1,6 +1,6 @@
 """Tiny checkpoints of the other model families (Qwen3-VL and its MoE, Qwen3.5 with its MTP
 drafter, llava, LLaVA-NeXT, SmolVLM, Idefics3, Gemma 3, Gemma 4, Mistral 3, InternVL), built
-the way `tiny.make_tiny_model` builds the qwen2 ones: a local tokenizer with the family's
+the way `tiny.make_tiny_model` builds the qwen2 ones (tiny_parts.py): a local tokenizer with the family's
 special tokens, random weights from mlx-vlm's own model classes, the family's processor files.
 Notes on each family's pitfalls: `docs/families-notes.md` in the shared folder."""
 
@@ -9,17 +9,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .tiny import (
+from .tiny_parts import (
     CHAT_TEMPLATE,
-    _build_vlm,
-    _sharpen,
-    _store,
-    _text_config,
-    _token_ids,
-    _write_generation_config,
-    _write_json,
     build_tokenizer,
-)  # fmt: skip
+    build_vlm,
+    sharpen,
+    store,
+    text_config,
+    token_ids,
+    write_generation_config,
+    write_json,
+)
 
 __all__ = ["VISION_KINDS", "make_qwen3_vl", "make_vision_family", "make_mtp_pair"]
 
@@ -135,7 +135,7 @@ _SLOT = {
 }  # what the chat template writes for an image; else "<image>"
 
 
-_GAINS = {  # `sensitive` gains on top of tiny._sharpen's, where a family's norms undo those
+_GAINS = {  # `sensitive` gains on top of tiny.sharpen's, where a family's norms undo those
     "gemma4": {("language_model.", "post_attention_layernorm"): 4.0,
                ("language_model.", "post_feedforward_layernorm"): 4.0, ("embed_vision.", ""): 4.0,
                ("vision_tower.patch_embedder.input_proj", ""): 4.0},
@@ -158,8 +158,8 @@ def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path
     named = _NAMED.get(kind)
     named = dict(zip(named, specials, strict=False)) if named else None
     vocab = build_tokenizer(out, extra=specials, template=template, named=named)
-    ids = _token_ids(out)
-    text = {**_text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16, **_TEXT[kind]}
+    ids = token_ids(out)
+    text = {**text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16, **_TEXT[kind]}
     if "hidden_size_per_layer_input" in text:  # Gemma 4's per-layer token embeddings
         text["vocab_size_per_layer_input"] = vocab
     config = {
@@ -170,14 +170,14 @@ def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path
         **{k: ids[v] if isinstance(v, str) and v in ids else v for k, v in top.items()},
     }  # fmt: skip
     mx.random.seed(seed)
-    model = _build_vlm(config)
-    _store(model, config, out, sensitive, _GAINS.get(kind))
+    model = build_vlm(config)
+    store(model, config, out, sensitive, _GAINS.get(kind))
     common = {"do_resize": True, "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
               "do_convert_rgb": True, "resample": 3}  # fmt: skip
-    _write_json(out / "preprocessor_config.json", {**common, **image_processor})
-    _write_json(out / "processor_config.json", processor)
-    _write_json(out / "chat_template.json", {"chat_template": template})
-    _write_generation_config(out, ids)
+    write_json(out / "preprocessor_config.json", {**common, **image_processor})
+    write_json(out / "processor_config.json", processor)
+    write_json(out / "chat_template.json", {"chat_template": template})
+    write_generation_config(out, ids)
     return out
 
 
@@ -188,7 +188,7 @@ def make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool, m
 
     family = "qwen3_vl_moe" if moe else "qwen3_vl"
     rope = {"rope_type": "default", "mrope_section": [4, 2, 2], "mrope_interleaved": True}
-    text = {"model_type": f"{family}_text", **_text_config(vocab, ids, hidden=64, layers=2, heads=4),
+    text = {"model_type": f"{family}_text", **text_config(vocab, ids, hidden=64, layers=2, heads=4),
             "head_dim": 16, "rope_theta": 10000.0, "rope_scaling": rope}  # fmt: skip
     if moe:
         text.update(num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
@@ -204,8 +204,8 @@ def make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool, m
         "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"],
         "eos_token_id": ids["<|im_end|>"], "tie_word_embeddings": True, "vocab_size": vocab,
     }  # fmt: skip
-    model = _build_vlm(config)
-    _store(model, config, out, sensitive)
+    model = build_vlm(config)
+    store(model, config, out, sensitive)
     _write_qwen3_processor(out, ids)
     return out
 
@@ -213,14 +213,14 @@ def make_qwen3_vl(out: Path, vocab: int, ids: dict[str, int], sensitive: bool, m
 def _write_qwen3_processor(out: Path, ids: dict[str, int]) -> None:
     """Qwen3-VL's processor files: 16-pixel patches, 2x2 merge, 64² images (4 tokens)."""
     side = 64
-    _write_json(
+    write_json(
         out / "preprocessor_config.json",
         {"image_processor_type": "Qwen2VLImageProcessor", "processor_class": "Qwen3VLProcessor",
          "min_pixels": side * side, "max_pixels": side * side, "patch_size": 16, "temporal_patch_size": 2,
          "merge_size": 2, "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]},
     )  # fmt: skip
-    _write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
-    _write_generation_config(out, ids)
+    write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+    write_generation_config(out, ids)
 
 
 def make_mtp_pair(out: Path, seed: int, sensitive: bool = False) -> Path:
@@ -235,7 +235,7 @@ def make_mtp_pair(out: Path, seed: int, sensitive: bool = False) -> Path:
     target, drafter = out / "target", out / "drafter"
     vocab = build_tokenizer(target)
     build_tokenizer(drafter)
-    ids = _token_ids(target)
+    ids = token_ids(target)
     text = {
         "model_type": "qwen3_5_text", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "full_attention_interval": 2,
@@ -257,9 +257,9 @@ def make_mtp_pair(out: Path, seed: int, sensitive: bool = False) -> Path:
         "eos_token_id": ids["<|im_end|>"], "tie_word_embeddings": True,
     }  # fmt: skip
     mx.random.seed(seed)
-    model = _build_vlm(config)
+    model = build_vlm(config)
     if sensitive:
-        _sharpen(model)
+        sharpen(model)
     head_config = {"model_type": "qwen3_5_mtp", "text_config": text, "block_size": 3}
     head = Qwen3_5MTPDraftModel(Qwen3_5MTPConfig.from_dict(json.loads(json.dumps(head_config))))
     mx.eval(model.parameters(), head.parameters())
@@ -268,8 +268,8 @@ def make_mtp_pair(out: Path, seed: int, sensitive: bool = False) -> Path:
     weights = {**dict(tree_flatten(model.parameters())), **{f"mtp.{k}": v for k, v in head_weights.items()}}
     mx.save_safetensors(str(target / "model.safetensors"), weights, metadata={"format": "mlx"})
     mx.save_safetensors(str(drafter / "model.safetensors"), head_weights, metadata={"format": "mlx"})
-    _write_json(target / "config.json", config)
-    _write_json(drafter / "config.json", head_config)
+    write_json(target / "config.json", config)
+    write_json(drafter / "config.json", head_config)
     _write_qwen3_processor(target, ids)
     return out
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from .config import Columns
 from .errors import ConfigError, JobFileError
-from .parse import parse_row
+from .parse import parse_row, template_fields
 from .read import id_key, iter_rows
 from .records import GenParams
 from .source import resolve
@@ -21,8 +21,6 @@ def validate_file(
     """Yield one line per problem: `FILE:LINE: field: message` (or `FILE: row N: ...`), the
     rows read as `run` reads them with this column mapping and prompt template. Columns the
     mapping names that the file lacks are a ConfigError, as in `run`."""
-    from .runner import template_fields
-
     source = resolve(path, fmt)
     columns = columns or Columns()
     if columns.prompt and template:

@@ -9,18 +9,17 @@ hold media.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .cache import Memo, PrefixCache
+from .cache import PrefixCache
 from .decoder import OffsetVLMAdapter, Sequence, VLMAdapter
 from .errors import RowError
 from .lanes import BatchedLane, Plan
+from .loading import Models
+from .memo import Memo
 from .models import ModelInfo
 from .prompts import after_media, apply_template, check_length, template_parts, text_only
 from .records import Job, Media
-
-if TYPE_CHECKING:
-    from .engine import Models
 
 __all__ = ["VisionLane", "OffsetVisionLane"]
 

@@ -14,12 +14,10 @@ import json
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO
 
 from .records import ByteCaps
-
-if TYPE_CHECKING:
-    from .formats import Mark, RawRow, ReadPolicy
+from .rows import Mark, RawRow, ReadPolicy, checked
 
 __all__ = ["iter_tar", "IMAGE_MEMBERS", "VIDEO_MEMBERS"]
 
@@ -111,8 +109,6 @@ def iter_tar(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[Raw
     """The samples of one tar from `start` (its `seek` the offset of a sample's first member).
     A member over its cap is skipped by its header, never read; without `policy.bodies` (the
     scan) only the text and JSON members are read, and media members are seeked over."""
-    from .formats import Mark, RawRow, checked
-
     caps = policy.caps
     f.seek(start.seek)
     index = start.index

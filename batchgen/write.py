@@ -27,8 +27,8 @@ from .errors import ConfigError
 from .read import JobIndex, id_key
 from .records import RESULT_COLUMNS, Result
 from .resume import check_settings, finished, to_retry
-from .source import is_uri
 from .store import OutputLock, Store, atomic_write
+from .uris import is_uri
 
 __all__ = [
     "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "stats_path",

@@ -45,7 +45,7 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
     import pyarrow.parquet as pq
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.engine import _mend_processor
+    from batchgen.loading import mend_processor
 
     if kind == "qwen3_5":  # the tiny Qwen3.5 (16 tokens an image) is the target of the MTP pair
         model_dir = make_tiny_model(folder / kind, "mtp-pair", sensitive=True) / "target"
@@ -58,7 +58,7 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
     job.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     model, processor = mlx_vlm.load(str(model_dir))
-    _mend_processor(processor)  # llava's processor fails under transformers 5 without it
+    mend_processor(processor)  # llava's processor fails under transformers 5 without it
     images = [Image.open(p).convert("RGB") for p in paths]
 
     def prompt(q: str) -> str:  # as batchgen renders it: the checkpoint's processor's template, media first

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import batchgen  # noqa: E402
-from batchgen.tiny import _WORDS  # noqa: E402
+from batchgen.tiny import WORDS  # noqa: E402
 
 ROWS, MAX_TOKENS = 256, 64
 MODEL = ROOT / "sample_data" / "models" / "tiny-lm"
@@ -35,7 +35,7 @@ def main() -> None:
     rng = random.Random(0)
     model, tokenizer = mlx_lm.load(str(MODEL))
     tokenizer.add_eos_token("<|im_end|>")
-    prompts = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(8, 480))) for _ in range(ROWS)]
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 480))) for _ in range(ROWS)]
     ids = [
         tokenizer.encode(
             tokenizer.apply_chat_template(
@@ -100,7 +100,7 @@ def mixed() -> None:
     rng = random.Random(1)
     model, tokenizer = mlx_lm.load(str(MODEL))
     tokenizer.add_eos_token("<|im_end|>")
-    prompts = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 120))) for _ in range(ROWS)]
+    prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 120))) for _ in range(ROWS)]
     budgets = [rng.randint(8, 256) for _ in range(ROWS)]
     ids = [
         tokenizer.encode(

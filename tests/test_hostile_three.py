@@ -19,8 +19,8 @@ import pytest
 from conftest import MEDIA, MODELS, batch, read, run_cli, write_jsonl
 from mediaserver import MediaServer
 
-from batchgen.constrain import check, satisfied
-from batchgen.parse import constraint_of
+from batchgen.constraints import check, satisfied
+from batchgen.constraints import constraint_of
 from batchgen.read import scan
 from batchgen.source import Source, resolve
 

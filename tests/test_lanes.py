@@ -228,7 +228,7 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.engine import _mend_processor
+    from batchgen.loading import mend_processor
 
     rng = np.random.default_rng(3)
     for k in range(3):
@@ -247,7 +247,7 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     assert sum(c > 0 for c in cached.values()) >= 4  # system prompts and images shared
 
     model, processor = mlx_vlm.load(str(model_dir))
-    _mend_processor(processor)
+    mend_processor(processor)
     pictures = [Image.open(tmp_path / f"p{k}.png").convert("RGB") for k in range(3)]
     texts = set()
     for n, row in enumerate(rows):
@@ -274,7 +274,7 @@ def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, 
     different images, mixed budgets, two slots refilled; each row as mlx-vlm generates it."""
     import mlx_vlm
 
-    from batchgen.engine import _mend_processor
+    from batchgen.loading import mend_processor
 
     float_ones = {
         "qwen3_5": "sensitive_qwen3_5",
@@ -303,7 +303,7 @@ def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, 
     assert got["r2"][2] > 0 and got["r3"][2] > 0  # each image's second question reuses its prefix
 
     model, processor = mlx_vlm.load(str(model_dir))
-    _mend_processor(processor)
+    mend_processor(processor)
     slot = "<image>" if kind in ("llava", "smolvlm") else "<|vision_start|><|image_pad|><|vision_end|>"
     for n, row in enumerate(rows):
         picture = Image.open(tmp_path / f"q{n % 2}.png").convert("RGB")
@@ -355,7 +355,7 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.engine import _mend_processor
+    from batchgen.loading import mend_processor
 
     name, _, kind = family.partition(":")
     model_dir = request.getfixturevalue(name)
@@ -392,7 +392,7 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     got = {r["id"]: (r["generated_text"], r["completion_tokens"], r["finish_reason"]) for r in read(out)}
 
     model, processor = mlx_vlm.load(str(model_dir))
-    _mend_processor(processor)
+    mend_processor(processor)
     tokenizer = processor.tokenizer
     seen = set()
     for row in rows:

@@ -116,7 +116,7 @@ def test_distinct_images_and_images_with_identical_byte_prefixes_never_share(wor
 
 
 def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_copies():
-    from batchgen.engine import _SharedImages
+    from batchgen.loading import SharedImages
 
     calls = []
 
@@ -124,7 +124,7 @@ def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_c
         calls.append((len(images), kwargs))
         return {"pixel_values": np.ones((len(images), 3, 4, 4)) * len(calls), "num_crops": [0] * len(images)}
 
-    shared = _SharedImages(inner)
+    shared = SharedImages(inner)
     a, b = Image.new("RGB", (4, 4), "red"), Image.new("RGB", (4, 4), "red")
     first = shared([a], do_pad=True)
     first.pop("num_crops")  # gemma3's processor pops keys from what it gets
@@ -141,11 +141,11 @@ def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_c
 
 
 def test_kept_image_processor_outputs_are_bounded_by_their_bytes():
-    from batchgen.engine import _SHARED_IMAGE_BYTES, _SharedImages
+    from batchgen.loading import SHARED_IMAGE_BYTES, SharedImages
 
     calls = []
-    shared = _SharedImages(lambda images: calls.append(1) or {"pixel_values": np.zeros((1, 3, 8, 8))})
-    side = int((_SHARED_IMAGE_BYTES / 3 / 2.5) ** 0.5)  # two such images and their outputs fit, not three
+    shared = SharedImages(lambda images: calls.append(1) or {"pixel_values": np.zeros((1, 3, 8, 8))})
+    side = int((SHARED_IMAGE_BYTES / 3 / 2.5) ** 0.5)  # two such images and their outputs fit, not three
     big = [Image.new("RGB", (side, side)) for _ in range(3)]
     for im in big:
         shared([im])

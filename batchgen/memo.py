@@ -1,0 +1,76 @@
+"""`Memo`: a content-keyed, bounded memo shared by threads (downloads, decodes, processor outputs)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from typing import Generic, TypeVar
+
+__all__ = ["Memo"]
+
+V = TypeVar("V")
+
+
+class Memo(Generic[V]):
+    """`get(key, compute)` returns the stored value, waits for a computation already under
+    way, or computes. Failures are stored too, so a bad URL is tried once per run.
+
+    Eviction: least recently used first, when the entry count passes `capacity` or the
+    summed `weigh(value)` passes `max_weight`. The newest entry always stays.
+    """
+
+    def __init__(
+        self, capacity: int = 1024, max_weight: int | None = None, weigh: Callable[[V], int] | None = None
+    ):
+        self.capacity = capacity
+        self.max_weight = max_weight
+        self.weigh = weigh or (lambda _: 0)
+        self._done: OrderedDict[Hashable, tuple[Future, int]] = OrderedDict()
+        self._pending: dict[Hashable, Future] = {}
+        self._weight = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = self.evictions = 0
+
+    def get(self, key: Hashable, compute: Callable[[], V]) -> V:
+        with self._lock:
+            if key in self._done:
+                self._done.move_to_end(key)
+                self.hits += 1
+                return self._done[key][0].result()
+            if key in self._pending:
+                self.hits += 1
+                future = self._pending[key]
+                owner = False
+            else:
+                self.misses += 1
+                future = self._pending[key] = Future()
+                owner = True
+        if not owner:
+            return future.result()
+        try:
+            value = compute()
+            future.set_result(value)
+            weight = self.weigh(value)
+        except BaseException as e:
+            future.set_exception(e)
+            weight = 0
+        with self._lock:
+            del self._pending[key]
+            self._done[key] = (future, weight)
+            self._weight += weight
+            self._evict()
+        return future.result()
+
+    def _evict(self) -> None:
+        while len(self._done) > 1 and (
+            len(self._done) > self.capacity
+            or (self.max_weight is not None and self._weight > self.max_weight)
+        ):
+            _, (_, weight) = self._done.popitem(last=False)
+            self._weight -= weight
+            self.evictions += 1
+
+    def __len__(self) -> int:
+        return len(self._done)

@@ -1,0 +1,72 @@
+"""OpenAI Batch response lines out: `{"id", "custom_id", "response": {"status_code",
+"request_id", "body"}, "error"}`, one per result row, as the Batch API's output file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from .store import atomic_write
+
+__all__ = ["write_batch_output"]
+
+
+def _choices(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's completions: all n of them (`choices`), or its one."""
+    if row.get("choices"):
+        return json.loads(row["choices"])
+    return [{"text": row["generated_text"], "finish_reason": row["finish_reason"]}]
+
+
+def _request_id(custom_id: Any) -> str:
+    return hashlib.sha256(str(custom_id).encode()).hexdigest()[:24]
+
+
+def write_batch_output(table: pa.Table, path: Path) -> None:
+    """One output line per row, in row order; failed rows carry `error`, not `response`."""
+    created = int(time.time())
+    lines = []
+    for row in table.to_pylist():
+        custom_id = row.get("custom_id", row["id"])
+        rid = _request_id(custom_id)
+        line: dict[str, Any] = {
+            "id": f"batch_req_{rid}",
+            "custom_id": custom_id,
+            "response": None,
+            "error": None,
+        }
+        if row["status"] == "ok":
+            usage = {
+                "prompt_tokens": row["prompt_tokens"],
+                "completion_tokens": row["completion_tokens"],
+                "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
+                "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
+            }
+            line["response"] = {
+                "status_code": 200,
+                "request_id": rid,
+                "body": {
+                    "id": f"chatcmpl-{rid}",
+                    "object": "chat.completion",
+                    "created": created,
+                    "model": row["model"],
+                    "choices": [
+                        {
+                            "index": k,
+                            "message": {"role": "assistant", "content": c["text"]},
+                            "finish_reason": c["finish_reason"],
+                        }
+                        for k, c in enumerate(_choices(row))
+                    ],
+                    "usage": usage,
+                },
+            }
+        else:
+            line["error"] = {"code": f"{row['error_stage']}_error", "message": row["error"]}
+        lines.append(json.dumps(line) + "\n")
+    atomic_write(path, lambda p: p.write_text("".join(lines)))

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import batchgen  # noqa: E402
-from batchgen.tiny import CHAT_TEMPLATE, make_tiny_model  # noqa: E402
+from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
+from batchgen.tools.tiny.parts import CHAT_TEMPLATE  # noqa: E402
 
 IMAGES, QUESTIONS, MAX_TOKENS = 16, 4, 32
 QUESTION_TEXT = ["What shape is this?", "What colour is it?", "Describe the image.", "Is it large or small?"]

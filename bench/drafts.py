@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import batchgen  # noqa: E402
-from batchgen.tiny import make_tiny_model  # noqa: E402
+from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
 ROWS, MAX_TOKENS = 32, 64
 

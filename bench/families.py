@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import batchgen  # noqa: E402
-from batchgen.tiny import make_tiny_model  # noqa: E402
+from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
 IMAGES, MAX_TOKENS, ROUNDS = 16, 24, 3
 QUESTIONS = [
@@ -45,7 +45,7 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
     import pyarrow.parquet as pq
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.loading import mend_processor
+    from batchgen.generate.loading import mend_processor
 
     if kind == "qwen3_5":  # the tiny Qwen3.5 (16 tokens an image) is the target of the MTP pair
         model_dir = make_tiny_model(folder / kind, "mtp-pair", sensitive=True) / "target"

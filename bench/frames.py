@@ -16,7 +16,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batchgen.frames import extract_frames, frame_indices  # noqa: E402
+from batchgen.media.frames import extract_frames, frame_indices  # noqa: E402
 
 
 def seek_each(path: Path, fps: float = 2.0) -> np.ndarray:

@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from batchgen.tiny import make_tiny_model  # noqa: E402
+from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
 CHILD = """
 import json, resource, sys

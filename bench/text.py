@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import batchgen  # noqa: E402
-from batchgen.tiny import WORDS  # noqa: E402
+from batchgen.tools.tiny.parts import WORDS  # noqa: E402
 
 ROWS, MAX_TOKENS = 256, 64
 MODEL = ROOT / "sample_data" / "models" / "tiny-lm"

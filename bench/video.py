@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import batchgen  # noqa: E402
-from batchgen.tiny import make_tiny_model  # noqa: E402
+from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
 CLIPS, MAX_TOKENS, SIDE = 8, 24, 224
 QUESTIONS = ["What moves?", "Which way does it go?", "Describe the clip.", "What colour is the square?"]
@@ -47,12 +47,12 @@ def main() -> None:
     import mlx_vlm
     import pyarrow.parquet as pq
 
-    from batchgen.config import MediaConfig
-    from batchgen.media import MediaStage
-    from batchgen.models import inspect_model
-    from batchgen.parse import parse_row
-    from batchgen.read import RawRow
-    from batchgen.records import GenParams
+    from batchgen.core.records import GenParams
+    from batchgen.core.settings import MediaConfig
+    from batchgen.generate.models import inspect_model
+    from batchgen.input.parse import parse_row
+    from batchgen.input.read import RawRow
+    from batchgen.media.resolve import MediaStage
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from batchgen.tiny import make_tiny_model
+from batchgen.tools.tiny.builder import make_tiny_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_shapes_captioner import QUESTIONS, draw  # noqa: E402

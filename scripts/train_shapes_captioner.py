@@ -79,10 +79,10 @@ class Inputs:
     """Prompts built the way batchgen builds them at inference, tokenized by mlx-vlm."""
 
     def __init__(self, model, processor):
-        from batchgen.parse import parse_row
-        from batchgen.prompts import apply_template, template_parts
-        from batchgen.read import RawRow
-        from batchgen.records import GenParams
+        from batchgen.core.records import GenParams
+        from batchgen.generate.prompts import apply_template, template_parts
+        from batchgen.input.parse import parse_row
+        from batchgen.input.read import RawRow
 
         self.model, self.processor = model, processor
         tok = processor.tokenizer
@@ -206,7 +206,7 @@ def train(out_dir: Path, minutes: float, seed: int = 0, log=print, warm_steps: i
     import mlx_vlm
     from mlx.utils import tree_flatten
 
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     started = time.perf_counter()
     init = out_dir.with_name(out_dir.name + ".init")

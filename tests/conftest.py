@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from batchgen.cli import main
+from batchgen.cli.commands import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data"
@@ -95,7 +95,7 @@ def network(monkeypatch) -> FakeNetwork:
 @pytest.fixture(scope="session")
 def sensitive_vlm(tmp_path_factory) -> Path:
     """A tiny qwen2_vl whose greedy output changes with every image, its order and position."""
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "sensitive-vlm", "vlm", sensitive=True)
 
@@ -104,7 +104,7 @@ def sensitive_vlm(tmp_path_factory) -> Path:
 def offset_families(tmp_path_factory) -> dict[str, Path]:
     """Tiny llava, LLaVA-NeXT, SmolVLM, Idefics3, Gemma 3, Gemma 4, Mistral 3, InternVL (positions
     from the cache offsets)."""
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     kinds = ("llava", "llava_next", "smolvlm", "idefics3", "gemma3", "gemma4", "mistral3", "internvl_chat")
@@ -114,7 +114,7 @@ def offset_families(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def quantized(tmp_path_factory) -> dict[str, Path]:
     """4-bit (group 32) sensitive checkpoints of two families, made as mlx-community's are."""
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     root = tmp_path_factory.mktemp("quantized")
     return {
@@ -126,7 +126,7 @@ def quantized(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def sensitive_qwen3_5(tmp_path_factory) -> Path:
     """A tiny Qwen3.5 (one linear-attention and one full-attention layer) that tells images apart."""
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "pair", "mtp-pair", sensitive=True) / "target"
 
@@ -134,7 +134,7 @@ def sensitive_qwen3_5(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sensitive_qwen2_5(tmp_path_factory) -> Path:
     """A tiny Qwen2.5-VL (windowed vision attention) that tells images apart."""
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen2_5_vl", "qwen2_5_vl", sensitive=True)
 
@@ -142,7 +142,7 @@ def sensitive_qwen2_5(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sensitive_qwen3_vl(tmp_path_factory) -> Path:
     """A tiny Qwen3-VL (interleaved mRoPE, DeepStack) that tells images apart."""
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen3_vl", "qwen3_vl", sensitive=True)
 
@@ -150,7 +150,7 @@ def sensitive_qwen3_vl(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def sensitive_qwen3_vl_moe(tmp_path_factory) -> Path:
     """A tiny Qwen3-VL-MoE (4 experts, 2 a token) that tells images apart."""
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen3_vl_moe", "qwen3_vl_moe", sensitive=True)
 

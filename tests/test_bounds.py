@@ -129,7 +129,7 @@ def test_sigterm_during_a_trickling_download_stops_at_once_and_a_second_cleans_u
 
 
 def test_the_second_signal_runs_the_cleanups_before_exiting(tmp_path, monkeypatch):
-    from batchgen.runner import _Signals
+    from batchgen.cli.process import Signals
 
     exits = []
 
@@ -142,8 +142,8 @@ def test_the_second_signal_runs_the_cleanups_before_exiting(tmp_path, monkeypatc
     lock.write_text("1")
     (folder / "download-1.part").parent.mkdir()
     (folder / "download-1.part").write_bytes(b"x")
-    signals = _Signals()
-    signals.cleanups += [lambda: lock.unlink(missing_ok=True), lambda: shutil.rmtree(folder)]
+    signals = Signals()
+    signals.stop.cleanups += [lambda: lock.unlink(missing_ok=True), lambda: shutil.rmtree(folder)]
     signals._handle(signal.SIGTERM, None)
     assert signals.stop.is_set() and lock.exists() and not exits  # the first only asks
     with pytest.raises(SystemExit):

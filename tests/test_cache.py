@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from batchgen.cache import Memo, PrefixCache
+from batchgen.core.memo import Memo
+from batchgen.generate.prefix_cache import PrefixCache
 
 
 def test_memo_computes_once_while_threads_wait_and_keeps_failures():

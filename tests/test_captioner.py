@@ -58,7 +58,7 @@ def test_training_steps_lower_the_loss(tmp_path):
     import mlx.optimizers as optim
     import mlx_vlm
 
-    from batchgen.tiny import make_tiny_model
+    from batchgen.tools.tiny.builder import make_tiny_model
 
     make_tiny_model(tmp_path / "init", "vlm", seed=3)
     model, processor = mlx_vlm.load(str(tmp_path / "init"))
@@ -86,10 +86,10 @@ def test_the_training_prompt_is_the_inference_prompt(question):
     """Trained image-first on batchgen's own template: the prompt the model sees at run time."""
     import mlx_vlm
 
-    from batchgen.engine import Engines
-    from batchgen.parse import parse_row
-    from batchgen.read import RawRow
-    from batchgen.records import GenParams, Media
+    from batchgen.core.records import GenParams, Media
+    from batchgen.generate.router import Engines
+    from batchgen.input.parse import parse_row
+    from batchgen.input.read import RawRow
 
     model, processor = mlx_vlm.load(str(CAPTIONER))
     inputs = shapes.Inputs(model, processor)

@@ -150,7 +150,7 @@ def test_ray_driver_reads_no_rows_and_parquet_types_survive(workdir, monkeypatch
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import batchgen.resume
+    import batchgen.output.resume
 
     n = 150
     table = pa.table({
@@ -168,7 +168,7 @@ def test_ray_driver_reads_no_rows_and_parquet_types_survive(workdir, monkeypatch
     def no_reading(*args, **kwargs):
         raise AssertionError("the driver read rows")
 
-    monkeypatch.setattr(batchgen.resume, "iter_rows", no_reading)
+    monkeypatch.setattr(batchgen.output.resume, "iter_rows", no_reading)
     out = workdir / "ray.parquet"
     code, output = _run(job, out, *keep, "--engine", "ray", "--workers", "2", "--limit", "55")
     assert code == 0, output

@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from conftest import ROOT
 
-from batchgen.config import build_config, find_preset
-from batchgen.errors import ConfigError
+from batchgen.core.errors import ConfigError
+from batchgen.core.settings import build_config, find_preset
 
 
 def test_presets_are_found_by_name_and_by_path(tmp_path, monkeypatch):
@@ -44,9 +44,9 @@ def test_default_preset_and_flags(tmp_path, monkeypatch):
 def test_each_generation_parameter_is_declared_once_and_everything_derives_from_it():
     from conftest import run_cli
 
-    from batchgen.formats import _csv_cell
-    from batchgen.openai import from_batch_request
-    from batchgen.params import NUMBERS, PARAMS
+    from batchgen.core.params import NUMBERS, PARAMS
+    from batchgen.input.formats import _csv_cell
+    from batchgen.input.openai_batch import from_batch_request
 
     code, helptext = run_cli("run", "--help")
     flat = " ".join(helptext.split())
@@ -76,7 +76,7 @@ def test_a_wheel_installed_outside_the_checkout_finds_its_presets(tmp_path):
                     str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
     probe = (
         f"import sys; sys.path[:0] = [{str(target)!r}, *{site.getsitepackages()!r}]\n"
-        "import batchgen, batchgen.config as c\n"
+        "import batchgen, batchgen.core.settings as c\n"
         "config = c.build_config('jobs.jsonl', 'out.parquet', 'qwen2.5-vl-captioning')\n"
         "print(batchgen.__file__, c.find_preset('qwen2.5-vl-captioning'), config.model, config.batch_size)\n"
     )

@@ -17,13 +17,13 @@ ROWS = 12
 # `batchgen` with a pause after each finished row, so that a kill lands where the test wants.
 _SLOW_BATCHGEN = """
 import sys, time
-import batchgen.runner as runner
+import batchgen.execution.runner as runner
 record, delay = runner._record, float(sys.argv.pop(1))
 def slow(*args):
     record(*args)
     time.sleep(delay)
 runner._record = slow
-from batchgen.cli import main
+from batchgen.cli.commands import main
 main(prog_name="batchgen")
 """
 

@@ -9,11 +9,11 @@ import pytest
 from conftest import MEDIA
 from PIL import Image
 
-from batchgen.config import MediaConfig
-from batchgen.decode import decode_image
-from batchgen.errors import RowError
-from batchgen.fetch import Fetcher
-from batchgen.records import MediaRef
+from batchgen.core.errors import RowError
+from batchgen.core.records import MediaRef
+from batchgen.core.settings import MediaConfig
+from batchgen.media.fetch import Fetcher
+from batchgen.media.images import decode_image
 
 
 def _image_bytes(img: Image.Image, fmt: str = "PNG", **kw) -> bytes:

@@ -9,10 +9,10 @@ import threading
 import pytest
 from conftest import MODELS
 
-from batchgen.cache import PrefixCache
-from batchgen.decoder import LMAdapter, Sequence, Watch, decode_stream
-from batchgen.errors import StopRequested
-from batchgen.records import GenParams
+from batchgen.core.errors import StopRequested
+from batchgen.core.records import GenParams
+from batchgen.generate.decoder import LMAdapter, Sequence, Watch, decode_stream
+from batchgen.generate.prefix_cache import PrefixCache
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import mlx.core as mx
 import pytest
 from conftest import MEDIA, MODELS, read, run_cli, write_jsonl
 
-from batchgen.draft import drafted_from_flags
-from batchgen.tiny import make_tiny_model
+from batchgen.generate.drafts import drafted_from_flags
+from batchgen.tools.tiny.builder import make_tiny_model
 
 
 def _variant(src, dst, zero: tuple[str, ...]):

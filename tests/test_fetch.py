@@ -11,10 +11,10 @@ import pytest
 from conftest import MEDIA
 from mediaserver import MediaServer
 
-from batchgen.config import MediaConfig
-from batchgen.errors import RowError
-from batchgen.fetch import Fetcher
-from batchgen.records import MediaRef
+from batchgen.core.errors import RowError
+from batchgen.core.records import MediaRef
+from batchgen.core.settings import MediaConfig
+from batchgen.media.fetch import Fetcher
 
 pytestmark = pytest.mark.usefixtures("network")  # loopback only; a fake public DNS name
 
@@ -92,7 +92,7 @@ def test_5xx_and_429_are_retried_4xx_is_not(server, tmp_path):
 
 
 def test_a_non_image_body_is_fetched_and_left_to_decode(server, tmp_path):
-    from batchgen.decode import decode_image
+    from batchgen.media.images import decode_image
 
     item = fetcher(tmp_path).fetch(image(f"{server.url}/html-as-png"))
     with pytest.raises(RowError) as e:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import MEDIA
 
-from batchgen.errors import RowError
-from batchgen.frames import extract_frames, frame_indices
+from batchgen.core.errors import RowError
+from batchgen.media.frames import extract_frames, frame_indices
 
 
 def test_frame_indices_of_the_sample_video():

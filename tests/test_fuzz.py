@@ -13,7 +13,7 @@ import shutil
 from conftest import MEDIA, MODELS, SAMPLE, read, run_cli
 from PIL import Image
 
-from batchgen.records import STAGES
+from batchgen.core.records import STAGES
 
 SEED = 20261201
 IMAGES, VIDEOS, LINES = 1100, 150, 750

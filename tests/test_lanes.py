@@ -82,12 +82,12 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
     from conftest import MODELS
     from mlx_lm.sample_utils import make_logits_processors
 
-    from batchgen.decoder import Watch
-    from batchgen.models import inspect_model
-    from batchgen.parse import parse_row
-    from batchgen.read import RawRow
-    from batchgen.records import GenParams, Media
-    from batchgen.single import generate_vlm
+    from batchgen.core.records import GenParams, Media
+    from batchgen.generate.decoder import Watch
+    from batchgen.generate.models import inspect_model
+    from batchgen.generate.one_row import generate_vlm
+    from batchgen.input.parse import parse_row
+    from batchgen.input.read import RawRow
 
     rng = np.random.default_rng(7)
     Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(tmp_path / "a.png")
@@ -177,12 +177,12 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
 
     import mlx_vlm
 
-    from batchgen.config import MediaConfig
-    from batchgen.media import MediaStage
-    from batchgen.models import inspect_model
-    from batchgen.parse import parse_row
-    from batchgen.read import RawRow
-    from batchgen.records import GenParams
+    from batchgen.core.records import GenParams
+    from batchgen.core.settings import MediaConfig
+    from batchgen.generate.models import inspect_model
+    from batchgen.input.parse import parse_row
+    from batchgen.input.read import RawRow
+    from batchgen.media.resolve import MediaStage
 
     questions = ["What moves?", "Which way does it go?", "Describe the clip in detail.", "Colour?"]
     rows = [{"id": f"v{k}", "video": "media/moving_dot.mp4", "prompt": q, "max_tokens": 6 + 3 * k}
@@ -228,7 +228,7 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.loading import mend_processor
+    from batchgen.generate.loading import mend_processor
 
     rng = np.random.default_rng(3)
     for k in range(3):
@@ -274,7 +274,7 @@ def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, 
     different images, mixed budgets, two slots refilled; each row as mlx-vlm generates it."""
     import mlx_vlm
 
-    from batchgen.loading import mend_processor
+    from batchgen.generate.loading import mend_processor
 
     float_ones = {
         "qwen3_5": "sensitive_qwen3_5",
@@ -335,7 +335,7 @@ def test_rows_that_cannot_batch_are_counted_once_per_reason(workdir):
 
 
 def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
-    from batchgen.vision_lanes import _media_blocks
+    from batchgen.generate.vision_lanes import _media_blocks
 
     IMG, BREAK, END, TEXT = 7, 8, 9, 100
     ids = [1, IMG, IMG, BREAK, IMG, IMG, END, TEXT, TEXT, IMG, IMG, BREAK, IMG, IMG, END, TEXT]
@@ -355,7 +355,7 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.loading import mend_processor
+    from batchgen.generate.loading import mend_processor
 
     name, _, kind = family.partition(":")
     model_dir = request.getfixturevalue(name)
@@ -494,7 +494,7 @@ def test_a_template_that_drops_string_content_gets_every_message_as_parts(offset
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.prompts import apply_template
+    from batchgen.generate.prompts import apply_template
 
     messages = [
         {"role": "system", "content": "You are terse."},

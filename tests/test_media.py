@@ -10,9 +10,9 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from batchgen.config import MediaConfig
-from batchgen.media import MediaStage, Prefetcher
-from batchgen.records import Job, MediaRef
+from batchgen.core.records import Job, MediaRef
+from batchgen.core.settings import MediaConfig
+from batchgen.media.resolve import MediaStage, Prefetcher
 
 
 def test_large_frames_are_downscaled_as_they_are_read(tmp_path):

@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from batchgen.parse import check_params, parse_row
-from batchgen.read import RawRow
-from batchgen.records import GenParams, MediaRef
+from batchgen.core.records import GenParams, MediaRef
+from batchgen.input.parse import check_params, parse_row
+from batchgen.input.read import RawRow
 
 
 def parse(value, defaults=None):

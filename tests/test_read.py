@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.cluster import RowPicker, _items, _wanted
-from batchgen.read import iter_rows, scan
-from batchgen.resume import Pending
+from batchgen.execution.ray import RowPicker, _items, _wanted
+from batchgen.input.read import iter_rows, scan
+from batchgen.output.resume import Pending
 
 
 def _jsonl(path):
@@ -78,7 +78,7 @@ def test_items_carry_exactly_the_pending_rows_and_the_picker_reads_them(tmp_path
     assert all(len(p) <= 10 for p in picked)
     assert all(b - a <= 64 for p in picked for a, b in zip(p, p[1:], strict=False))
     picker = RowPicker(index.source)
-    from batchgen.read import Mark
+    from batchgen.input.read import Mark
 
     rows = [
         r for item, want in zip(items, picked, strict=True) for r in picker.pick(Mark(*item["mark"]), want)

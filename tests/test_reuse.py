@@ -116,7 +116,7 @@ def test_distinct_images_and_images_with_identical_byte_prefixes_never_share(wor
 
 
 def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_copies():
-    from batchgen.loading import SharedImages
+    from batchgen.generate.loading import SharedImages
 
     calls = []
 
@@ -141,7 +141,7 @@ def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_c
 
 
 def test_kept_image_processor_outputs_are_bounded_by_their_bytes():
-    from batchgen.loading import SHARED_IMAGE_BYTES, SharedImages
+    from batchgen.generate.loading import SHARED_IMAGE_BYTES, SharedImages
 
     calls = []
     shared = SharedImages(lambda images: calls.append(1) or {"pixel_values": np.zeros((1, 3, 8, 8))})

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, SAMPLE, batch, read, run_cli, write_jsonl
 
-from batchgen.records import RESULT_COLUMNS
+from batchgen.core.records import RESULT_COLUMNS
 
 TEXT_ROWS = [
     {"id": "a", "prompt": "Say hello.", "topic": "greeting"},
@@ -507,12 +507,12 @@ def test_the_summary_names_the_commonest_errors_and_inspect_refuses_other_parque
 
 
 def test_an_internal_crash_has_its_own_exit_code_and_a_traceback_file(workdir, monkeypatch):
-    import batchgen.runner
+    import batchgen.execution.runner
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug in the writer")
 
-    monkeypatch.setattr(batchgen.runner, "_conclude", broken)
+    monkeypatch.setattr(batchgen.execution.runner, "_conclude", broken)
     job = write_jsonl(workdir / "jobs.jsonl", [{"id": "a", "prompt": "Hi."}])
     code, output = batch(job, workdir / "out.parquet")
     assert code == 3, output

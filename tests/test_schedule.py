@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from batchgen.schedule import schedule
+from batchgen.generate.schedule import schedule
 
 
 @dataclass

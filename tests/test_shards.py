@@ -11,7 +11,7 @@ import tarfile
 import pytest
 from conftest import MODELS, ROOT, read, run_cli, write_jsonl
 
-from batchgen.read import iter_rows, scan
+from batchgen.input.read import iter_rows, scan
 
 sys.path.insert(0, str(ROOT / "scripts"))
 

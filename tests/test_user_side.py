@@ -214,9 +214,9 @@ def test_openai_batch_fields_are_honoured_or_refused_never_ignored(tmp_path):
 
 
 def test_inspect_counts(tmp_path):
-    from batchgen.read import JobIndex
-    from batchgen.records import Result
-    from batchgen.write import ResultWriter
+    from batchgen.core.records import Result
+    from batchgen.input.read import JobIndex
+    from batchgen.output.write import ResultWriter
 
     out = tmp_path / "r.parquet"
     w = ResultWriter(out, JobIndex("jsonl", list("abcde"), None), {}, False, 10, 3600)

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchgen.read import JobIndex
-from batchgen.records import Result
-from batchgen.write import ResultWriter, partial_dir
+from batchgen.core.records import Result
+from batchgen.input.read import JobIndex
+from batchgen.output.write import ResultWriter, partial_dir
 
 
 def _writer(out, ids, flush_rows=2, overwrite=False, schema=None, settings=None):
@@ -70,7 +70,7 @@ def test_input_columns_named_like_ours_are_kept_aside(tmp_path):
 def test_resuming_under_other_settings_is_refused(tmp_path):
     import pytest
 
-    from batchgen.errors import ConfigError
+    from batchgen.core.errors import ConfigError
 
     out = tmp_path / "out.parquet"
     w = _writer(out, ["a"], flush_rows=1, settings={"model": "m1"})

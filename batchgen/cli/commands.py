@@ -1,0 +1,295 @@
+"""Command line: parses flags, builds a RunConfig, calls the library, maps errors to exit codes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ..core.errors import BatchgenError, ConfigError, Interrupted
+from ..core.uris import is_uri
+from ..tools.tiny.builder import KINDS
+from .options import COLUMN, COLUMN_FLAGS, Sectioned, run_options
+from .process import ProgressDisplay, Signals
+
+__all__ = ["main"]
+
+
+CRASH_EXIT = 3  # an internal error (a bug), not a row (1) or a setting (2); finished rows are kept
+
+
+def _fail(e: BatchgenError) -> None:
+    click.echo(f"error: {e}", err=True)
+    sys.exit(e.exit_code)
+
+
+def _crashed(e: Exception) -> None:
+    """One line naming the error and where its full traceback was written, then exit 3."""
+    import tempfile
+    import time
+    import traceback
+
+    from ..core.errors import short
+
+    path = Path(tempfile.gettempdir()) / f"batchgen-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.txt"
+    try:
+        path.write_text("".join(traceback.format_exception(e)))
+        where = f"full traceback in {path}"
+    except OSError:
+        where = "the traceback could not be saved"
+    click.echo(f"error: internal error {type(e).__name__}: {short(e)} ({where}); finished rows are kept, "
+               "rerun to resume", err=True)  # fmt: skip
+    sys.exit(CRASH_EXIT)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "BATCHGEN"})
+@click.version_option(package_name="batchgen")
+@click.option("-v", "--verbose", count=True, help="More log lines (-vv: debug).")
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Log level [warning]."
+)
+def main(verbose: int, log_level: str | None) -> None:
+    """Batch generation with MLX: a job in (JSONL, Parquet, CSV, an OpenAI Batch file, or a
+    folder, glob or URI of such shards or of WebDataset tars), a Parquet of results out.
+
+    Every option can also be set from the environment: BATCHGEN_<COMMAND>_<OPTION>, e.g.
+    BATCHGEN_RUN_MAX_TOKENS=64 or BATCHGEN_LOG_LEVEL=info."""
+    level = log_level.upper() if log_level else ("WARNING", "INFO", "DEBUG")[min(verbose, 2)]
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+
+
+@main.command(cls=Sectioned)
+@click.argument("job_file")
+@click.option(
+    "-o", "--output", help="Result Parquet, or DIR/ for a folder of shards [JOB_FILE.results.parquet]."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]),
+    help="Job format [by extension; .tar: webdataset].",
+)
+@click.option("--limit", type=int, help="Only the first N rows of the job file.")
+@run_options
+def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
+    """Generate for every row of JOB_FILE; rerun the same command to resume.
+
+    JOB_FILE is a JSONL, Parquet, CSV or OpenAI Batch file, a folder or glob of such shards
+    or of WebDataset tars, or the same as an s3://, gs:// or hf:// URI. Generation options set
+    the run's defaults (shown as a run without --config gets them); a row's own values win."""
+    if output is None:
+        if is_uri(job_file):
+            _fail(ConfigError("a job given as a URI needs -o (a file, DIR/ for shards, or a URI)"))
+        job = Path(job_file.rstrip("/") or job_file)
+        output = str(job.with_name(job.name.split(".")[0].rstrip("*") + ".results.parquet"))
+    _run(job_file, output, format=fmt, **flags)
+
+
+@main.command(cls=Sectioned)
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Result Parquet.")
+@click.option("-p", "--prompt", "prompts", multiple=True, help="A question for every file (repeatable).")
+@click.option(
+    "--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones]."
+)
+@run_options
+def caption(
+    paths: tuple[str, ...], output: Path, prompts: tuple[str, ...], extensions: tuple[str, ...], **flags
+):
+    """Caption image and video files: PATHS are files, folders (recursive) or globs; one row
+    per file and prompt. A rerun skips files already captioned and takes new ones."""
+    from ..tools.caption import write_caption_jobs
+
+    if not prompts and not flags.get("prompt_template"):
+        _fail(BatchgenError("give at least one --prompt (or a --prompt-template)"))
+    try:
+        job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None)
+    except BatchgenError as e:
+        _fail(e)
+    _run(job_file, output, **flags)
+
+
+def _run(job_file: str | Path, output: str | Path, preset: str | None, output_format: str, **flags) -> None:
+    from ..core.settings import GEN_FIELDS, build_config, read_json_settings
+    from ..execution.runner import run as run_job
+
+    generation = {k: flags.pop(k) for k in GEN_FIELDS if k in flags}
+    generation["stop"] = list(generation["stop"]) or None
+    schema_file = flags.pop("json_schema_file", None)
+    if schema_file is not None:
+        try:
+            generation["json_schema"] = read_json_settings(schema_file, "--json-schema")
+        except ConfigError as e:
+            _fail(e)
+    generation["guided_choice"] = list(flags.pop("guided_choice", ()) or ()) or None
+    generation["guided_regex"] = flags.pop("guided_regex", None)
+    media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
+                   "fetch_workers", "decode_workers")  # fmt: skip
+    media = {k: flags.pop(k) for k in media_flags}
+    columns = {key: flags.pop(flag) for flag, key in COLUMN_FLAGS.items()}
+    output, openai_output = _outputs(output, output_format)
+    try:
+        config = build_config(
+            job_file, output, preset, generation, media, columns, openai_output=openai_output, **flags
+        )
+    except BatchgenError as e:
+        _fail(e)
+    display = ProgressDisplay(config.quiet, config.progress_seconds)
+    try:
+        with Signals() as signals:
+            summary = run_job(config, progress=display, stop=signals.stop)
+    except Interrupted as e:
+        display.close()
+        click.echo(f"error: stopped by {signals.name}; {e}", err=True)
+        sys.exit(signals.exit_code)
+    except BatchgenError as e:
+        display.close()
+        _fail(e)
+    except Exception as e:  # noqa: BLE001 - a bug: its own exit code, the traceback kept for the report
+        display.close()
+        _crashed(e)
+    display.close()
+    click.echo(summary.line(), err=True)
+    click.echo(f"wrote {', '.join(str(p) for p in (output, openai_output) if p)}", err=True)
+    sys.exit(summary.exit_code)
+
+
+def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | None]:
+    """(Parquet path, OpenAI output path). With `openai` the Parquet, which holds the state a
+    rerun resumes from, sits beside the JSONL under the same name."""
+    if output_format == "parquet":
+        return given, None
+    if is_uri(str(given)) or str(given).endswith("/"):
+        _fail(ConfigError("--output-format openai/both writes a local file: give -o a file name"))
+    output = Path(given)
+    if output_format == "openai":
+        return output.with_suffix(".parquet") if output.suffix != ".parquet" else output.with_suffix(
+            ".results.parquet"
+        ), output
+    return output, output.with_suffix(".openai.jsonl")
+
+
+@main.command()
+@click.argument("job_file")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]),
+    help="Job format [by extension; .tar: webdataset].",
+)
+@click.option("--id-column", **COLUMN)
+@click.option("--prompt-column", **COLUMN)
+@click.option("--system-column", **COLUMN)
+@click.option("--image-column", multiple=True, **COLUMN)
+@click.option("--video-column", multiple=True, **COLUMN)
+@click.option("--prompt-template", help="As for run.")
+def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flags) -> None:
+    """Check every row of JOB_FILE as `run` would read it (with the same column mapping and
+    prompt template); print each problem with its line; exit 1 if any."""
+    from ..core.settings import build_columns
+    from ..input.validate import validate_file
+
+    count = 0
+    try:
+        columns = build_columns({}, {key: flags[flag] for flag, key in COLUMN_FLAGS.items()})
+        for problem in validate_file(job_file, fmt, columns, prompt_template):
+            click.echo(problem)
+            count += 1
+    except BatchgenError as e:
+        _fail(e)
+    if count:
+        click.echo(f"{count} problem(s) in {job_file}", err=True)
+        sys.exit(1)
+    click.echo(f"{job_file}: ok", err=True)
+
+
+@main.command("make-tiny-model")
+@click.argument("out_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--kind",
+    type=click.Choice(KINDS),
+    default="vlm",
+    show_default=True,
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--sensitive", is_flag=True, help="Outputs that vary with every input (for tests).")
+@click.option("--bits", type=click.Choice(["4", "8"]), help="Quantize the language model (vision kinds).")
+def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: str | None) -> None:
+    """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
+
+    lm: qwen2 text model; vlm: qwen2_vl; qwen2_5_vl; qwen3_vl; qwen3_vl_moe; text-draft: a smaller
+    qwen2 draft for lm; mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp
+    drafter); llava: llava (llama + CLIP); llava_next: LLaVA-NeXT; smolvlm: SmolVLM (llama +
+    SigLIP-like, pixel shuffle); idefics3: Idefics3; gemma3: Gemma 3; gemma4: Gemma 4 (per-layer
+    inputs, no audio tower); mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL."""
+    from ..tools.tiny.builder import make_tiny_model as build
+
+    build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)  # type: ignore[arg-type]
+    click.echo(f"wrote {kind} checkpoint to {out_dir}", err=True)
+
+
+@main.command("inspect")
+@click.argument("results", type=click.Path(path_type=Path, exists=True))
+@click.option(
+    "--slowest", type=int, default=5, show_default=True, help="How many of the slowest rows to list."
+)
+def inspect_results(results: Path, slowest: int) -> None:
+    """Summarize a results file: statuses, errors by stage, tokens, reuse, drafts, slowest rows."""
+    from ..tools.report import summarize
+
+    try:
+        click.echo(summarize(results, slowest))
+    except BatchgenError as e:
+        _fail(e)
+
+
+@main.command()
+@click.argument("results", type=click.Path(path_type=Path, exists=True))
+@click.option(
+    "-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML page to write."
+)
+@click.option("--media-base", type=click.Path(path_type=Path, file_okay=False),
+              help="Folder the job's relative media paths start from [as the run recorded].")  # fmt: skip
+def report(results: Path, output: Path, media_base: Path | None) -> None:
+    """Write a self-contained HTML gallery of a results file, one card per row."""
+    from ..tools.report import write_gallery
+
+    try:
+        cards, missing, base = write_gallery(results, output, media_base)
+    except BatchgenError as e:
+        _fail(e)
+    if missing:
+        shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        where = f"relative paths start at {base}" if base else "a remote job's local paths are not opened"
+        click.echo(f"warning: {len(missing)} media not found, unreadable or refused: {shown} ({where}; "
+                   "--media-base to change it)", err=True)  # fmt: skip
+    click.echo(f"wrote {output} ({cards} cards)", err=True)
+
+
+@main.command()
+@click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True))
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
+@click.option("--job", "job_file", type=click.Path(path_type=Path), required=True,
+              help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip
+@click.option(
+    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]), help="Job file format."
+)
+def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None) -> None:
+    """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing
+    or duplicated."""
+    from ..input.read import scan
+    from ..output.write import merge_outputs
+
+    try:
+        rows, missing, duplicated = merge_outputs(list(parts), scan(job_file, fmt), output)
+    except BatchgenError as e:
+        _fail(e)
+    click.echo(f"wrote {output} ({rows} rows from {len(parts)} parts)", err=True)
+    for label, ids in (("missing", missing), ("duplicated", duplicated)):
+        if ids:
+            shown = ", ".join(map(repr, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            click.echo(f"{len(ids)} id(s) {label}: {shown}", err=True)
+    sys.exit(1 if missing or duplicated else 0)

@@ -1,0 +1,202 @@
+"""The options of `run` and `caption`, declared once, and the --help that lists them in
+sections (input, models, generation, media, reuse, drafts, scale-out, output and reruns)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..core.errors import BatchgenError
+
+__all__ = ["run_options", "Sectioned", "COLUMN", "COLUMN_FLAGS"]
+
+
+def _generation_options() -> list:
+    """One option per generation parameter (params.PARAMS), showing the default a run without
+    --config uses: the default preset's where it sets one, else the built-in one."""
+    from ..core.params import PARAMS
+    from ..core.settings import find_preset, load_preset
+
+    try:
+        preset = load_preset(find_preset(None)).get("generation") or {}
+    except BatchgenError:
+        preset = {}
+    options = []
+    for p in PARAMS:
+        if p.cli is None:
+            continue
+        default = preset.get(p.name, p.default)
+        shown = "none" if default in (None, ()) else default
+        origin = " from the default preset" if p.name in preset else ""
+        options.append(
+            click.option(
+                f"--{p.name.replace('_', '-')}",
+                type=p.cli,
+                multiple=p.name == "stop",
+                help=f"{p.help} [{shown}{origin}].",
+            )  # fmt: skip
+        )
+    return options
+
+
+# `run --help` in sections, by option name (the generation options are all the rest).
+_SECTIONS = {
+    "Input": ("output", "fmt", "limit", "prompts", "extensions", "prompt_template", "id_column",
+              "prompt_column", "system_column", "image_column", "video_column", "shard"),
+    "Models": ("model", "text_model", "preset"),
+    "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
+              "fetch_workers", "decode_workers"),
+    "Reuse and batching": ("batch_size", "continuous", "window", "cache", "row_timeout"),
+    "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
+    "Scale-out": ("engine", "ray_address", "workers"),
+    "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns", "overwrite",
+                          "fail_fast", "max_attempts", "retry_failed", "quiet", "help"),
+}  # fmt: skip
+
+
+class Sectioned(click.Command):
+    """A command whose --help lists its options in sections (input, models, generation, …),
+    and whose bad option values name the environment variable they came from, if one did."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.BadParameter as e:
+            param = e.param
+            if (
+                param is not None
+                and param.name
+                and (ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT)
+            ):
+                variable = param.envvar or f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+                e.message = f"{e.message} (from the environment variable {variable})"
+            raise
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        section_of = {name: title for title, names in _SECTIONS.items() for name in names}
+        rows: dict[str, list[tuple[str, str]]] = {
+            title: [] for title in ("Input", "Models", "Generation", *_SECTIONS)
+        }
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                rows[section_of.get(param.name or "", "Generation")].append(record)
+        for title, records in rows.items():
+            if records:
+                with formatter.section(title):
+                    formatter.write_dl(records)
+
+
+COLUMN = {"metavar": "NAME"}
+COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "system",
+                 "image_column": "image", "video_column": "video"}  # fmt: skip
+
+
+def run_options(command):
+    """The options `run` and `caption` share: models, presets, generation, media, output."""
+    options = [
+        click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
+        click.option("--text-model", help="Model for rows without media [--model]."),
+        click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
+        click.option(
+            "--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'
+        ),
+        click.option("--id-column", help="Column holding each row's id [id].", **COLUMN),
+        click.option("--prompt-column", help="Column holding the prompt [prompt].", **COLUMN),
+        click.option("--system-column", help="Column holding the system prompt [system].", **COLUMN),
+        click.option(
+            "--image-column",
+            multiple=True,
+            help="Column holding images (repeatable) [image, images].",
+            **COLUMN,
+        ),
+        click.option(
+            "--video-column",
+            multiple=True,
+            help="Column holding videos (repeatable) [video, videos].",
+            **COLUMN,
+        ),
+        click.option(
+            "--keep-columns", multiple=True, help="Carry these binary columns to the output too (repeatable)."
+        ),
+        click.option(
+            "--drop-columns", multiple=True, help="Do not carry these columns to the output (repeatable)."
+        ),
+        click.option(
+            "--output-format",
+            type=click.Choice(["parquet", "openai", "both"]),
+            default="parquet",
+            show_default=True,
+            help="openai: -o is an OpenAI Batch JSONL, Parquet beside; both: Parquet at -o, JSONL beside.",
+        ),
+        click.option("--overwrite", is_flag=True, help="Start over instead of resuming."),
+        click.option(
+            "--output-shards",
+            is_flag=True,
+            default=None,
+            help="-o is a folder of Parquet shards (as -o DIR/ is), read with pandas.read_parquet(DIR).",
+        ),  # fmt: skip
+        click.option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
+        click.option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
+        click.option("--workers", type=int, help="Ray actors, one model load each [1]."),
+        click.option(
+            "--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."
+        ),
+        click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
+        click.option(
+            "--max-attempts",
+            type=int,
+            help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
+        ),  # fmt: skip
+        click.option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
+        *_generation_options(),
+        click.option(
+            "--json-schema",
+            "json_schema_file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Every row answers JSON matching this schema file (a row's own constraint wins).",
+        ),
+        click.option("--guided-choice", multiple=True, help="Every row answers one of these (repeatable)."),
+        click.option("--guided-regex", help="Every row answers text matching this regular expression."),
+        click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
+        click.option("--video-max-frames", type=int, help="Most frames per video [128]."),
+        click.option(
+            "--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts."
+        ),
+        click.option(
+            "--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs."
+        ),
+        click.option(
+            "--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it."
+        ),
+        click.option("--fetch-workers", type=int, help="Downloads in flight [16]."),
+        click.option("--decode-workers", type=int, help="Image/video decodes at once [2]."),
+        click.option(
+            "--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding."
+        ),
+        click.option("--num-draft-tokens", type=int, help="Text drafts per round [3]."),
+        click.option(
+            "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
+        ),
+        click.option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
+        click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
+        click.option(
+            "--static-batches",
+            "continuous",
+            flag_value=False,
+            default=None,
+            help="Run batches to their end (no refilling of finished rows' slots), to compare.",
+        ),  # fmt: skip
+        click.option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
+        click.option(
+            "--row-timeout", type=float, help="Seconds a row may generate; past it, a row error [none]."
+        ),
+        click.option(
+            "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
+        ),
+        click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

@@ -1,0 +1,113 @@
+"""What the command line owns while a run goes: SIGINT/SIGTERM, and what a person sees
+(a progress bar on a terminal, a progress line every so often in a cron log)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from tqdm import tqdm
+
+from ..core.stop import Stop
+from ..execution.summary import Progress
+
+__all__ = ["Signals", "ProgressDisplay"]
+
+
+class Signals:
+    """The first SIGINT/SIGTERM sets `stop` (downloads give up, generation ends between decode
+    steps, finished rows are written); the second runs the run's cleanups (the lock, the temp
+    folder) and exits at once."""
+
+    CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self.stop = Stop()
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            self.stop.clean_up()
+            os._exit(self.CODES.get(signum, 1))
+        self.received = signum
+        self.stop.set()
+
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.CODES:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    @property
+    def exit_code(self) -> int:
+        return self.CODES.get(self.received, 130)  # type: ignore[arg-type]
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received is not None else "a stop request"
+
+
+class ProgressDisplay:
+    """The run's progress callback: what resumes and the URL policy at the start, then a bar
+    on a terminal, or without one (cron, a log file) a line every `every` seconds."""
+
+    def __init__(self, quiet: bool, every: float):
+        self.quiet, self.every = quiet, every
+        self.bar: tqdm | None = None
+        self.last: Progress | None = None
+        self._started = time.perf_counter()
+        self._beat = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __call__(self, report: Progress) -> None:
+        self.last = report
+        if self.quiet:
+            return
+        if self.bar is None:
+            self._start(report)
+            return
+        self.bar.update(report.rows)
+        self.bar.set_postfix_str(report.tail, refresh=False)
+
+    def _start(self, report: Progress) -> None:
+        if report.done_before and report.total:
+            again = f", {report.retried:,} failed rows tried again" if report.retried else ""
+            whole = report.done_before + report.total
+            print(f"resuming: {report.done_before:,} of {whole:,} rows done{again}", file=sys.stderr)
+        if report.summary.private_urls_allowed:
+            print("warning: private and loopback URLs are allowed for this run's media", file=sys.stderr)
+        self._started = time.perf_counter() - report.elapsed
+        self.bar = tqdm(total=report.total, unit="row", file=sys.stderr, disable=None, dynamic_ncols=True)
+        if not sys.stderr.isatty() and self.every > 0:
+            self._thread = threading.Thread(target=self._heartbeat, name="batchgen-progress", daemon=True)
+            self._thread.start()
+
+    def _heartbeat(self) -> None:
+        while not self._beat.wait(self.every):
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def line(self) -> str:
+        report = self.last
+        assert report is not None
+        s, elapsed = report.summary, max(time.perf_counter() - self._started, 1e-9)
+        rate = s.generated / elapsed
+        left = (report.total - s.generated) / rate if rate else float("inf")
+        eta = time.strftime("%H:%M:%S", time.gmtime(left)) if left < 100 * 3600 else "unknown"
+        return (
+            f"progress: {s.generated:,}/{report.total:,} rows ({s.generated / max(report.total, 1):.1%}), "
+            f"{rate:.2f} rows/s, {report.tail}, ETA {eta}"
+        )
+
+    def close(self) -> None:
+        self._beat.set()
+        if self.bar is not None:
+            self.bar.close()

@@ -1,0 +1,95 @@
+"""Errors: run-stopping ones carry their exit code; row failures carry their stage."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "one_line",
+    "describe",
+    "short",
+    "StopRequested",
+    "BatchgenError",
+    "ConfigError",
+    "JobFileError",
+    "FailFastError",
+    "Interrupted",
+    "OutputLockedError",
+    "RowError",
+]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """Control characters (a newline in a path) escaped: an error is one line, whatever it quotes."""
+    return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def describe(source: str | bytes, width: int = 80) -> str:
+    """A reference short enough for a one-line error: data URLs lose their payload, control
+    characters (a newline in a path) are escaped, bytes are named by their size."""
+    if isinstance(source, bytes):
+        return f"{len(source):,} bytes from the row"
+    if source.startswith("data:"):
+        source = f"{source.split(',', 1)[0][:width]},… ({len(source)} chars)"
+    elif len(source) > width:
+        source = source[: width - 1] + "…"
+    return one_line(source)
+
+
+def gist(message: str) -> str:
+    """An error without the parts that differ from row to row (the reference before ': ')."""
+    return message.split(": ", 1)[-1][:120]
+
+
+def short(e: BaseException, width: int = 200) -> str:
+    """An exception's message on one line, cut to `width` characters."""
+    return " ".join(str(e).split())[:width]
+
+
+class BatchgenError(Exception):
+    """Stops a run before any work starts. `exit_code` follows Click: 2 for usage errors."""
+
+    exit_code = 2
+
+
+class ConfigError(BatchgenError):
+    """A bad flag, preset or model path."""
+
+
+class JobFileError(BatchgenError):
+    """A job file that cannot be read at all, or whose ids collide."""
+
+
+class OutputLockedError(BatchgenError):
+    """Another run holds the output."""
+
+
+class Interrupted(BatchgenError):
+    """The caller asked the run to stop: finished rows are on disk. The CLI exits 130 or 143
+    after SIGINT or SIGTERM."""
+
+    exit_code = 130
+
+
+class FailFastError(BatchgenError):
+    """--fail-fast met a failed row; finished rows are kept for the next run to resume."""
+
+    exit_code = 1
+
+
+class RowError(Exception):
+    """One row failed; it becomes an error row and the run goes on. `transient`: the failure
+    may not happen again (a server down, a timeout, an engine error), so a rerun retries it."""
+
+    def __init__(self, stage: str, message: str, transient: bool = False):
+        super().__init__(message)
+        self.stage = stage
+        self.message = message
+        self.transient = transient
+
+
+class StopRequested(BaseException):
+    """A stop request (SIGINT/SIGTERM) seen between decode steps. A BaseException, so that no
+    row-level `except Exception` turns it into a row error: it ends the batch, not a row."""

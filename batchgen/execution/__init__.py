@@ -1,0 +1,1 @@
+"""Execution: the runner that wires the stages, and where rows run (here, or on Ray)."""

@@ -1,0 +1,219 @@
+"""Execute stage: jobs → media look-ahead → batched generation → results.
+
+`LocalExecutor` is the loop a local run drives and each Ray actor runs on its share of the
+rows (ray.py), so media overlap generation and rows are grouped over the window in both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..core.constraints import satisfied
+from ..core.errors import RowError, one_line
+from ..core.records import TOTALS, Generation, Job, Media, Result
+from ..core.settings import WorkSettings
+from ..generate.lanes import completions
+from ..generate.router import Engines, Plan
+from ..generate.schedule import schedule
+from ..input.parse import parse_row
+from ..input.read import RawRow
+from ..media.resolve import MediaStage, Prefetcher, Prepared
+from ..output.resume import Pending
+
+__all__ = ["LocalExecutor", "generate_window", "merge_stats"]
+
+
+def _result(
+    job: Job,
+    prepared: Prepared | None,
+    outcome: Generation | RowError,
+    model: str | None,
+    generate_ms: float = 0.0,
+) -> Result:
+    """One output row from a job, its media stage times and what generation made of it."""
+    result = Result(id=job.id, model=model, generate_ms=generate_ms, input_hash=job.digest)
+    if prepared is not None:
+        t = prepared.times
+        result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
+    if isinstance(outcome, RowError):
+        result.status, result.error, result.error_stage = "error", one_line(outcome.message), outcome.stage
+        result.transient = outcome.transient
+    else:
+        result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
+        for name in TOTALS:
+            setattr(result, name, getattr(outcome, name))
+        constraint = job.params.constraint
+        if constraint is not None:  # never output that misses its constraint marked ok
+            try:
+                result.parsed, why = satisfied(constraint, outcome.text)
+            except Exception as e:  # noqa: BLE001 - a hostile constraint fails its row, never the run
+                result.parsed, why = None, f"could not be checked ({type(e).__name__})"
+            if why:
+                cut = (
+                    f" within max_tokens {job.params.max_tokens}" if outcome.finish_reason == "length" else ""
+                )
+                what = {"json_schema": "JSON schema", "json_object": "JSON object"}.get(
+                    constraint.kind, constraint.kind
+                )
+                result.status, result.error_stage = "error", "generate"
+                result.error = (
+                    f"the output {why}: it does not satisfy its {what}{cut} "
+                    f"(finish_reason {outcome.finish_reason})"
+                )
+    return result
+
+
+def _combined(outcomes: list[Generation | RowError]) -> tuple[Generation | RowError, str | None]:
+    """A row's n completions (OpenAI's `n`) as one outcome: the first's text, all tokens
+    counted, every completion in `choices`; any failure fails the row."""
+    if len(outcomes) == 1:
+        return outcomes[0], None
+    failed = [o for o in outcomes if isinstance(o, RowError)]
+    if failed:
+        return failed[0], None
+    gens: list[Generation] = outcomes  # type: ignore[assignment]
+    first = dataclasses.replace(
+        gens[0], completion_tokens=sum(g.completion_tokens for g in gens),
+        mtp_drafts=sum(g.mtp_drafts for g in gens), mtp_accepted=sum(g.mtp_accepted for g in gens),
+        capped=any(g.capped for g in gens),
+    )  # fmt: skip
+    choices = [{"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens}
+               for g in gens]  # fmt: skip
+    return first, json.dumps(choices)
+
+
+def generate_window(
+    window: list[tuple[Job, Prepared | None]], engines: Engines, batch_size: int, continuous: bool = True
+) -> Iterator[list[tuple[Job, Result]]]:
+    """Results for a window of rows, a list at a time: the rows that failed before generation,
+    then the rows of each scheduled run as they finish, `batch_size` at a time. With
+    `continuous`, a lane's rows are one run (a finished row's slot goes to the next waiting
+    row); without, static batches of `batch_size`. A batched row's `generate_ms` is its share
+    of the lane's time: the time since the run's previous row finished. A row asking for n
+    completions runs as n rows of one prompt and comes out once, when all n are done."""
+    plans: list[Plan] = []
+    owners: list[int] = []  # each plan's row in the window
+    failed: list[tuple[Job, Result]] = []
+    for w, (job, prepared) in enumerate(window):
+        if job.error:
+            failed.append((job, _result(job, prepared, RowError("read", job.error), None)))
+        elif prepared is not None and prepared.error:
+            failed.append((job, _result(job, prepared, prepared.error, None)))
+        else:
+            t0 = time.perf_counter()
+            try:
+                copies = completions(engines.plan(job, prepared.media if prepared else Media()))
+            except RowError as e:
+                ms = (time.perf_counter() - t0) * 1000
+                failed.append((job, _result(job, prepared, e, engines.model_for(job), ms)))
+                continue
+            plans += copies
+            owners += [w] * len(copies)
+    if failed:
+        yield failed
+    outcomes: dict[int, list[tuple[int, Generation | RowError]]] = {}
+    spent: dict[int, float] = {}
+    for run in schedule(plans, None if continuous else batch_size):
+        members = [plans[i] for i in run]
+        done: list[tuple[Job, Result]] = []
+        last = time.perf_counter()
+        for i, outcome in engines.run(members, batch_size):
+            now, w = time.perf_counter(), owners[run[i]]
+            got = outcomes.setdefault(w, [])
+            got.append((run[i], outcome))
+            spent[w] = spent.get(w, 0.0) + (now - last) * 1000
+            last = now
+            job, prepared = window[w]
+            if len(got) < job.params.completions:
+                continue
+            outcome, choices = _combined([o for _, o in sorted(got, key=lambda x: x[0])])
+            result = _result(job, prepared, outcome, engines.model_for(job), spent.pop(w))
+            result.choices = choices
+            done.append((job, result))
+            del outcomes[w]
+            if len(done) >= batch_size:
+                yield done
+                done = []
+        if done:
+            yield done
+
+
+class LocalExecutor:
+    """Raw rows in, results out, a list at a time: rows are parsed, their media resolve in
+    worker threads up to a window ahead, and each window is generated in scheduled batches.
+    A set `stop` ends the wait for media at once and generation between decode steps
+    (StopRequested); the caller commits what came out before."""
+
+    def __init__(self, work: WorkSettings, engines: Engines, tmp_dir: Path, stop: threading.Event):
+        self.work, self.engines, self.stop = work, engines, stop
+        info = engines.vision_info
+        self.stage = MediaStage(work.media, work.base_dir, tmp_dir, info.audio, info.max_pixels, stop)
+        self.pool = ThreadPoolExecutor(work.media.fetch_workers, thread_name_prefix="batchgen-media")
+        engines.stop = stop
+        engines.load_drafter()  # a drafter that cannot pair with its target stops the run before any row
+        self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
+
+    def _counted(self, job: Job) -> Job:
+        for name in job.unused_media:
+            self.unused_media[name] = self.unused_media.get(name, 0) + 1
+        return job
+
+    def run(self, todo: Pending) -> Iterator[list[tuple[Job, Result]]]:
+        return self.generate(todo.rows())
+
+    def generate(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
+        c = self.work
+        jobs = (self._counted(parse_row(raw, c.defaults, c.prompt_template, c.columns)[0]) for raw in rows)
+        prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)
+        prefetcher.start()
+        # Load the models the first rows need while their media download.
+        queued = [job for job, _ in prefetcher.ahead if not job.error]
+        self.engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
+        least = max(1, c.batch_size // 4)  # the first batch starts early, then fills up
+        while not self.stop.is_set() and (window := prefetcher.take(c.window, least)):
+            least = c.batch_size
+            yield from generate_window(window, self.engines, c.batch_size, c.continuous)
+
+    def stats(self) -> dict[str, Any]:
+        """The run's figures so far: media work, prefix reuse, rows capped at the context."""
+        prefixes = self.engines.prefixes
+        return {
+            "media": self.stage.stats(),
+            "cache": prefixes.stats() if prefixes else {},
+            "max_tokens_capped": self.engines.capped,
+            "one_at_a_time": dict(self.engines.one_at_a_time),
+            "unused_media": dict(self.unused_media),
+        }
+
+    def close(self) -> None:
+        # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """Figures of several executors (Ray actors) as one run's: counts add, the hit rate is
+    recomputed."""
+    media: dict[str, int] = {}
+    cache: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.get("media", {}).items():
+            media[key] = media.get(key, 0) + value
+        for key, value in part.get("cache", {}).items():
+            cache[key] = cache.get(key, 0) + value
+    if cache:
+        lookups = cache["prefix_hits"] + cache["prefix_misses"]
+        cache["prefix_hit_rate"] = round(cache["prefix_hits"] / lookups, 4) if lookups else 0.0
+    capped = sum(part.get("max_tokens_capped", 0) for part in parts)
+    counts: dict[str, dict[str, int]] = {"one_at_a_time": {}, "unused_media": {}}
+    for part in parts:
+        for key, total in counts.items():
+            for reason, n in part.get(key, {}).items():
+                total[reason] = total.get(reason, 0) + n
+    return {"media": media, "cache": cache, "max_tokens_capped": capped, **counts}

@@ -1,0 +1,263 @@
+"""Scale-out on Ray Data: `RayExecutor` has the local executor's interface, with the media
+and generation stages in a pool of actors, one model load each.
+
+The driver holds no rows: it hands Ray a list of small items (where to start reading in the
+job file, and a bitmap of the pending rows after it), and each actor reads its rows with
+batchgen's own reader (robust to rows Arrow cannot type) — so the job file must be at the
+same path on every node, as for Ray Data's own readers. Each actor runs the local executor
+on its share (media overlapping generation, rows grouped over the window) and sends back
+each row's output record (its input values and result) and its own figures. The driver
+loads no model; it commits through the same writer as a local run, so progress, stop
+requests, resume, the lock, the settings check and the final atomic output are the local
+engine's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import bisect
+import dataclasses
+import json
+import logging
+import os
+import pickle
+import shutil
+import signal
+import tempfile
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..core.errors import ConfigError, short
+from ..core.records import Job, Result
+from ..core.settings import RunConfig, WorkSettings, work_settings
+from ..core.uris import is_uri
+from ..input.read import Mark, RawRow, iter_rows
+from ..input.source import Source
+from ..output.resume import Pending
+from ..output.write import RESULT_SCHEMA
+from .local import merge_stats
+
+__all__ = ["RayExecutor", "RowWorker"]
+
+_OUT_SCHEMA = pa.schema(
+    [
+        ("index", pa.int64()),
+        ("line", pa.int64()),
+        ("id_json", pa.string()),
+        ("value", pa.binary()),  # the row's input values, pickled: Parquet types survive
+        *RESULT_SCHEMA,
+        ("worker", pa.string()),
+        ("stats", pa.string()),
+    ]
+)
+_GAP = 64  # pending rows further apart than this start a new item: an actor never reads far for nothing
+
+
+def _items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
+    """The pending rows as items of at most `per_item` rows: the mark to read from, the first
+    row, and a bitmap of the wanted rows from there."""
+    marks = todo.index.marks
+    starts = [m.index for m in marks]
+
+    def item(group: list[int]) -> dict[str, Any]:
+        mark = marks[bisect.bisect_right(starts, group[0]) - 1]
+        bits = bytearray((group[-1] - group[0]) // 8 + 1)
+        for i in group:
+            bits[(i - group[0]) // 8] |= 1 << ((i - group[0]) % 8)
+        return {
+            "mark": [mark.index, mark.seek, mark.base, mark.shard],
+            "first": group[0],
+            "want": bytes(bits),
+        }
+
+    items, group = [], []
+    for i in todo.indices():
+        if group and (len(group) == per_item or i - group[-1] > _GAP):
+            items.append(item(group))
+            group = []
+        group.append(i)
+    if group:
+        items.append(item(group))
+    return items
+
+
+def _absolute(source: Source) -> Source:
+    """The source with local paths made absolute: actors do not share the driver's folder."""
+    shards = tuple(s if is_uri(s.path) else dataclasses.replace(s, path=str(Path(s.path).resolve()))
+                   for s in source.shards)  # fmt: skip
+    base = str(Path(source.base).resolve()) if source.base is not None else None
+    return dataclasses.replace(source, shards=shards, base=base)
+
+
+def _wanted(first: int, want: bytes) -> list[int]:
+    return [first + i for i in range(len(want) * 8) if want[i // 8] >> (i % 8) & 1]
+
+
+class RowPicker:
+    """Reads chosen rows of a job, a few at a time, in job order: each pick continues where
+    the last one stopped when that is no further back than the mark it is given."""
+
+    def __init__(self, source: Source, id_column: str | None = None):
+        self.source, self.id_column = source, id_column
+        self._rows: Iterator[RawRow] | None = None
+        self._next = -1  # the index the open reader yields next
+
+    def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
+        """The rows at `indices` (ascending, none before `mark`)."""
+        if self._rows is None or not mark.index <= self._next <= indices[0]:
+            self._rows, self._next = iter_rows(self.source, start=mark, id_column=self.id_column), mark.index
+        wanted, out = set(indices), []
+        for row in self._rows:
+            self._next = row.index + 1
+            if row.index in wanted:
+                out.append(row)
+            if row.index >= indices[-1]:
+                break
+        return out
+
+
+class RowWorker:
+    """A Ray actor: loads the models once, then reads and runs batches of items."""
+
+    def __init__(self, work: WorkSettings, source: Source, tmp_root: str | None = None):
+        from ..generate.router import Engines
+        from .local import LocalExecutor
+
+        for shard in source.shards:  # a shared folder or a copy: Ray Data's own readers ask the same
+            path = Path(shard.path)
+            if not is_uri(shard.path) and not (path.is_file() and path.stat().st_size == shard.size):
+                raise ConfigError(
+                    f"{shard.path}: not the driver's job file on this node; put it where every node reads it"
+                )
+        self.rows = RowPicker(source, work.columns.id)
+        self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
+        atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
+        engines = Engines.from_config(work.engine)
+        self.executor = LocalExecutor(work, engines, Path(self.tmp), threading.Event())
+        self.worker = uuid.uuid4().hex
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        rows: list[RawRow] = []
+        for item in batch.to_pylist():
+            rows += self.rows.pick(Mark(*item["mark"]), _wanted(item["first"], item["want"]))
+        values = {raw.index: raw.value for raw in rows}
+        out: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
+        for results in self.executor.generate(rows):
+            for job, result in results:
+                out["index"].append(job.index)
+                out["line"].append(job.line)
+                out["id_json"].append(json.dumps(result.id))
+                out["value"].append(pickle.dumps(values[job.index]))
+                for field in RESULT_SCHEMA:
+                    out[field.name].append(getattr(result, field.name))
+        n = len(out["index"])
+        out["worker"] = [self.worker] * n
+        out["stats"] = [json.dumps(self.executor.stats())] * n  # cumulative: the driver keeps the latest
+        return pa.table(out, schema=_OUT_SCHEMA)
+
+
+def _start_ray(config: RunConfig, temp_dir: str) -> bool:
+    """Join `ray_address`, or start a local instance; False when one was already running."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # no token in the home directory
+    # ray.init installs its own SIGINT/SIGTERM handlers: the run's own (flush, exit 130/143) stay.
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if config.ray_address:
+            ray.init(address=config.ray_address, logging_level="WARNING", log_to_driver=False)
+        else:
+            # More logical CPUs than actors: actors holding every CPU would starve Ray's read task.
+            cpus = max(os.cpu_count() or 1, config.workers) + 2
+            ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING",
+                     log_to_driver=False)  # fmt: skip
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
+    return True
+
+
+class RayExecutor:
+    """The pending rows in, results out, like LocalExecutor; the rows are read and run in Ray
+    actors. A set `stop` ends the run between two result batches."""
+
+    def __init__(self, config: RunConfig, stop: threading.Event):
+        try:
+            import ray  # noqa: F401
+        except ImportError as e:
+            raise ConfigError("--engine ray needs Ray: pip install 'batchgen[ray]'") from e
+        self.config, self.stop = config, stop
+        self._latest: dict[str, dict[str, Any]] = {}  # each actor's last figures
+
+    def run(self, todo: Pending) -> Iterator[list[tuple[Job, Result]]]:
+        import ray
+        from ray.data import ActorPoolStrategy
+
+        c = self.config
+        count = sum(1 for _ in todo.indices())
+        if not count:
+            return
+        # An actor groups rows and overlaps media over a window, but never takes so many that
+        # another actor idles: Ray Data coalesces blocks up to the batch size.
+        batch_rows = min(c.window, max(c.batch_size, -(-count // (2 * c.workers))))
+        per_item = max(1, min(_GAP, batch_rows // 4, -(-count // (2 * c.workers))))  # items for every actor
+        items = _items(todo, per_item)
+        temp_dir = tempfile.mkdtemp(prefix="bg-ray-")  # short: Ray's socket paths must stay short
+        started = False
+        try:
+            started = _start_ray(c, temp_dir)
+            ray.data.DataContext.get_current().enable_progress_bars = False  # batchgen's bar counts rows
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
+            ds = ray.data.from_items(items).repartition(min(max(c.workers * 2, 1), len(items)))
+            local = started and not c.ray_address  # actors' temp folders inside ours, removed with it
+            source = _absolute(todo.index.source)  # type: ignore[arg-type]
+            results = ds.map_batches(
+                RowWorker,
+                fn_constructor_kwargs={
+                    "work": work_settings(c, source.base), "source": source,
+                    "tmp_root": temp_dir if local else None,
+                },
+                compute=ActorPoolStrategy(size=c.workers),
+                batch_size=max(1, batch_rows // per_item),
+                batch_format="pyarrow",
+                num_cpus=0.5,  # fractional: leaves room for Ray's own tasks
+            )  # fmt: skip
+            try:
+                for batch in results.iter_batches(batch_format="pyarrow", batch_size=None):
+                    if self.stop.is_set():
+                        return
+                    if out := self._records(batch):
+                        yield out
+            except ray.exceptions.RayError as e:  # its last line is the actor's own error
+                cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+                raise ConfigError(f"the Ray run failed: {short(ValueError(cause), 300)}") from e
+        finally:
+            if started:
+                ray.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+    def _records(self, batch: pa.Table) -> list[tuple[Job, Result]]:
+        out = []
+        for record in batch.to_pylist():
+            self._latest[record.pop("worker")] = json.loads(record.pop("stats"))
+            value = pickle.loads(record.pop("value"))
+            record["id"] = json.loads(record.pop("id_json"))
+            job = Job(index=record.pop("index"), id=record["id"], line=record.pop("line"))
+            job.raw = value if isinstance(value, dict) else {}
+            out.append((job, Result(**record)))
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return merge_stats(list(self._latest.values()))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,264 @@
+"""The runner: wires read → media → generate → write and keeps the run's figures; the caller
+(the CLI) owns the process: progress display, signals, exit codes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..core.errors import ConfigError, FailFastError, Interrupted, JobFileError, StopRequested, short
+from ..core.records import TOTALS, Job, Result
+from ..core.settings import RunConfig, WorkSettings, work_settings
+from ..core.stop import Stop
+from ..generate.router import Engines
+from ..input.parse import template_fields
+from ..input.read import JobIndex, id_key, scan
+from ..input.source import Source, resolve
+from ..output.openai_batch import write_batch_output
+from ..output.resume import Pending, check_unchanged, settings_of
+from ..output.write import OutputLock, ResultWriter, dropped_columns, partial_dir, stats_path
+from .local import LocalExecutor
+from .summary import Progress, RunSummary, finish
+
+__all__ = ["run", "check_paths", "check_columns"]
+
+
+def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
+    if result.status == "error" and config.fail_fast:
+        writer.flush()
+        raise FailFastError(
+            f"{job.where}: {result.error_stage}: {result.error} (--fail-fast; "
+            f"finished rows kept in {writer.partial}, rerun to resume)"
+        )
+    writer.add(job.raw, result)
+    summary.generated += 1
+    summary.failed += result.status == "error"  # running count for the bar; _finish recounts
+    for name in TOTALS:
+        setattr(summary, name, getattr(summary, name) + getattr(result, name))
+
+
+def run(
+    config: RunConfig, progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None
+) -> RunSummary:
+    """Run a job file to completion; rows already in the output or its parts are skipped.
+
+    The job file and the models are checked before the output is locked or touched. The run
+    prints nothing and installs no signal handler: `progress` is called when it starts and
+    after every batch it commits; a set `stop` ends it between two batches (finished rows
+    written, then Interrupted), and a `core.stop.Stop` also learns what a hard exit must clean."""
+    started = time.perf_counter()
+    stop = stop if stop is not None else Stop()
+    source = dataclasses.replace(
+        resolve(config.input, config.format), caps=config.media.caps, video_columns=config.columns.video
+    )
+    check_paths(config, source)
+    index = scan(source, id_column=config.columns.id)
+    check_columns(config, index)
+    if config.shard is not None or config.limit is not None:
+        index.narrow(config.shard, config.limit)
+    work = work_settings(config, source.base)
+    engines = Engines.from_config(work.engine)
+    with OutputLock(config.output) as lock:
+        cleanups = getattr(stop, "cleanups", [])
+        cleanups.append(lambda: lock.path.unlink(missing_ok=True))
+        try:
+            return _run(config, work, index, engines, _Caller(progress, stop), started)
+        finally:
+            cleanups.clear()
+
+
+def check_paths(config: RunConfig, source: Source) -> None:
+    """Outputs that cannot be written, or that would replace a job file, stop the run before
+    any work (exit 2), not after the first batch. Nothing is created here."""
+    if isinstance(config.output, str):  # a URI: reachable now, or not at all
+        _check_remote(config.output)
+        return
+    jobs = {p.resolve() for p in source.local_paths()}
+    output, sharded = config.output, config.output_shards
+    written = [output, stats_path(output, sharded), partial_dir(output, sharded)]
+    if config.openai_output is not None:
+        written.append(config.openai_output)
+    for path in written:
+        if path.resolve() in jobs:  # type: ignore[union-attr]
+            raise ConfigError(f"{path} is the job file itself: choose another -o")
+    if sharded and any(job.is_relative_to(output.resolve()) for job in jobs):
+        raise ConfigError(f"-o {output}: the job's files are in it; choose another folder for the shards")
+    if output.is_dir() and not sharded:
+        raise ConfigError(f"-o {output}: is a folder; give a file name (e.g. {output / 'results.parquet'})")
+    if output.exists() and not output.is_dir() and sharded:
+        raise ConfigError(f"-o {output}/: a file, not a folder; choose another folder for the shards")
+    for path in written:
+        folder = path.parent
+        while not folder.exists() and folder != folder.parent:  # the nearest folder that exists
+            folder = folder.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"cannot write {path}: {folder} is not a writable folder")
+
+
+def _check_remote(output: str) -> None:
+    from ..output.store import Store
+
+    store = Store(output)
+    parent = output.rsplit("/", 1)[0]
+    try:
+        store.exists(output), store.exists(parent)
+    except Exception as e:  # noqa: BLE001 - credentials, an unknown bucket, no network
+        raise ConfigError(f"-o {output}: cannot reach it ({type(e).__name__}: {short(e)})") from None
+
+
+def check_columns(config: RunConfig, index: JobIndex) -> None:
+    """Columns the settings name (mapping, kept or dropped columns, template fields) must be the
+    file's: a typo stops the run before any work, listing the columns there are."""
+    if not index.ids:
+        return
+    named = [*config.columns.named(), *(("--keep-columns", c) for c in config.keep_columns),
+             *(("--drop-columns", c) for c in config.drop_columns)]  # fmt: skip
+    if config.prompt_template is not None:
+        named += [("--prompt-template", name) for name in template_fields(config.prompt_template)]
+    missing = [f"{flag} {name!r}" for flag, name in named if name not in index.columns]
+    if missing:
+        shown = ", ".join(index.columns[:40]) + (" …" if len(index.columns) > 40 else "")
+        raise ConfigError(f"{config.input}: no column {', '.join(missing)}; its columns: {shown}")
+
+
+@dataclass(slots=True)
+class _Caller:
+    """The caller's side of a run: its progress callback and its stop request."""
+
+    progress: Callable[[Progress], None] | None
+    stop: threading.Event
+
+    def tell(self, report: Progress) -> None:
+        if self.progress is not None:
+            self.progress(report)
+
+    def check(self, writer: ResultWriter) -> None:
+        if self.stop.is_set():
+            writer.flush()
+            raise Interrupted(f"finished rows are kept in {writer.partial}, rerun to resume")
+
+
+def _run(
+    config: RunConfig,
+    work: WorkSettings,
+    index: JobIndex,
+    engines: Engines,
+    caller: _Caller,
+    started: float,
+) -> RunSummary:
+    dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
+    writer = ResultWriter(
+        config.output, index, settings_of(config), config.overwrite, config.flush_rows, config.flush_seconds,
+        skip=dropped, sharded=config.output_shards, shard_rows=config.shard_rows, about=_about(config, index),
+    )  # fmt: skip
+    done = writer.done()
+    check_unchanged(index, done)
+    retry = writer.to_retry(config.max_attempts, config.retry_failed) if done else {}
+    if retry:  # only this job's rows (its --shard, its --limit)
+        keys = {id_key(i) for i in index.ids}
+        retry = {k: n for k, n in retry.items() if k in keys}
+    for key in retry:
+        done.pop(key, None)
+    todo = sum(id_key(i) not in done for i in index.ids)
+    summary = RunSummary(
+        output=str(config.output),
+        dropped_columns=sorted(dropped),
+        private_urls_allowed=config.media.allow_private_urls,
+    )
+
+    def report(rows: int, cache: dict[str, float]) -> Progress:
+        elapsed = time.perf_counter() - started
+        return Progress(summary, todo, len(index.ids) - todo, len(retry), rows, cache, elapsed)
+
+    caller.tell(report(0, {}))
+    with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
+        cleanups = getattr(caller.stop, "cleanups", [])
+        cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+        executor = _executor(config, work, engines, Path(tmp), caller.stop)
+        batches = executor.run(Pending(index, done))
+        try:
+            try:
+                for results in batches:
+                    for job, result in results:
+                        result.attempts = retry.get(id_key(job.id), 0) + 1
+                        _record(job, result, writer, summary, config)
+                    writer.flush()  # a finished batch is on disk before the next one starts
+                    caller.tell(report(len(results), executor.stats()["cache"]))
+                    caller.check(writer)
+            except StopRequested:
+                pass  # the batch in flight is dropped; its rows run again on resume
+            except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced:
+                # the same exit 2 as before any work
+                writer.flush()
+                raise ConfigError(
+                    f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
+                ) from None
+            caller.check(writer)
+        finally:
+            batches.close()
+            executor.close()
+        stats = executor.stats()
+        summary.media, summary.cache = stats["media"], stats["cache"]
+        summary.max_tokens_capped = stats["max_tokens_capped"]
+        summary.one_at_a_time = stats["one_at_a_time"]
+        summary.unused_media = stats["unused_media"]
+        return _conclude(config, writer, summary, started)
+
+
+def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
+    """What readers of the output need that its rows do not say: where the job's relative
+    media paths start (report shows the pictures from any folder) and the prompt template."""
+    from ..output.write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
+
+    about = {}
+    base = index.source.base if index.source is not None else None
+    if base is not None:
+        about[MEDIA_BASE_KEY] = str(Path(base).resolve())
+    root = config.media.media_root
+    about[MEDIA_POLICY_KEY] = json.dumps(
+        {
+            "local_paths": base is not None,
+            "media_root": str(Path(root).resolve()) if root else None,
+            "allow_private_urls": config.media.allow_private_urls,
+        }
+    )
+    if config.prompt_template is not None:
+        about[TEMPLATE_KEY] = config.prompt_template
+    return about
+
+
+def _executor(config: RunConfig, work: WorkSettings, engines: Engines, tmp: Path, stop: threading.Event):
+    """Where rows run: here, or in Ray actors (the driver then loads no model)."""
+    if config.engine == "ray":
+        from .ray import RayExecutor
+
+        return RayExecutor(config, stop)
+    return LocalExecutor(work, engines, tmp, stop)
+
+
+def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float) -> RunSummary:
+    """The output renamed into place, the OpenAI file if asked, the figures on disk."""
+    table = writer.finalize()
+    if config.openai_output is not None:
+        write_batch_output(table, config.openai_output)
+    finish(summary, table, time.perf_counter() - started)
+    path = str(stats_path(config.output, config.output_shards))
+    figures = asdict(summary)
+    if not summary.generated and writer.store.exists(path):
+        # Nothing to do (a cron rerun): the last real run's figures stay, the no-op is noted.
+        try:
+            previous = json.loads(writer.store.read_text(path))
+            now = {"rows": summary.rows, "ok": summary.ok, "failed": summary.failed}
+            figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        except (OSError, ValueError):
+            pass  # an unreadable stats file is replaced
+    writer.store.write_text(path, json.dumps(figures, indent=2) + "\n")
+    return summary

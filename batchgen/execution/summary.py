@@ -1,0 +1,132 @@
+"""The run's figures: printed at the end, saved as `<output>.stats.json`, and shown while it
+runs (the progress bar's tail)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from ..core.errors import gist
+
+__all__ = ["RunSummary", "Progress", "finish", "progress"]
+
+
+@dataclass(slots=True)
+class RunSummary:
+    """The figures printed at the end and saved as `<output>.stats.json`."""
+
+    output: str
+    rows: int = 0
+    ok: int = 0
+    failed: int = 0
+    resumed: int = 0  # rows taken from an earlier run instead of generated again
+    generated: int = 0  # rows processed by this run
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    mtp_drafts: int = 0  # tokens proposed by the drafter
+    mtp_accepted: int = 0
+    acceptance_rate: float = 0.0  # accepted / drafted
+    max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
+    one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
+    unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
+    dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
+    private_urls_allowed: bool = False  # the URL policy was off: loopback and private hosts reachable
+    wall_s: float = 0.0
+    rows_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
+    errors_by_stage: dict[str, int] = field(default_factory=dict)
+    commonest_errors: list[str] = field(default_factory=list)  # "12× fetch: HTTP 404 Not Found", …
+    media: dict[str, int] = field(default_factory=dict)  # downloads, reuses, decodes (MediaStage.stats)
+    cache: dict[str, float] = field(default_factory=dict)  # prefix hits, misses, tokens saved
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def line(self) -> str:
+        cache = ""
+        if self.cache:
+            cache = (
+                f" · cache {self.cache['prefix_hits']} hits / {self.cache['prefix_misses']} misses "
+                f"({self.cache['prefix_hit_rate']:.0%}), "
+                f"{self.cache['prompt_tokens_saved']} prompt tokens saved"
+            )
+        drafts = ""
+        if self.mtp_drafts:
+            drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
+        capped = f" · {self.max_tokens_capped} rows capped at the context" if self.max_tokens_capped else ""
+        capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())
+        capped += "".join(
+            f" · warning: {n} rows without media beside column {name!r}, which looks like media "
+            f"(--image-column {name} or --video-column {name} to use it)"
+            for name, n in self.unused_media.items()
+        )
+        if self.dropped_columns:
+            names = ", ".join(self.dropped_columns)
+            capped += f" · not copied to the output: {names} (binary; --keep-columns to keep)"
+        if self.private_urls_allowed:
+            capped += (
+                " · warning: private and loopback URLs were allowed (allow_private_urls, from "
+                "--allow-private-urls, BATCHGEN_RUN_ALLOW_PRIVATE_URLS or a config)"
+            )
+        if self.commonest_errors:
+            capped += f" · commonest errors: {'; '.join(self.commonest_errors)}"
+        return (
+            f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
+            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
+            f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
+        )
+
+
+@dataclass(slots=True)
+class Progress:
+    """What a run tells its caller as it goes (`batchgen.run(config, progress=...)`): once when
+    it starts (`rows` 0), then after every batch it has committed."""
+
+    summary: RunSummary  # this run's figures so far
+    total: int  # rows this run has to do
+    done_before: int  # rows earlier runs finished (resumed)
+    retried: int  # failed rows tried again
+    rows: int  # rows the batch just committed; 0 at the start
+    cache: dict[str, float]  # prefix hits, misses, rate
+    elapsed: float  # seconds since the run started
+
+    @property
+    def tail(self) -> str:
+        return progress(self.summary, self.cache, self.elapsed)
+
+
+def finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
+    """Row counts come from the final table, token counts from this run's rows."""
+    import pyarrow.compute as pc
+
+    s.rows = table.num_rows
+    s.ok = pc.sum(pc.equal(table.column("status"), "ok")).as_py() or 0  # counted in Arrow: no row objects
+    s.failed = s.rows - s.ok
+    s.resumed = table.num_rows - s.generated
+    failed = table.filter(pc.not_equal(table.column("status"), "ok")) if s.failed else table.slice(0, 0)
+    errors: Counter[tuple[str, str]] = Counter()
+    for stage, message in zip(
+        failed.column("error_stage").to_pylist(), failed.column("error").to_pylist(), strict=True
+    ):
+        if stage:
+            s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
+            errors[(stage, gist(message or ""))] += 1
+    s.commonest_errors = [f"{n}× {stage}: {message}" for (stage, message), n in errors.most_common(3)]
+    s.acceptance_rate = round(s.mtp_accepted / s.mtp_drafts, 4) if s.mtp_drafts else 0.0
+    s.wall_s = round(wall, 3)
+    s.rows_per_s = round(s.generated / wall, 3) if wall > 0 else 0.0
+    s.tokens_per_s = round(s.completion_tokens / wall, 1) if wall > 0 else 0.0
+    return s
+
+
+def progress(s: RunSummary, cache: dict[str, float], elapsed: float) -> str:
+    """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
+    parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
+    if cache.get("prefix_hits", 0) + cache.get("prefix_misses", 0):
+        parts.append(f"cache {cache['prefix_hit_rate']:.0%}")
+    parts.append(f"{s.failed} failed")
+    return ", ".join(parts)

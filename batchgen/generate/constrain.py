@@ -1,0 +1,62 @@
+"""Constrained decoding: a row's constraint (constraints.py) as a mask on each step's logits,
+so its output is valid by construction.
+
+mlx-vlm's own llguidance processor applies its mask with a Metal kernel, which the CPU and
+CUDA backends lack: the mask here is MLX array arithmetic, on any backend. A constraint is one
+more logits processor: it sees each step's history, consumes the token sampled at the step
+before, and masks what the grammar forbids next. When the grammar is complete only the end
+token is allowed, so the row stops there.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import llguidance as llg
+import llguidance.hf
+import mlx.core as mx
+import numpy as np
+from llguidance.numpy import fill_next_token_bitmask
+
+from ..core.constraints import LIMITS, grammar
+from ..core.records import Constraint
+
+__all__ = ["processor"]
+
+
+_TOKENIZERS: dict[int, Any] = {}
+_LOCK = threading.Lock()
+
+
+def _llg_tokenizer(tokenizer: Any, eos: list[int]) -> Any:
+    """llguidance's view of a tokenizer (a walk over the vocabulary: once per run and tokenizer)."""
+    key = id(tokenizer)
+    with _LOCK:
+        if key not in _TOKENIZERS:
+            # mlx-lm wraps the Hugging Face tokenizer (mlx-vlm's processors hold it as it is).
+            hf = tokenizer._tokenizer if type(tokenizer).__name__ == "TokenizerWrapper" else tokenizer
+            _TOKENIZERS[key] = (tokenizer, llguidance.hf.from_tokenizer(hf, eos_token=eos))
+        return _TOKENIZERS[key][1]
+
+
+class _Masking:
+    """The logits processor of one row's constraint (logits of one row, shape (1, vocab))."""
+
+    def __init__(self, c: Constraint, tokenizer: Any, eos: list[int]):
+        self.llg = _llg_tokenizer(tokenizer, eos)
+        self.matcher = llg.LLMatcher(self.llg, grammar(c), log_level=0, limits=LIMITS)
+        self.bits = np.zeros((1, (self.llg.vocab_size + 31) // 32), dtype=np.int32)
+        self.steps = 0
+
+    def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
+        if self.steps:  # the token sampled at the previous step ends the history
+            self.matcher.consume_token(history[-1].item())
+        self.steps += 1
+        fill_next_token_bitmask(self.matcher, self.bits, 0)
+        allowed = np.unpackbits(self.bits.view(np.uint8), count=logits.shape[-1], bitorder="little")
+        return mx.where(mx.array(allowed, dtype=mx.bool_), logits, -mx.inf)
+
+
+def processor(c: Constraint, tokenizer: Any, eos: list[int]) -> _Masking:
+    return _Masking(c, tokenizer, eos)

@@ -1,0 +1,356 @@
+"""Batched generation with prompt-prefix reuse: the MLX core under the router (router.py).
+
+Each row becomes a `Sequence`: its full prompt ids, a way to embed any slice of them, and
+its positions. Rows are prefilled one at a time up to their tails, resuming from the longest
+cached prefix (a system prompt shared by every row, an image shared by every question on
+it); snapshots are stored at the row's boundaries on the way. Rows joining together then
+feed their tails (the question after the image) in shared forward passes, and all rows of
+the batch decode together in one left-padded KV cache, each with its own sampler,
+penalties, output constraint, stop rules and positions.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from ..core.errors import StopRequested
+from ..core.records import GenParams
+from .prefix_cache import PrefixCache
+from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for
+
+__all__ = ["Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "decode_stream"]
+
+PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
+_SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
+
+
+@dataclass(slots=True)
+class Sequence:
+    """One row inside the decoder; the outputs are filled in by `decode_stream`."""
+
+    ids: list[int]
+    params: GenParams
+    boundaries: list[tuple[int, str]] = field(default_factory=list)  # (prefix length, cache key)
+    # embeddings of ids[a:b] (media rows), or (embeddings, more language-model kwargs)
+    embed: Callable[[int, int], Any] | None = None
+    positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
+    delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
+    capped: bool = False  # max_tokens was lowered to fit the model's context
+    # outputs
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str = "length"
+    cached_tokens: int = 0
+    text: str = ""
+
+
+@dataclass(slots=True)
+class Watch:
+    """What bounds one row's generation besides max_tokens: the run's stop request, the
+    row's deadline and the model's context (prompt plus completion)."""
+
+    stop: threading.Event = field(default_factory=threading.Event)
+    timeout: float | None = None  # seconds a row may take from its start: then finish reason "timeout"
+    context: int | None = None  # prompt plus completion tokens the model takes
+
+    def deadline(self, started: float) -> float:
+        return started + self.timeout if self.timeout is not None else float("inf")
+
+    def check_stop(self) -> None:
+        if self.stop.is_set():
+            raise StopRequested
+
+
+class Adapter:
+    """How one model family runs a forward pass; subclasses differ only in inputs."""
+
+    model: Any
+
+    def make_cache(self) -> list[Any]:
+        raise NotImplementedError
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        raise NotImplementedError
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+        """Logits after each row's last token, one row per sequence."""
+        raise NotImplementedError
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        """Logits after each row's prompt, the rows' tails `ids[a:]` (all of one length) fed
+        together on their merged cache; `embeds`: each tail's embeddings, or None."""
+        raise NotImplementedError
+
+
+class LMAdapter(Adapter):
+    """mlx-lm models: positions come from the cache offsets, batched or not."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def make_cache(self) -> list[Any]:
+        from mlx_lm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.model)
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        return self.model(mx.array(seq.ids[a:b])[None], cache=cache)[:, -1]
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+        return self.model(tokens[:, None], cache=cache)[:, -1]
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        return self.model(_tails(seqs, a), cache=cache)[:, -1]
+
+
+def _tails(seqs: list[Sequence], a: list[int]) -> mx.array:
+    return mx.array([s.ids[start:] for s, start in zip(seqs, a, strict=True)])
+
+
+class VLMAdapter(Adapter):
+    """Qwen-VL language models: explicit 3-D (mRoPE) positions per row, media embeddings
+    merged in by the caller's `embed`."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.lm = model.language_model
+
+    def make_cache(self) -> list[Any]:
+        from mlx_vlm.models.cache import make_prompt_cache
+
+        return make_prompt_cache(self.lm)
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        ids = mx.array(seq.ids[a:b])[None]
+        embeds, extra = _embedded(seq, a, b)
+        positions = seq.positions[:, :, a:b] if seq.positions is not None else None
+        out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **extra)
+        return out.logits[:, -1]
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+        # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
+        pos = mx.array([len(s.ids) + len(s.tokens) - 1 + s.delta for s in seqs], dtype=mx.int32)
+        pos = pos.reshape(1, -1, 1)
+        positions = mx.broadcast_to(pos, (3, len(seqs), 1))
+        return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        positions = mx.concatenate(
+            [s.positions[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
+        )  # type: ignore[index]
+        out = self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache, position_ids=positions)
+        return out.logits[:, -1]
+
+
+def _stacked(embeds: list[Any]) -> mx.array | None:
+    return None if embeds[0] is None else mx.concatenate(embeds, axis=0)
+
+
+def _embedded(seq: Sequence, a: int, b: int) -> tuple[mx.array | None, dict[str, Any]]:
+    """A slice's embeddings and what else the language model takes with them (Qwen3-VL's
+    DeepStack features and their positions, for a slice holding media)."""
+    out = seq.embed(a, b) if seq.embed is not None else None
+    return out if isinstance(out, tuple) else (out, {})
+
+
+class OffsetVLMAdapter(VLMAdapter):
+    """mlx-vlm language models that take positions from the cache offsets (llava and most
+    families but Qwen's): a slice holding media tokens gets the merged embeddings from the
+    caller's `embed`, any other slice is embedded by the model itself."""
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        embeds, extra = _embedded(seq, a, b)
+        return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache, **extra).logits[:, -1]
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+        return self.lm(tokens[:, None], cache=cache).logits[:, -1]
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
+
+
+def _prefill(
+    adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch
+) -> tuple[list[Any], int]:
+    """Resume from the longest cached prefix and fill the row's cache up to its tail, storing
+    the row's boundaries on the way; return the cache and where the tail starts. The tail,
+    whose logits are wanted, is left for `_finish`, which feeds rows' tails together."""
+    n = len(seq.ids)
+    cache, start = None, 0
+    if prefixes is not None and seq.boundaries:
+        start, cache = prefixes.longest([(p, k) for p, k in seq.boundaries if 0 < p < n])
+    cache = cache if cache is not None else adapter.make_cache()
+    seq.cached_tokens = start
+    stops = [(p, k) for p, k in seq.boundaries if start < p < n] if prefixes is not None else []
+    # A long tail is filled without its logits (never evaluated, so MLX never computes the
+    # vocabulary projection for it), then the last token gives them; a short tail (a question
+    # after a cached image) goes in one forward pass: each pass has a fixed cost.
+    last = max([start, *(p for p, _ in stops)])
+    tail = [(n - 1, None)] if n - last > _SHORT_TAIL else []
+    for end, key in [*stops, *tail]:
+        while start < end:
+            watch.check_stop()
+            step_end = min(end, start + PREFILL_STEP)
+            adapter.forward(seq, cache, start, step_end)
+            mx.eval([c.state for c in cache])
+            start = step_end
+        if key is not None:
+            prefixes.put(key, copy.deepcopy(cache))  # type: ignore[union-attr]
+    return cache, start
+
+
+def _finish(
+    adapter: Adapter, seqs: list[Sequence], rows: list[tuple[int, list[Any], int]]
+) -> Iterator[tuple[list[int], mx.array, list[Any]]]:
+    """The prefilled rows' tails, fed together where they can be: rows whose tails are as long
+    and embedded alike (token ids, or plain embeddings) share one forward pass on their merged
+    cache (each pass has a fixed cost). Yields (rows, their logits, their batch cache)."""
+    groups: dict[tuple, list[tuple[int, list[Any], int, Any]]] = {}
+    for i, cache, a in rows:
+        embeds, extra = _embedded(seqs[i], a, len(seqs[i].ids))
+        key = (len(seqs[i].ids) - a, embeds is None) if not extra else ("alone", i)
+        groups.setdefault(key, []).append((i, cache, a, embeds))
+    for group in groups.values():
+        ids = [i for i, *_ in group]
+        if len(group) == 1:
+            i, cache, a, _ = group[0]
+            logits = adapter.forward(seqs[i], cache, a, len(seqs[i].ids))
+            mx.eval(logits)
+            yield ids, logits, _merge([cache])
+            continue
+        merged = _merge([cache for _, cache, _, _ in group])
+        logits = adapter.forward_batch([seqs[i] for i in ids], merged, [a for *_, a, _ in group],
+                                       [e for *_, e in group])  # fmt: skip
+        mx.eval(logits)
+        yield ids, logits, merged
+
+
+def decode_stream(
+    adapter: Adapter,
+    seqs: list[Sequence],
+    eos: set[int],
+    decode: Callable[[list[int]], str],
+    prefixes: PrefixCache | None = None,
+    watch: Watch | None = None,
+    width: int | None = None,
+    tokenizer: Any = None,
+) -> Iterator[int]:
+    """Generate every sequence, at most `width` at a time (continuous batching): when a row
+    finishes, the next waiting one is prefilled from its longest cached prefix and joins the
+    running batch at the next step, so no slot idles while rows wait. Yields each row's index
+    as it finishes, with its tokens, text, finish_reason and cached_tokens filled in.
+
+    A row with a seed and temperature > 0 must come alone: its draws then depend on nothing
+    but its seed (the scheduler sees to that). Rows past the watch's timeout (from their own
+    prefill) end with finish reason "timeout"; a stop request raises StopRequested between
+    steps, whatever is running.
+    """
+    watch = watch or Watch()
+    width = width or len(seqs)
+    if len(seqs) == 1 and seqs[0].params.seed is not None:
+        mx.random.seed(seqs[0].params.seed)
+    samplers = [sampler_for(s.params) for s in seqs]
+    processors = [logits_processors_for(s.params, tokenizer, eos) for s in seqs]  # `tokenizer`: constraints
+    deadlines = [float("inf")] * len(seqs)
+
+    def pick(rows: list[int], logits: mx.array) -> list[int]:
+        """Sample each row's next token and return the rows still running."""
+        if all(samplers[i] is None and not processors[i] for i in rows):
+            picked = mx.argmax(logits, axis=-1).tolist()
+        else:  # each row's processors on its own logits, then one evaluation for the greedy rows
+            shaped = []
+            for j, i in enumerate(rows):
+                row = logits[j : j + 1]
+                if processors[i]:
+                    history = mx.array((seqs[i].ids + seqs[i].tokens)[-HISTORY:])
+                    for proc in processors[i]:
+                        row = proc(history, row)
+                shaped.append(row)
+            greedy = [j for j, i in enumerate(rows) if samplers[i] is None]
+            picked = [0] * len(rows)
+            if greedy:
+                best = mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1).tolist()
+                for j, token in zip(greedy, best, strict=True):
+                    picked[j] = token
+            for j, i in enumerate(rows):
+                if samplers[i] is not None:
+                    row = shaped[j]
+                    picked[j] = samplers[i](row - mx.logsumexp(row, axis=-1, keepdims=True)).item()
+        now = time.monotonic()
+        running = []
+        for i, token in zip(rows, picked, strict=True):
+            seq = seqs[i]
+            seq.tokens.append(token)
+            if token in eos:
+                seq.finish_reason = "stop"
+            elif seq.params.stop and hit_stop(seq.tokens, seq.params.stop, decode):
+                seq.finish_reason = "stop"
+            elif len(seq.tokens) >= seq.params.max_tokens:
+                seq.finish_reason = "length"
+            elif now > deadlines[i]:
+                seq.finish_reason = "timeout"
+            else:
+                running.append(i)
+                continue
+            seq.text = final_text(seq.tokens, eos, seq.params.stop, decode)
+        return running
+
+    waiting = list(range(len(seqs)))[::-1]  # popped from the end: job order
+    active: list[int] = []
+    merged: list[Any] | None = None  # the running rows' caches, one left-padded batch per layer
+    while active or waiting:
+        while waiting and len(active) < width:  # again if rows ended at their first token
+            prefilled = []
+            while waiting and len(active) + len(prefilled) < width:
+                i = waiting.pop()
+                deadlines[i] = watch.deadline(time.monotonic())
+                prefilled.append((i, *_prefill(adapter, seqs[i], prefixes, watch)))
+            for rows, logits, batch in _finish(adapter, seqs, prefilled):
+                joined = pick(rows, logits)
+                yield from (i for i in rows if i not in joined)
+                if not joined:
+                    continue
+                if len(joined) < len(rows):
+                    for c in batch:
+                        c.filter([rows.index(i) for i in joined])
+                if merged is None:
+                    merged = batch
+                else:
+                    for layer, more in zip(merged, batch, strict=True):
+                        layer.extend(more)
+                active += joined
+        if not active:
+            continue
+        watch.check_stop()
+        tokens = mx.array([seqs[i].tokens[-1] for i in active])
+        logits = adapter.decode(tokens, merged, [seqs[i] for i in active])  # type: ignore[arg-type]
+        mx.eval(logits)
+        running = pick(active, logits)
+        if len(running) < len(active):
+            yield from (i for i in active if i not in set(running))
+            keep = [j for j, i in enumerate(active) if i in set(running)]
+            if keep:
+                for c in merged:  # type: ignore[union-attr]
+                    c.filter(keep)
+            else:
+                merged = None
+            active = running
+
+
+def _merge(caches: list[list[Any]]) -> list[Any]:
+    """Per-row KV caches → one left-padded batch cache per layer."""
+    return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]

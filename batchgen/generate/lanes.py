@@ -1,0 +1,232 @@
+"""Generation lanes: the ways a row can be generated, each behind one small interface.
+
+A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
+runs a batch of its plans, each row getting its Generation or its RowError:
+- `TextLane`: mlx-lm models, batched, with prefix reuse;
+- `VisionLane`, `OffsetVisionLane` (vision_lanes.py): media rows of the Qwen-VL families
+  (mRoPE positions) and of the families positioned by their cache offsets, batched;
+- `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
+  other families, vision drafters);
+- `DraftLane`: mlx-lm's speculative loop with a text draft model, one row at a time.
+`Engines.route` (router.py) chooses the lane of each row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.errors import BatchgenError, RowError, short
+from ..core.records import Generation, Job, Media
+from .decoder import LMAdapter, Sequence, Watch, decode_stream
+from .loading import Models
+from .models import ModelInfo
+from .one_row import generate_draft_lm, generate_vlm
+from .prefix_cache import PrefixCache
+from .prompts import apply_template, check_length, message_bounds, text_only
+
+__all__ = [
+    "Plan",
+    "Lane",
+    "BatchedLane",
+    "TextLane",
+    "SingleLane",
+    "DraftLane",
+    "completions",
+    "row_error",
+]
+
+
+@dataclass(slots=True)
+class Plan:
+    """A row ready for its lane: the decoder sequence, and the batch grouping key."""
+
+    job: Job
+    media: Media
+    lane: Lane
+    seq: Sequence | None = None
+    group: tuple = ()  # rows with equal groups share prefixes: run them together
+
+    @property
+    def solo(self) -> bool:
+        """Seeded sampling must not share a batch: its draws would depend on the others."""
+        p = self.job.params
+        return self.lane.solo or (p.seed is not None and p.temperature > 0)
+
+
+class Lane:
+    """How a row is generated. `solo` lanes run one row at a time."""
+
+    name = "lane"
+    solo = False
+
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
+        self.models, self.info, self.prefixes = models, info, prefixes
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        raise NotImplementedError
+
+    def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
+        """(index in plans, outcome) of each row as it finishes, at most `width` rows at once."""
+        raise NotImplementedError
+
+    def _keys(self, ids: list[int], bounds: list[int], media: list[tuple[int, str]]) -> list[tuple[int, str]]:
+        """Content keys of each prefix: the lane and model, the prefix's token ids, and the digest
+        of every image that starts inside it (image tokens alone are the same for all images)."""
+        keys = []
+        for pos in bounds:
+            h = hashlib.sha256(f"{self.name}:{self.info.name}".encode())
+            h.update(",".join(map(str, ids[:pos])).encode())
+            for start, digest in media:
+                if start < pos:
+                    h.update(digest.encode())
+            keys.append((pos, h.hexdigest()))
+        return keys
+
+    def _fit(self, seq: Sequence) -> Sequence:
+        """max_tokens lowered to what the model's context leaves after the prompt (the row then
+        ends with `length`): a row asking for a billion tokens stops where the model must."""
+        context = self.info.context
+        if context and seq.params.max_tokens > context - len(seq.ids):
+            seq.params = dataclasses.replace(seq.params, max_tokens=max(context - len(seq.ids), 1))
+            seq.capped = True
+        return seq
+
+
+class BatchedLane(Lane):
+    """Lanes whose rows decode together through decoder.decode_stream."""
+
+    def _engine(self) -> tuple[Any, set[int], Callable[[list[int]], str], Any]:
+        """(adapter, end tokens, detokenizer, tokenizer)."""
+        raise NotImplementedError
+
+    def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
+        adapter, eos, decode, tokenizer = self._engine()
+        seqs: list[Sequence] = [plan.seq for plan in plans]  # type: ignore[misc]
+        finished: set[int] = set()
+        try:
+            for i in decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer):
+                finished.add(i)
+                s = seqs[i]
+                tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
+                yield i, Generation(s.text, s.finish_reason, *tokens, capped=s.capped)
+        except Exception as e:  # an engine error fails these rows, not the run
+            if len(plans) == 1:
+                yield 0, row_error(e)
+                return
+            for i in (i for i in range(len(plans)) if i not in finished):  # find the culprit
+                for _, outcome in self.run([_fresh(plans[i])], watch, 1):
+                    yield i, outcome
+
+
+class TextLane(BatchedLane):
+    name = "lm"
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        p = job.params
+        messages = text_only(job.messages)
+        if getattr(tokenizer, "chat_template", None):
+            prompt = apply_template(tokenizer, messages, p.chat_template_kwargs)
+        else:  # base models: the turns' text, one per line
+            prompt = "\n".join(m["content"] for m in messages)
+        check_length(prompt, None, self.info)
+        ids = tokenizer.encode(prompt, add_special_tokens=False)
+        check_length(prompt, ids, self.info)
+        bounds = message_bounds(tokenizer, messages, p.chat_template_kwargs, ids)
+        seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])))
+        return Plan(job, media, self, seq, group=(tuple(ids[: bounds[-1]]) if bounds else (),))
+
+    def _engine(self):
+        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
+
+
+class _OneByOne(Lane):
+    solo = True
+
+    def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
+        for i, plan in enumerate(plans):
+            yield i, self._guarded(plan, watch)
+
+    def _guarded(self, plan: Plan, watch: Watch) -> Generation | RowError:
+        try:
+            return self._generate(plan, watch)
+        except RowError as e:
+            return e
+        except BatchgenError:  # a model or drafter that cannot load stops the run
+            raise
+        except Exception as e:
+            return row_error(e)
+
+    def _generate(self, plan: Plan, watch: Watch) -> Generation:
+        raise NotImplementedError
+
+
+class SingleLane(_OneByOne):
+    """mlx-vlm's own generate, with the run's vision drafter if it has one."""
+
+    name = "single"
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        return Plan(job, media, self)
+
+    def _generate(self, plan: Plan, watch: Watch) -> Generation:
+        model, processor = self.models.vlm()
+        vision_drafter = self.models.drafter_lane == "vlm" and plan.job.params.constraint is None
+        drafter = self.models.drafter if vision_drafter else None
+        if drafter is not None:
+            self.models.load_drafter()
+        return generate_vlm(model, processor, self.info, plan.job, plan.media, drafter, watch)
+
+
+class DraftLane(_OneByOne):
+    """mlx-lm's speculative loop with the run's text draft model."""
+
+    name = "draft"
+
+    def __init__(self, models: Models, info: ModelInfo, text: TextLane):
+        super().__init__(models, info)
+        self.text = text
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        return Plan(job, media, self, self.text.plan(job, media).seq)  # tokenized once
+
+    def _generate(self, plan: Plan, watch: Watch) -> Generation:
+        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        seq = plan.seq
+        gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.models.drafter, watch)  # type: ignore
+        gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]
+        return gen
+
+
+def completions(plan: Plan) -> list[Plan]:
+    """A row asking for n completions (OpenAI's `n`) as n plans of its one prompt, decoded
+    side by side; seeded sampling takes seed, seed + 1, … so the n draws differ."""
+    p = plan.job.params
+    out = [plan]
+    for k in range(1, p.completions):
+        job = plan.job
+        if p.seed is not None:
+            job = dataclasses.replace(job, params=dataclasses.replace(p, seed=(p.seed + k) % 2**64))
+        copy = _fresh(plan) if plan.seq is not None else Plan(job, plan.media, plan.lane)
+        copy.job = job
+        if copy.seq is not None:
+            copy.seq.params = dataclasses.replace(copy.seq.params, seed=job.params.seed)
+        out.append(copy)
+    return out
+
+
+def _fresh(plan: Plan) -> Plan:
+    """The same plan with cleared outputs, to run again on its own."""
+    s = plan.seq
+    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped)  # type: ignore
+    return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
+
+
+def row_error(e: Exception) -> RowError:
+    """An engine's exception as the row's error: transient, a rerun tries the row again."""
+    return RowError("generate", f"{type(e).__name__}: {short(e, 300) or type(e).__name__}", transient=True)

@@ -1,0 +1,180 @@
+"""The run's checkpoints, loaded once on first use through mlx-lm's and mlx-vlm's own
+loaders, and the image processor wrapped so rows sharing an image process it once."""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..core.errors import ConfigError, short
+from ..core.memo import Memo
+from .drafts import Drafter, load_text_drafter, load_vision_drafter
+from .models import ModelInfo
+from .prompts import END_OF_TURN
+
+__all__ = ["Models", "SharedImages", "SHARED_IMAGE_BYTES", "mend_processor"]
+
+log = logging.getLogger(__name__)
+
+_TEXT_ONLY_KWARGS = frozenset({"padding", "padding_side", "truncation", "max_length", "add_special_tokens",
+                               "pad_to_multiple_of", "return_attention_mask"})  # fmt: skip
+
+
+SHARED_IMAGE_BYTES = 256 * 2**20  # images and their processed pixels kept for rows sharing them
+
+
+class _ImagesOnly:
+    """An image processor that is handed only the keyword arguments meant for it."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+
+    def __call__(self, images: Any, **kwargs: Any) -> Any:
+        return self._inner(images, **{k: v for k, v in kwargs.items() if k not in _TEXT_ONLY_KWARGS})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _leaves(images: Any) -> list[Any]:
+    return [x for item in images for x in _leaves(item)] if isinstance(images, (list, tuple)) else [images]
+
+
+class SharedImages:
+    """The image processor, its output kept for images it has seen. Rows asking several
+    questions about one image (the captioning pattern) hold the same decoded image object
+    (media/resolve.py's memo by content), so an image's identity stands for its content here; each
+    entry keeps its images alive, so no id is reused while the entry lives. Every call gets
+    a copy: processors pop keys from what the image processor returns."""
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self._memo: Memo[tuple[list[Any], Any]] = Memo(32, SHARED_IMAGE_BYTES, _weight)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from PIL import Image
+
+        images = _leaves(args[0] if args else kwargs.get("images"))
+        if not images or not all(isinstance(im, Image.Image) for im in images):
+            return self._inner(*args, **kwargs)
+        key = (tuple(map(id, images)), repr(args[1:]), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
+        _, out = self._memo.get(key, lambda: (images, self._inner(*args, **kwargs)))
+        return copy.deepcopy(out)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def _weight(entry: tuple[list[Any], Any]) -> int:
+    """What an entry holds: its images (kept alive by it) and the processor's arrays."""
+    images, out = entry
+    return sum(im.width * im.height * len(im.getbands()) for im in images) + _nbytes(out)
+
+
+def _nbytes(value: Any) -> int:
+    """Bytes of the arrays in an image processor's output (a mapping, a tuple, arrays)."""
+    if hasattr(value, "nbytes"):
+        return int(value.nbytes)
+    if isinstance(value, Mapping):  # transformers' BatchFeature is one
+        return sum(_nbytes(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    return 0
+
+
+def mend_processor(processor: Any) -> None:
+    """mlx-vlm 0.7.10's llava processors hand the tokenizer's `padding=True` to the image
+    processor too, which transformers 5 refuses (`ImagesKwargs.__init__() got an unexpected
+    keyword argument 'padding'`): every image row of a llava checkpoint would fail."""
+    if type(processor).__name__ in ("LlavaProcessor", "LlavaNextProcessor") and hasattr(
+        processor, "image_processor"
+    ):
+        processor.image_processor = _ImagesOnly(processor.image_processor)
+
+
+class Models:
+    """The run's checkpoints, each loaded once on first use. A load failure is a ConfigError,
+    kept and raised again for every later use rather than retried for every row."""
+
+    def __init__(self, vision_info: ModelInfo, text_info: ModelInfo, drafter: Drafter | None = None):
+        self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
+        self._vlm: tuple[Any, Any] | None = None
+        self._lm: tuple[Any, Any] | None = None
+        self._failed: dict[str, ConfigError] = {}
+        self.text_on_vlm = False  # mlx-lm cannot load this VLM checkpoint: mlx-vlm serves text rows
+
+    @property
+    def drafter_lane(self) -> str | None:
+        return self.drafter.lane if self.drafter is not None else None
+
+    def vlm(self) -> tuple[Any, Any]:
+        if "vlm" in self._failed:
+            raise self._failed["vlm"]
+        if self._vlm is None:
+            import mlx_vlm
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.set_verbosity_error()  # one kwargs notice per row otherwise
+            try:
+                model, processor = mlx_vlm.load(str(self.vision_info.path))
+            except Exception as e:  # loaders fail in many ways; all of them stop the run the same way
+                self._failed["vlm"] = ConfigError(
+                    f"model {self.vision_info.name!r}: mlx-vlm cannot load it ({e})"
+                )
+                raise self._failed["vlm"] from e
+            mend_processor(processor)
+            if hasattr(processor, "image_processor"):
+                processor.image_processor = SharedImages(processor.image_processor)
+            tokenizer = getattr(processor, "tokenizer", processor)
+            criteria = getattr(tokenizer, "stopping_criteria", None)
+            if criteria is not None and END_OF_TURN in tokenizer.get_vocab():
+                criteria.additional_eos_token_ids.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))
+            self._vlm = (model, processor)
+        return self._vlm
+
+    def lm(self) -> tuple[Any, Any] | None:
+        """The text model through mlx-lm, or None when mlx-lm cannot load this (multimodal)
+        checkpoint and mlx-vlm serves its text rows."""
+        if "lm" in self._failed:
+            raise self._failed["lm"]
+        if self._lm is None and not self.text_on_vlm:
+            import mlx_lm
+
+            try:
+                model, tokenizer = mlx_lm.load(str(self.text_info.path))
+            except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
+                if not self.text_info.multimodal:
+                    self._failed["lm"] = ConfigError(
+                        f"model {self.text_info.name!r}: mlx-lm cannot load it ({e})"
+                    )
+                    raise self._failed["lm"] from e
+                # Any failure on a multimodal checkpoint (a tied checkpoint without `lm_head`, a
+                # TypeError in a model class): mlx-vlm, which loads it, serves the text rows.
+                log.warning(
+                    "mlx-lm cannot load %s (%s: %s); text rows use mlx-vlm",
+                    self.text_info.name, type(e).__name__, short(e),
+                )  # fmt: skip
+                self.text_on_vlm = True
+                return None
+            if END_OF_TURN in tokenizer.get_vocab():
+                tokenizer.add_eos_token(END_OF_TURN)
+            self._lm = (model, tokenizer)
+        return self._lm
+
+    def load_drafter(self) -> None:
+        """Load the target and the drafter now: a drafter that cannot pair with the target is a
+        configuration error before any row runs."""
+        d = self.drafter
+        if d is None or d.model is not None:
+            return
+        if d.lane == "vlm":
+            load_vision_drafter(d, self.vlm()[0])
+        else:
+            target = self.lm()
+            if target is None:
+                raise ConfigError(
+                    f"draft model {str(d.path)!r} is a text model, but mlx-lm cannot load the target"
+                )
+            load_text_drafter(d, target[0])

@@ -1,0 +1,186 @@
+"""One row at a time through the engines' own generate: mlx-vlm for video, audio and model
+families the batched decoder does not know, and both engines' speculative loops."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..core.records import Generation, GenParams, Job, Media
+from .decoder import Watch
+from .drafts import Drafter, drafted_from_flags
+from .models import ModelInfo
+from .prompts import apply_template, template_parts, text_only
+from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for
+
+__all__ = ["collect", "generate_vlm", "generate_draft_lm"]
+
+
+def collect(
+    stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int], watch: Watch | None = None
+) -> Generation:
+    """Drain an engine's stream of responses into a Generation: text decoded from the tokens
+    it produced (as the batched decoder does), stop strings checked on a bounded tail, the
+    prompt count from the engine; `length` when the token budget or the model's context ran
+    out, `timeout` past the row's deadline."""
+    watch = watch or Watch()
+    deadline = watch.deadline(time.monotonic())
+    tokens: list[int] = []
+    last = None
+    stopped = capped = timed_out = False
+    for last in stream:
+        watch.check_stop()
+        final_ids = getattr(last, "token_ids", None)
+        if final_ids is not None:  # mlx-vlm's closing response lists them all (and repeats the last)
+            tokens = [int(t) for t in final_ids]
+            continue
+        if last.token is None:
+            continue
+        tokens.append(int(last.token.item() if hasattr(last.token, "item") else last.token))
+        if p.stop and hit_stop(tokens, p.stop, tokenizer.decode):
+            stopped = True
+            break
+        if watch.context and int(last.prompt_tokens) + len(tokens) >= watch.context:
+            capped = tokens[-1] not in eos
+            break
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+    if last is None:
+        return Generation("", "length", 0, 0)
+    completion = len(tokens)
+    ended = stopped or (tokens and tokens[-1] in eos) or (completion < p.max_tokens and not capped)
+    return Generation(
+        text=final_text(tokens, eos, p.stop, tokenizer.decode),
+        finish_reason="timeout" if timed_out and not ended else "stop" if ended else "length",
+        prompt_tokens=int(last.prompt_tokens),
+        completion_tokens=completion,
+        cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
+        capped=capped,
+    )
+
+
+def generate_draft_lm(
+    model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter, watch: Watch | None = None
+) -> Generation:
+    """mlx-lm's speculative loop with a text draft model; draft counts replayed from its flags."""
+    import mlx.core as mx
+    from mlx_lm import stream_generate
+
+    if p.seed is not None:
+        mx.random.seed(p.seed)
+    flags: list[bool] = []
+
+    def stream():
+        for response in stream_generate(
+            model, tokenizer, ids, max_tokens=p.max_tokens, draft_model=drafter.model,
+            num_draft_tokens=drafter.num_draft_tokens, sampler=sampler_for(p),
+            logits_processors=logits_processors_for(p),
+        ):  # fmt: skip
+            flags.append(bool(response.from_draft))
+            yield response
+
+    gen = collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids), watch)
+    gen.prompt_tokens = len(ids)
+    gen.mtp_accepted = sum(flags)
+    gen.mtp_drafts = drafted_from_flags(flags, p.max_tokens, drafter.num_draft_tokens)
+    return gen
+
+
+def _prompt_ids(model: Any, processor: Any, prompt: str, images: list, videos: list) -> list[int]:
+    """The prompt's token ids as the model sees them (media slots expanded)."""
+    from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+    inputs = prepare_inputs(
+        processor, images=images or None, videos=videos or None, prompts=prompt,
+        image_token_index=getattr(model.config, "image_token_index", None),
+        add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+    )  # fmt: skip
+    return inputs["input_ids"][0].tolist()
+
+
+def _seeing_the_prompt(processors: list[Callable], prompt: list[int]) -> list[Callable]:
+    """Logits processors for mlx-vlm's generate under batchgen's one rule: they see the prompt
+    and then the generated tokens, as in mlx-lm and the batched lanes. mlx-vlm hands them its
+    own history (the last prompt token, or the whole prompt unchunked, then each generated
+    token): only its generated tail, as many tokens as calls so far, is taken from it."""
+    import mlx.core as mx
+
+    head = mx.array(prompt[-HISTORY:])
+    calls = [0]
+
+    def wrap(proc: Callable) -> Callable:
+        def seeing(tokens: mx.array, logits: mx.array) -> mx.array:
+            n = calls[0]
+            history = mx.concatenate([head, tokens[tokens.size - n :].astype(head.dtype)]) if n else head
+            return proc(history, logits)
+
+        return seeing
+
+    wrapped = [wrap(proc) for proc in processors]
+
+    def count(tokens: mx.array, logits: mx.array) -> mx.array:
+        calls[0] += 1
+        return logits
+
+    return [*wrapped, count]
+
+
+def generate_vlm(
+    model: Any, processor: Any, info: ModelInfo, job: Job, media: Media, drafter: Drafter | None = None,
+    watch: Watch | None = None,
+) -> Generation:  # fmt: skip
+    """mlx-vlm's own generate for one row; with an mlx-vlm drafter, its counts come from the
+    drafter's lifetime counters, read before and after."""
+    from mlx_vlm import stream_generate
+
+    p = job.params
+    messages = template_parts(job.messages) if media else text_only(job.messages)
+    prompt = apply_template(processor, messages, p.chat_template_kwargs)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    tokenizer.stopping_criteria.reset(model.config.eos_token_id)
+    images = list(media.images)
+    videos = list(media.videos)
+    if videos and not info.video:  # models without a video token see frames as images
+        from PIL import Image
+
+        images += [Image.fromarray(f) for v in videos for f in v]
+        videos = []
+    if p.seed is not None:
+        import mlx.core as mx
+
+        mx.random.seed(p.seed)
+    processors = logits_processors_for(p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))
+    if processors:
+        processors = _seeing_the_prompt(processors, _prompt_ids(model, processor, prompt, images, videos))
+    draft: dict[str, Any] = {}
+    if drafter is not None:
+        from mlx_vlm.speculative.common import speculative_stats_since, speculative_stats_snapshot
+
+        draft = {"draft_model": drafter.model, "draft_kind": drafter.kind}
+        if drafter.block_size is not None:
+            draft["draft_block_size"] = drafter.block_size
+        snapshot = speculative_stats_snapshot(drafter.model)
+    stream = stream_generate(
+        model,
+        processor,
+        prompt,
+        image=images or None,
+        video=videos or None,
+        audio=list(media.audio) or None,
+        max_tokens=p.max_tokens,
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=p.top_k,
+        min_p=p.min_p,
+        logits_processors=processors or None,
+        seed=p.seed,
+        **draft,
+    )
+    gen = collect(stream, p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids), watch)
+    if drafter is not None:
+        stream.close()  # a stop string ends the stream early: let it settle its counters
+        _, accepted, drafted = speculative_stats_since(drafter.model, snapshot)
+        gen.mtp_accepted, gen.mtp_drafts = accepted or 0, drafted or 0
+    return gen

@@ -1,0 +1,125 @@
+"""Prompts: chat templates applied to a row's messages, and where prompts may be shared."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.errors import RowError
+from .models import ModelInfo
+
+__all__ = ["END_OF_TURN", "apply_template", "text_only", "template_parts", "message_bounds", "after_media",
+           "check_length"]  # fmt: skip
+
+END_OF_TURN = "<|im_end|>"  # Qwen-style templates end a turn here even when eos differs
+
+
+# Chat templates seen to drop a message whose content is a plain string (mlx-vlm's InternVL
+# template walks the content as a list of parts, so a string system prompt vanished; iterating
+# its characters also made it the slowest step of a row): their rows are rendered as parts.
+_WANTS_PARTS: set[str] = set()
+
+
+def apply_template(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+    """The prompt as the checkpoint's chat template renders it, with every message's text in it."""
+    key = str(getattr(template_owner, "chat_template", None))
+    if key in _WANTS_PARTS:
+        return _render(template_owner, _as_parts(messages), kwargs)
+    prompt = _render(template_owner, messages, kwargs)
+    if _all_text_in(prompt, messages):
+        return prompt
+    retry = _render(template_owner, _as_parts(messages), kwargs)
+    if not _all_text_in(retry, messages) or "'type': 'text'" in retry:  # not a template for parts either
+        return prompt
+    _WANTS_PARTS.add(key)
+    return retry
+
+
+def _render(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    try:
+        return get_chat_template(template_owner, messages, True, **kwargs)
+    except Exception:
+        if not kwargs:
+            raise
+        # A template that rejects an extra keyword still renders without it.
+        return get_chat_template(template_owner, messages, True)
+
+
+def _all_text_in(prompt: str, messages: list[dict[str, Any]]) -> bool:
+    return all(m["content"].strip() in prompt for m in messages if isinstance(m["content"], str))
+
+
+def _as_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """String contents as one text part (under `text` and `content`, as template_parts writes them)."""
+    return [
+        {**m, "content": [{"type": "text", "text": m["content"], "content": m["content"]}]}
+        if isinstance(m["content"], str)
+        else m
+        for m in messages
+    ]
+
+
+def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, str):
+            content = "".join(p["text"] for p in content if p["type"] == "text")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def template_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Media parts as the chat templates expect them: `{"type": "image"}` and friends. A text
+    part also carries its text as `content`: some templates read that key (mlx-vlm's InternVL
+    processor brings its own template, which would drop every question otherwise)."""
+    out = []
+    for m in messages:
+        content = m["content"]
+        if not isinstance(content, str):
+            content = [
+                {**p, "content": p["text"]} if p["type"] == "text" else {"type": p["type"]} for p in content
+            ]
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def after_media(ids: list[int], config: Any) -> list[int]:
+    """Positions just past each media block: the prefix every question on that image shares."""
+    end_id = getattr(config, "vision_end_token_id", None)
+    if end_id is None:
+        end_id = getattr(config, "vision_start_token_id", -2) + 1
+    return [i + 1 for i, t in enumerate(ids) if t == end_id]
+
+
+def message_bounds(tokenizer: Any, messages: list[dict], kwargs: dict, ids: list[int]) -> list[int]:
+    """Where each turn but the last ends in the prompt's tokens: a shared system prompt or
+    few-shot turns are a prefix that other rows reuse. Turns whose rendering is not a clean
+    token prefix of the whole (a template that rewrites history) give no boundary."""
+    bounds = []
+    for k in range(1, len(messages)):
+        try:
+            head = tokenizer.apply_chat_template(
+                messages[:k], tokenize=False, add_generation_prompt=False, **kwargs
+            )
+        except Exception:
+            break
+        head_ids = tokenizer.encode(head, add_special_tokens=False)
+        if 0 < len(head_ids) < len(ids) and ids[: len(head_ids)] == head_ids:
+            bounds.append(len(head_ids))
+    return bounds
+
+
+def check_length(prompt: str, ids: list[int] | None, info: ModelInfo) -> None:
+    """A prompt longer than the model's context is a row error; an absurdly long one is
+    refused from its characters, before it costs a tokenization."""
+    limit = info.context
+    if not limit:
+        return
+    if ids is None and len(prompt) > limit * 16:  # no tokenizer averages 16 characters a token
+        raise RowError(
+            "generate", f"prompt of {len(prompt)} characters cannot fit the model's context of {limit} tokens"
+        )
+    if ids is not None and len(ids) >= limit:
+        raise RowError("generate", f"prompt of {len(ids)} tokens does not fit the model's context of {limit}")

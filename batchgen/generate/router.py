@@ -1,0 +1,161 @@
+"""Generate stage: routes every row to its lane (lanes.py) over the models loading.py loads.
+
+Rows are first planned (routed, tokenized), then run in batches of one lane.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+from ..core.errors import BatchgenError, RowError
+from ..core.records import Generation, Job, Media
+from ..core.settings import EngineSettings
+from .decoder import Watch
+from .drafts import Drafter, inspect_drafter
+from .lanes import DraftLane, Lane, Plan, SingleLane, TextLane, row_error
+from .loading import Models
+from .models import inspect_model
+from .prefix_cache import PrefixCache
+from .vision_lanes import OffsetVisionLane, VisionLane
+
+__all__ = ["Plan", "Engines"]
+
+
+_UNBATCHED = {  # families that cannot batch, and why
+    "paligemma": "its prompt prefix attends both ways, so padding and prefix snapshots change results",
+    "bidirectional": "its image tokens attend both ways (use_bidirectional_attention: vision), so padding "
+    "and prefix snapshots change results",
+}
+
+
+class Engines:
+    """The run's models, lanes and prefix cache: plans each row (one routing function) and
+    runs batches of plans of one lane."""
+
+    def __init__(
+        self,
+        model: str,
+        text_model: str | None = None,
+        prefix_cache: PrefixCache | None = None,
+        drafter: Drafter | None = None,
+        row_timeout: float | None = None,
+    ):
+        self.vision_info = inspect_model(model)
+        self.text_info = inspect_model(text_model) if text_model else self.vision_info
+        self.prefixes = prefix_cache
+        self.models = Models(self.vision_info, self.text_info, drafter)
+        self.text = TextLane(self.models, self.text_info, prefix_cache)
+        self.vision = VisionLane(self.models, self.vision_info, prefix_cache)
+        self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache)
+        self.single = SingleLane(self.models, self.vision_info)
+        self.draft = DraftLane(self.models, self.text_info, self.text)
+        self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
+        self.stop = threading.Event()  # the runner's stop request, checked between decode steps
+        self.capped = 0  # rows whose max_tokens was lowered to fit the model's context
+        self.one_at_a_time: dict[str, int] = {}  # media rows that could not batch, by reason
+
+    @classmethod
+    def from_config(cls, config: EngineSettings) -> Engines:
+        """The engines a run asks for: its models, a prefix cache unless --no-cache, its drafter."""
+        prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
+        drafter = None
+        if config.draft_model:
+            drafter = inspect_drafter(
+                config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
+            )
+        return cls(config.model, config.text_model, prefixes, drafter, config.row_timeout)
+
+    # -- loading ---------------------------------------------------------------
+    def load(self, vision: bool, text: bool) -> None:
+        """Load up front what the first rows need (so it overlaps their downloads)."""
+        if text and not self._text_via_vlm() and self.models.lm() is None:
+            vision = True
+        if vision and (self.vision_info.multimodal or self.models.text_on_vlm) or self._text_via_vlm():
+            self.models.vlm()
+
+    def load_drafter(self) -> None:
+        self.models.load_drafter()
+
+    def _text_via_vlm(self) -> bool:
+        """A vision drafter serves text rows too when they share its target."""
+        return self.models.drafter_lane == "vlm" and self.text_info is self.vision_info
+
+    def model_for(self, job: Job) -> str:
+        on_vlm = job.media or self.models.text_on_vlm or self._text_via_vlm()
+        return self.vision_info.name if on_vlm else self.text_info.name
+
+    # -- planning --------------------------------------------------------------
+    def route(self, job: Job, media: Media) -> Lane:
+        """The lane of a row: text rows on mlx-lm (speculative with a text drafter), media rows
+        (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
+        else one at a time through mlx-vlm."""
+        constrained = job.params.constraint is not None  # a drafter's guesses would skip the mask
+        if not media and not self._text_via_vlm() and self.models.lm() is not None:
+            return self.draft if self.models.drafter_lane == "lm" and not constrained else self.text
+        model = self.models.vlm()[0]
+        family = model.config.model_type
+        if self.models.drafter_lane == "vlm" and not constrained:
+            return self._alone("the vision drafter runs inside mlx-vlm's generate")
+        if media.audio:
+            return self._alone("rows with audio")
+        if family in VisionLane.FAMILIES:
+            if media.images and media.videos:  # mlx-vlm's Qwen-VL embeds one kind per prompt
+                return self._alone(f"{family}: rows with images beside a video")
+            return self.vision
+        if family in OffsetVisionLane.FAMILIES:
+            if media.videos:
+                return self._alone(f"{family}: video rows")
+            if getattr(model.config.text_config, "use_bidirectional_attention", None) == "vision":
+                return self._alone(f"{family}: {_UNBATCHED['bidirectional']}")
+            if family in OffsetVisionLane.RELAID and len(media.images) > 1:
+                return self._alone(f"{family}: rows with several images (mlx-vlm merges the first only)")
+            return self.offset
+        return self._alone(f"{family}: {_UNBATCHED.get(family, 'no batched lane for this family yet')}")
+
+    def _alone(self, reason: str) -> Lane:
+        """The one-row lane, with the reason counted for the run summary."""
+        self.one_at_a_time[reason] = self.one_at_a_time.get(reason, 0) + 1
+        return self.single
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        """Route and tokenize the row; unsupported media raise a `generate` RowError, a model
+        that cannot load stops the run (ConfigError), wherever its first row is."""
+        if media:
+            self._check_supported(media)
+        try:
+            return self.route(job, media).plan(job, media)
+        except (RowError, BatchgenError):
+            raise
+        except Exception as e:  # a template or processor that rejects this row
+            raise row_error(e) from e
+
+    # -- generation ------------------------------------------------------------
+    def run(self, plans: list[Plan], width: int) -> Iterator[tuple[int, Generation | RowError]]:
+        """Plans of one lane, at most `width` decoding at once; each row's Generation or RowError
+        as it finishes. A row past --row-timeout is a `generate` error; a stop request raises
+        StopRequested."""
+        lane = plans[0].lane
+        for i, outcome in lane.run(plans, Watch(self.stop, self.row_timeout, lane.info.context), width):
+            if isinstance(outcome, Generation):
+                self.capped += outcome.capped
+                if outcome.finish_reason == "timeout":
+                    outcome = RowError(
+                        "generate",
+                        f"no answer within --row-timeout {self.row_timeout:g} s "
+                        f"({outcome.completion_tokens} tokens generated)",
+                    )
+            yield i, outcome
+
+    def _check_supported(self, media: Media) -> None:
+        info = self.vision_info
+        if not info.multimodal:
+            raise RowError(
+                "generate", f"model {info.name!r} is text-only (no vision or audio tower in its config)"
+            )
+        if media.audio and not info.audio:
+            raise RowError("generate", f"model {info.name!r} has no audio encoder; the row has audio")
+        if (media.images or media.videos) and not info.vision:
+            raise RowError(
+                "generate", f"model {info.name!r} has no vision tower; the row has images or video"
+            )

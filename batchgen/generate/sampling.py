@@ -1,0 +1,61 @@
+"""A row's sampling rules, the same on every lane (decoder.py's batches, one_row.py's one-row
+lane): its sampler, its logits processors (penalties, biases, output constraint), its stop
+strings and its final text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import mlx.core as mx
+
+from ..core.records import GenParams
+
+__all__ = ["HISTORY", "sampler_for", "logits_processors_for", "hit_stop", "final_text"]
+
+# Logits processors (penalties) see the prompt and then the generated tokens, on every lane
+# (mlx-lm's rule; one_row.py brings mlx-vlm's generate to it): its last HISTORY tokens, more
+# than any penalty's own window.
+HISTORY = 256
+
+
+def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
+    if p.temperature == 0:
+        return None
+    from mlx_lm.sample_utils import make_sampler
+
+    return make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k)
+
+
+def logits_processors_for(p: GenParams, tokenizer: Any = None, eos: set[int] | None = None) -> list[Callable]:
+    """The row's penalties and biases (mlx-lm's), then its output constraint's mask, which
+    needs the tokenizer and the end tokens it allows once the output is complete."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    processors = make_logits_processors(
+        logit_bias=dict(p.logit_bias) or None,
+        repetition_penalty=p.repetition_penalty if p.repetition_penalty != 1.0 else None,
+        presence_penalty=p.presence_penalty or None,
+        frequency_penalty=p.frequency_penalty or None,
+    )
+    if p.constraint is not None:
+        from .constrain import processor
+
+        processors.append(processor(p.constraint, tokenizer, sorted(eos or ())))
+    return processors
+
+
+def hit_stop(tokens: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> bool:
+    """Stop strings are looked for in a bounded tail of the text, not the whole of it."""
+    longest = max(len(s) for s in stop)
+    tail = decode(tokens[-(longest + 8) :])
+    return any(s in tail for s in stop)
+
+
+def final_text(
+    tokens: list[int], eos: set[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]
+) -> str:
+    """The completion as text: without its end-of-turn token, cut before the first stop string."""
+    text = decode(tokens[:-1] if tokens and tokens[-1] in eos else tokens)
+    hits = [i for s in stop if (i := text.find(s)) >= 0]
+    return text[: min(hits)] if hits else text

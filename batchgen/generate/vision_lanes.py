@@ -1,0 +1,233 @@
+"""The batched mlx-vlm lanes: a media row's prompt as its checkpoint's processor renders and
+expands it, prefixes that never split an image, embeddings made only for the slices that
+hold media.
+- `VisionLane`: Qwen2/2.5/3-VL (and MoE) and Qwen3.5 image or video rows: explicit (mRoPE)
+  positions, vision features reused across rows;
+- `OffsetVisionLane`: image rows of the families positioned by their cache offsets (llava,
+  LLaVA-NeXT, SmolVLM, Idefics3, Gemma 3 and 4, Mistral 3, InternVL).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..core.errors import RowError
+from ..core.memo import Memo
+from ..core.records import Job, Media
+from .decoder import OffsetVLMAdapter, Sequence, VLMAdapter
+from .lanes import BatchedLane, Plan
+from .loading import Models
+from .models import ModelInfo
+from .prefix_cache import PrefixCache
+from .prompts import after_media, apply_template, check_length, template_parts, text_only
+
+__all__ = ["VisionLane", "OffsetVisionLane"]
+
+
+class _MediaLane(BatchedLane):
+    """Batched mlx-vlm lanes: the row's prompt as the checkpoint's processor renders and
+    expands it, decoded by the lane's adapter."""
+
+    adapter: type[VLMAdapter] = VLMAdapter
+
+    def _inputs(self, job: Job, media: Media) -> tuple[Any, Any, dict, list[int]]:
+        """(model, processor, the processor's inputs, the prompt's token ids)."""
+        from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
+
+        model, processor = self.models.vlm()
+        messages = template_parts(job.messages) if media else text_only(job.messages)
+        prompt = apply_template(processor, messages, job.params.chat_template_kwargs)
+        check_length(prompt, None, self.info)
+        inputs = prepare_inputs(
+            processor, images=media.images or None, videos=media.videos or None, prompts=prompt,
+            image_token_index=getattr(model.config, "image_token_index", None),
+            add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
+        )  # fmt: skip
+        ids = inputs["input_ids"][0].tolist()
+        check_length(prompt, ids, self.info)
+        return model, processor, inputs, ids
+
+    def _engine(self):
+        model, processor = self.models.vlm()
+        tokenizer = getattr(processor, "tokenizer", processor)
+        tokenizer.stopping_criteria.reset(model.config.eos_token_id)
+        return (
+            self.adapter(model),
+            set(tokenizer.stopping_criteria.eos_token_ids),
+            tokenizer.decode,
+            tokenizer,
+        )
+
+
+class VisionLane(_MediaLane):
+    """Qwen-VL families (and Qwen3.5, whose linear-attention caches batch too): the language
+    model takes explicit (mRoPE) position ids; Qwen3-VL also takes DeepStack features."""
+
+    name = "vlm"
+    FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_vl", "qwen3_vl_moe"}
+    DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}  # vision features also feed early language layers
+
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
+        super().__init__(models, info, prefixes)
+        self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        import mlx.core as mx
+
+        model, _, inputs, ids = self._inputs(job, media)
+        p = job.params
+        input_ids = inputs["input_ids"]
+        lm = model.language_model
+        image_grid, video_grid = inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
+        if media.images or media.videos:
+            positions, delta = lm.get_rope_index(
+                input_ids, image_grid, video_grid, inputs.get("attention_mask")
+            )
+            delta = int(delta.reshape(-1)[0].item())
+        else:
+            positions, delta = mx.broadcast_to(mx.arange(len(ids)).reshape(1, 1, -1), (3, 1, len(ids))), 0
+        start_id = getattr(model.config, "vision_start_token_id", None)
+        media_starts = [i for i, t in enumerate(ids) if t == start_id]
+        bounds = sorted({*media_starts, *(after_media(ids, model.config) if media else [])})
+        digests = list(media.image_digests or media.video_digests)  # one kind per row here (Engines.route)
+        embed = self._embedder(model, inputs, ids, digests) if media else None
+        keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
+        seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
+        group = (tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ())
+        return Plan(job, media, self, self._fit(seq), group=group)
+
+    def _embedder(self, model: Any, inputs: dict, ids: list[int], digests: list[str]):
+        """Embeddings of any slice of the prompt; the vision tower runs only when a slice
+        holds image or video tokens, and once per set of images or video."""
+        full: list[Any] = []
+        media_ids = {model.config.image_token_id, getattr(model.config, "video_token_id", None)}
+        lm = model.language_model
+        video = inputs.get("pixel_values_videos") is not None and inputs.get("pixel_values") is None
+        deepstack = model.config.model_type in VisionLane.DEEPSTACK
+
+        def embed(a: int, b: int):
+            import mlx.core as mx
+
+            if not media_ids.intersection(ids[a:b]):
+                return lm.model.embed_tokens(mx.array(ids[a:b])[None])
+            if not full:
+                kind = "video" if video else "image"
+                pixels = inputs["pixel_values_videos" if video else "pixel_values"]
+                given = {"pixel_values_videos": pixels} if video else {"pixel_values": pixels}
+                grid = inputs[f"{kind}_grid_thw"]
+                if not deepstack:
+                    dtype = model.vision_tower.patch_embed.proj.weight.dtype
+                    given["cached_image_features"] = self._features.get(
+                        (kind, *digests), lambda: _tower(model, pixels.astype(dtype), grid)
+                    )
+                out = model.get_input_embeddings(
+                    inputs["input_ids"],
+                    mask=inputs.get("attention_mask"),
+                    **given,
+                    **{f"{kind}_grid_thw": grid},
+                )
+                # DeepStack features come from the tower's own run (not from cached features); the
+                # language model aligns them with each slice it is given, by its cache offset.
+                extra = {k: getattr(out, k, None) for k in ("visual_pos_masks", "deepstack_visual_embeds")}
+                full.append(
+                    (out.inputs_embeds, {k: v for k, v in extra.items() if v is not None and deepstack})
+                )
+            embeds, extra = full[0]
+            return (embeds[:, a:b], extra) if extra else embeds[:, a:b]
+
+        return embed
+
+
+def _tower(model: Any, pixels: Any, grid: Any) -> Any:
+    """The vision tower's features; Qwen3.5's tower also returns what only its drafters use."""
+    out = model.vision_tower(pixels, grid)
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _media_blocks(ids: list[int], image_id: int, specials: set[int], gap: int = 4) -> list[tuple[int, int]]:
+    """(start, end) of each image's tokens in a prompt: runs of the image token, joined across
+    a few special tokens between them (Pixtral's row breaks, a tile's markers), so that no
+    prefix boundary falls inside an image."""
+    blocks: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t != image_id:
+            continue
+        if blocks and blocks[-1][1] == i:
+            blocks[-1] = (blocks[-1][0], i + 1)
+        elif blocks and i - blocks[-1][1] <= gap and all(x in specials for x in ids[blocks[-1][1] : i]):
+            blocks[-1] = (blocks[-1][0], i + 1)
+        else:
+            blocks.append((i, i + 1))
+    return blocks
+
+
+class OffsetVisionLane(_MediaLane):
+    """Image rows of families whose language model takes positions from the cache offsets:
+    batched, with prefix reuse; a prefix never ends inside an image's tokens."""
+
+    name = "vlm-offset"
+    adapter = OffsetVLMAdapter
+    FAMILIES = {"llava", "llava_next", "smolvlm", "idefics3", "gemma3", "gemma4", "mistral3", "internvl_chat"}
+    # mlx-vlm 0.7.10's llava_next puts a whole tile's features at each of the processor's image
+    # tokens and keeps what fits: the language model sees a longer prompt than the token ids.
+    RELAID = {"llava_next"}
+
+    def plan(self, job: Job, media: Media) -> Plan:
+        model, processor, inputs, ids = self._inputs(job, media)
+        p = job.params
+        image_id = getattr(model.config, "image_token_index", None) or model.config.image_token_id
+        merged = None
+        if media.images and model.config.model_type in self.RELAID:
+            merged = _merged(model, inputs)  # a lazy graph: the tower runs only if a slice needs it
+            ids = _relaid(ids, image_id, merged[0].shape[1])
+            check_length("", ids, self.info)
+        tokenizer = getattr(processor, "tokenizer", processor)
+        blocks = _media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
+        starts, ends = [a for a, _ in blocks], [b for _, b in blocks]
+        digests = list(media.image_digests)
+        # Adjacent images can make one block: then every image keys from the first one's start.
+        owners = starts if len(starts) == len(digests) else [starts[0]] * len(digests) if starts else []
+        keyed = self._keys(ids, sorted({*starts, *ends}), list(zip(owners, digests, strict=True)))
+        embed = self._embedder(model, inputs, ids, image_id, merged) if media.images else None
+        seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed)
+        group = (tuple(digests), tuple(ids[: starts[0]]) if starts else ())
+        return Plan(job, media, self, self._fit(seq), group=group)
+
+    @staticmethod
+    def _embedder(model: Any, inputs: dict, ids: list[int], image_id: int, merged: tuple | None = None):
+        """Merged embeddings of a slice holding image tokens (computed once for the row);
+        None for other slices, which the model embeds itself."""
+        full: list[Any] = [] if merged is None else [merged]
+
+        def embed(a: int, b: int):
+            if image_id not in ids[a:b]:
+                return None
+            if not full:
+                full.append(_merged(model, inputs))
+            embeds, per_layer = full[0]
+            return (
+                embeds[:, a:b]
+                if per_layer is None
+                else (embeds[:, a:b], {"per_layer_inputs": per_layer[:, a:b]})
+            )
+
+        return embed
+
+
+def _merged(model: Any, inputs: dict) -> tuple[Any, Any]:
+    """The prompt's embeddings with the image features merged in, as mlx-vlm's generate makes
+    them, and Gemma 4's per-layer inputs (made from the ids with media tokens blanked)."""
+    extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+    out = model.get_input_embeddings(
+        inputs["input_ids"], inputs["pixel_values"], mask=inputs.get("attention_mask"), **extra
+    )
+    return out.inputs_embeds, getattr(out, "per_layer_inputs", None)
+
+
+def _relaid(ids: list[int], image_id: int, length: int) -> list[int]:
+    """Token ids laid out as the language model sees them when the merged embeddings are
+    `length` long: the image's run of tokens widened (or narrowed) to the features'."""
+    at = [i for i, t in enumerate(ids) if t == image_id]
+    if not at or at[-1] - at[0] + 1 != len(at):
+        raise RowError("generate", "a llava_next prompt takes one image")
+    return ids[: at[0]] + [image_id] * (length - len(ids) + len(at)) + ids[at[-1] + 1 :]

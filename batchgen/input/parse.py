@@ -1,0 +1,305 @@
+"""Turn a raw row into a Job: chat messages with ordered media parts, checked parameters."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import string
+from typing import Any
+
+from ..core.constraints import constraint_of
+from ..core.errors import ConfigError, short
+from ..core.params import Problem, check_params, is_int, is_number
+from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef
+from ..core.settings import Columns
+from .openai_batch import from_batch_request, is_batch_request
+from .read import RawRow, valid_id
+
+__all__ = ["parse_row", "media_like", "template_fields"]
+
+# OpenAI content-part types and (kind, key holding the reference).
+_PART_TYPES = {
+    "image_url": ("image", "image_url"),
+    "image": ("image", "image"),
+    "video_url": ("video", "video_url"),
+    "video": ("video", "video"),
+    "audio_url": ("audio", "audio_url"),
+    "audio": ("audio", "audio"),
+}
+_ROLES = {"system", "user", "assistant", "tool", "developer"}
+
+
+# Names of columns that usually hold media (img2dataset's `jpg`, web crawls' `url`): a row
+# without media beside one of them is probably a mapping the user forgot.
+_MEDIA_NAMES = {"jpg", "jpeg", "png", "webp", "img", "image_url", "image_path", "image_bytes", "url", "mp4",
+                "video_url", "picture", "photo"}  # fmt: skip
+
+
+def media_like(name: str, value: Any) -> bool:
+    """A column value that looks like media: bytes, a Hugging Face image struct, or a name like `jpg`."""
+    if value is None:
+        return False
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return True
+    if isinstance(value, dict) and ("bytes" in value or "path" in value):
+        return True
+    return name.lower() in _MEDIA_NAMES
+
+
+def _source(value: Any) -> str | bytes | None:
+    """A media reference from a cell: a URL, path or data URL; raw bytes (a Parquet binary
+    column); a Hugging Face image struct, its bytes first, else its path."""
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value) if len(value) else None
+    if isinstance(value, dict):
+        return _source(value.get("bytes")) or _source(value.get("path"))
+    return None
+
+
+def _media_values(name: str, value: Any, problems: list[Problem]) -> list[str | bytes]:
+    values = value if isinstance(value, list) else [value]
+    sources = [_source(v) for v in values]
+    if not sources or not all(sources):
+        problems.append(
+            (name, f"expected a URL, path, data URL, bytes or {{bytes, path}} struct, or a list of them, "
+                   f"got {_shown(value)}")
+        )  # fmt: skip
+        return []
+    return sources  # type: ignore[return-value]
+
+
+def _shown(value: Any) -> str:
+    """A bad value for a message: bytes (also inside a struct) by their size, not their content."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"{len(value)} bytes"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_shown(v)}" for k, v in list(value.items())[:4]) + "}"
+    return f"{value!r:.60}"
+
+
+def _part_reference(part: dict[str, Any], key: str) -> Any:
+    ref = part.get(key)
+    return _source(ref.get("url") if isinstance(ref, dict) and "url" in ref else ref)
+
+
+def _content(
+    content: Any, where: str, media: list[MediaRef], problems: list[Problem]
+) -> list[dict[str, Any]] | str | None:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        problems.append((where, f"content must be a string or a list of parts, got {content!r:.60}"))
+        return None
+    parts: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        at = f"{where}.content[{j}]"
+        if isinstance(part, str):
+            part = {"type": "text", "text": part}
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind in _PART_TYPES:
+            media_kind, key = _PART_TYPES[kind]
+            ref = _part_reference(part, key)
+            if ref is None:
+                problems.append((at, f"a {kind} part needs a URL, path, data URL or bytes in {key!r}"))
+                continue
+            parts.append({"type": media_kind, "media": len(media)})
+            media.append(MediaRef(media_kind, ref))
+        elif kind == "text":
+            problems.append((at, "a text part needs a string 'text'"))
+        else:
+            problems.append((at, f"unknown content part type {kind!r}"))
+    return parts
+
+
+def _messages(value: Any, media: list[MediaRef], problems: list[Problem]) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value:
+        problems.append(("messages", "expected a non-empty list of {role, content} objects"))
+        return []
+    messages = []
+    for i, message in enumerate(value):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict) or message.get("role") not in _ROLES:
+            problems.append((where, f"expected {{role, content}} with role in {sorted(_ROLES)}"))
+            continue
+        content = _content(message.get("content"), where, media, problems)
+        if content is not None:
+            messages.append({"role": message["role"], "content": content})
+    return messages
+
+
+def _attach_flat_media(messages: list[dict[str, Any]], flat: list[MediaRef], media: list[MediaRef]) -> None:
+    """Flat media go first in the first user turn: the shared prefix of rows on one image."""
+    target = next((m for m in messages if m["role"] == "user"), None)
+    if target is None:
+        target = {"role": "user", "content": []}
+        messages.append(target)
+    if isinstance(target["content"], str):
+        target["content"] = [{"type": "text", "text": target["content"]}]
+    head = []
+    for ref in flat:
+        head.append({"type": ref.kind, "media": len(media)})
+        media.append(ref)
+    target["content"] = head + target["content"]
+
+
+def _in_slot_order(messages: list[dict[str, Any]], media: list[MediaRef]) -> list[MediaRef]:
+    """The media in the order their parts come in the prompt, parts renumbered to match: the
+    processor fills the prompt's slots with the images in list order, so a flat image put
+    ahead of the messages' own must come first in the list too."""
+    ordered: list[MediaRef] = []
+    for message in messages:
+        if isinstance(message["content"], list):
+            for part in message["content"]:
+                if "media" in part:
+                    ordered.append(media[part["media"]])
+                    part["media"] = len(ordered) - 1
+    return ordered
+
+
+class _Columns(dict):
+    def __missing__(self, key: str) -> str:
+        raise KeyError(key)
+
+
+def _fill_template(template: str, value: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+    """The row with `prompt` made from the template and the row's own columns."""
+    if value.get("messages") is not None:
+        problems.append(("prompt_template", "a row with 'messages' cannot take a prompt template"))
+        return value
+    try:
+        prompt = template.format_map(_Columns({k: "" if v is None else v for k, v in value.items()}))
+    except KeyError as e:
+        problems.append(("prompt_template", f"missing column {e.args[0]!r}"))
+        return value
+    except (ValueError, IndexError) as e:
+        problems.append(("prompt_template", f"cannot fill it ({e})"))
+        return value
+    return {**value, "prompt": prompt}
+
+
+def _mapped(value: dict[str, Any], columns: Columns, problems: list[Problem]) -> dict[str, Any]:
+    """The row under batchgen's own column names: the mapped id, prompt and system columns,
+    and the mapped media columns in place of `image(s)` / `video(s)`."""
+    out = dict(value)
+    for key, name in (("id", columns.id), ("prompt", columns.prompt), ("system", columns.system)):
+        if name:
+            out[key] = value.get(name)
+    for kind, names in (("image", columns.image), ("video", columns.video)):
+        if not names:
+            continue
+        found: list[Any] = []
+        for name in names:
+            cell = value.get(name)
+            found += cell if isinstance(cell, list) else [] if cell is None else [cell]
+        out.pop(kind + "s", None)
+        out[kind] = found or None
+        if not found:
+            problems.append((names[0], f"no {kind} in {' or '.join(map(repr, names))} (empty)"))
+    return out
+
+
+def parse_row(
+    row: RawRow, defaults: GenParams, template: str | None = None, columns: Columns | None = None
+) -> tuple[Job, list[Problem]]:
+    """A Job for every row; the problems found, if any, are also in `job.error`. Never raises:
+    whatever a hostile row makes go wrong is that row's problem.
+
+    `template` (`--prompt-template`) fills each row's prompt from its columns; `columns` says
+    which columns hold the id, prompt, system prompt and media."""
+    try:
+        return _parse_row(row, defaults, template, columns or Columns())
+    except Exception as e:  # noqa: BLE001 - a safety net under the checks below
+        problem = ("row", f"cannot read it ({type(e).__name__}: {short(e)})")
+        job = Job(index=row.index, id=row.id, line=row.line, error=problem[1])
+        return job, [problem]
+
+
+def _parse_row(
+    row: RawRow, defaults: GenParams, template: str | None, columns: Columns
+) -> tuple[Job, list[Problem]]:
+    job = Job(index=row.index, id=row.id, line=row.line, digest=row.digest)
+    if row.error:
+        job.error = row.error
+        job.raw = row.value if isinstance(row.value, dict) else {}  # what could be read is carried
+        return job, [("row", row.error)]
+    value = row.value
+    if not isinstance(value, dict):
+        problem = ("row", f"expected a JSON object, got {type(value).__name__}")
+        job.error = problem[1]
+        return job, [problem]
+    job.raw = value
+    problems: list[Problem] = []
+    if is_batch_request(value):
+        request, batch_problems = from_batch_request(value)
+        problems += batch_problems
+        if request is None:  # another endpoint: nothing else about the line matters
+            job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
+            return job, problems
+        value = request
+    if columns.named():
+        value = _mapped(value, columns, problems)
+    if template is not None:
+        value = _fill_template(template, value, problems)
+    if not (value.get("id") is None or valid_id(value["id"])):
+        problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
+    param_problems, job.params = check_params(value, defaults)
+    problems += param_problems
+    constraint = constraint_of(value, problems)
+    if constraint is not None:
+        job.params = dataclasses.replace(job.params, constraint=constraint)
+    fps, max_frames = value.get("video_fps"), value.get("video_max_frames")
+    if fps is not None and not (is_number(fps) and fps > 0):
+        problems.append(("video_fps", f"expected a number > 0, got {fps!r:.60}"))
+    elif fps is not None:
+        job.video_fps = float(fps)
+    if max_frames is not None and not (is_int(max_frames) and max_frames >= 2):
+        problems.append(("video_max_frames", f"expected an integer >= 2, got {max_frames!r:.60}"))
+    elif max_frames is not None:
+        job.video_max_frames = max_frames
+
+    prompt, messages = value.get("prompt"), value.get("messages")
+    media: list[MediaRef] = []
+    if prompt is not None and messages is not None:
+        problems.append(("prompt", "give either 'prompt' or 'messages', not both"))
+    elif messages is not None:
+        job.messages = _messages(messages, media, problems)
+    elif isinstance(prompt, str):
+        job.messages = [{"role": "user", "content": prompt}]
+    elif prompt is not None:
+        problems.append(("prompt", f"expected a string, got {prompt!r:.60}"))
+    else:
+        problems.append(("prompt", "missing: a row needs 'prompt' or 'messages'"))
+
+    flat: list[MediaRef] = []
+    for name, kind in MEDIA_COLUMNS.items():
+        if value.get(name) is not None:
+            flat += [MediaRef(kind, v) for v in _media_values(name, value[name], problems)]
+    if flat and job.messages:
+        _attach_flat_media(job.messages, flat, media)
+    job.media = _in_slot_order(job.messages, media)
+    if not job.media:
+        mapped = {c for _, c in columns.named()}
+        job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
+
+    system = job.params.system
+    if system and job.messages and job.messages[0]["role"] != "system":
+        job.messages.insert(0, {"role": "system", "content": system})
+    if problems:
+        job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
+    return job, problems
+
+
+def template_fields(template: str) -> list[str]:
+    """The columns a --prompt-template names; a malformed one is a ConfigError."""
+    try:
+        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
+    except ValueError as e:
+        raise ConfigError(f"--prompt-template {template!r:.80}: malformed ({e})") from None
+    names = [re.split(r"[.\[]", name, maxsplit=1)[0] for name in fields]
+    if any(not name or name.isdigit() for name in names):
+        raise ConfigError(f"--prompt-template {template!r:.80}: every field names a column, e.g. {{caption}}")
+    return names

@@ -1,0 +1,1 @@
+"""Media: a row's references fetched under the URL policy, images decoded, video frames sampled."""

@@ -1,0 +1,1 @@
+"""Output: results written as Parquet (one file or shards), resume state, OpenAI Batch lines."""

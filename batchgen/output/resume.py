@@ -1,0 +1,137 @@
+"""Resume: what a rerun may take from earlier runs — the settings fingerprint that must not
+change, the rows already finished, and whether their input rows changed since."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from ..core.errors import ConfigError
+from ..core.records import GenParams
+from ..core.settings import RunConfig
+from ..input.read import JobIndex, RawRow, id_key, iter_rows
+
+__all__ = ["settings_of", "check_settings", "finished", "check_unchanged", "Pending"]
+
+
+_MODELS = ("model", "text_model", "draft_model")
+
+
+def _canonical(model: Any) -> Any:
+    """A local checkout by its absolute path (the same from any folder), a hub id as it is."""
+    if isinstance(model, str) and model and Path(model).expanduser().exists():
+        return str(Path(model).expanduser().resolve())
+    return model
+
+
+def settings_of(config: RunConfig) -> dict[str, Any]:
+    """What decides the content of the output: resuming under other settings is refused."""
+    m = config.media
+    return {
+        "model": _canonical(config.model),
+        "text_model": _canonical(config.text_model),
+        "draft_model": _canonical(config.draft_model),
+        "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
+        "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
+        "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
+        "shard": list(config.shard) if config.shard else None,
+    }
+
+
+def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[str, Any]) -> None:
+    """Refuse to mix results made under other settings, naming the keys that changed."""
+    # Outputs of earlier versions stored model paths as given, relative to that run's folder,
+    # and knew fewer generation parameters (the ones added since had their defaults).
+    previous = previous and {k: _canonical(v) if k in _MODELS else v for k, v in previous.items()}
+    if previous and isinstance(previous.get("generation"), dict):
+        defaults = json.loads(json.dumps(asdict(GenParams()), default=list))
+        previous["generation"] = {**defaults, **previous["generation"]}
+    if previous is None or previous == settings:
+        return
+    keys = sorted(k for k in {*previous, *settings} if previous.get(k) != settings.get(k))
+    changes = ", ".join(f"{k}: {previous.get(k)!r} then, {settings.get(k)!r} now" for k in keys)
+    raise ConfigError(f"{where} were made with other settings ({changes}); pass --overwrite to start over")
+
+
+def finished(sources: Iterable[Path | str], store: Any = None) -> dict[str, str | None]:
+    """The input hash, by id key, of every row in these result files (later files win);
+    `store` (store.Store) reads them where they are."""
+    hashes: dict[str, str | None] = {}
+    for path in sources:
+        columns = ["id", "input_hash"]
+        t = (
+            store.read_table(str(path), columns)
+            if store is not None
+            else pq.read_table(path, columns=columns)
+        )
+        for i, h in zip(t.column("id").to_pylist(), t.column("input_hash").to_pylist(), strict=True):
+            hashes[id_key(i)] = h
+    return hashes
+
+
+def to_retry(
+    sources: Iterable[Path | str], store: Any, max_attempts: int, every_failure: bool
+) -> dict[str, int]:
+    """Failed rows a rerun tries again, by id key, with the attempts they have had: every failed
+    row with `every_failure` (--retry-failed), else those whose failure was transient and that
+    have had fewer than `max_attempts` runs. Outputs of earlier versions count one attempt."""
+    latest: dict[str, tuple[str, bool, int]] = {}
+    for path in sources:
+        names = store.metadata_schema(str(path)).names
+        columns = [c for c in ("id", "status", "transient", "attempts") if c in names]
+        t = store.read_table(str(path), columns).to_pydict()
+        n = len(t["id"])
+        for row_id, status, transient, attempts in zip(
+            t["id"], t["status"], t.get("transient", [False] * n), t.get("attempts", [1] * n), strict=True
+        ):
+            latest[id_key(row_id)] = (status, bool(transient), attempts or 1)
+    return {
+        key: attempts
+        for key, (status, transient, attempts) in latest.items()
+        if status == "error" and (every_failure or (transient and attempts < max_attempts))
+    }
+
+
+def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
+    """Refuse rows whose input changed under an id that already has a result."""
+    changed = [
+        i for i, key in enumerate(map(id_key, index.ids)) if done.get(key) not in (None, index.digest(i))
+    ]
+    if changed:
+        wheres = index.wheres(changed[:5])
+        named = [f"{where} (id {index.ids[i]!r:.80})" for i, where in zip(changed[:5], wheres, strict=True)]
+        shown = ", ".join(named) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ConfigError(
+            f"{len(changed)} row(s) changed since their results were written: {shown}; "
+            "pass --overwrite to start over"
+        )
+
+
+@dataclass(slots=True)
+class Pending:
+    """The rows of the job (its shard and limit) whose ids are not done yet, in job order:
+    read from the job's files when asked for, never held."""
+
+    index: JobIndex
+    done: dict[str, str | None]
+
+    def indices(self) -> Iterator[int]:
+        """Their row indices in the file."""
+        rows = self.index.rows if self.index.rows is not None else range(len(self.index.ids))
+        for i, row_id in zip(rows, self.index.ids, strict=True):
+            if id_key(row_id) not in self.done:
+                yield i
+
+    def rows(self) -> Iterator[RawRow]:
+        kept = set(self.index.rows) if self.index.rows is not None else None
+        last = self.index.rows[-1] if self.index.rows else -1
+        for raw in iter_rows(self.index.source, id_column=self.index.id_column):  # type: ignore[arg-type]
+            if kept is not None and raw.index > last:
+                return
+            if (kept is None or raw.index in kept) and id_key(raw.id) not in self.done:
+                yield raw

@@ -1,0 +1,182 @@
+"""Where outputs are written: a local folder, or object storage through fsspec; and the lock
+that keeps one run per output.
+
+One small interface for the writer (write.py): whole files written so that a reader never
+sees half of one (a local temporary file renamed into place; an object, which storage
+services make visible only once complete), listings, reads of a few columns, removal.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..core.errors import ConfigError, JobFileError, OutputLockedError
+from ..core.uris import filesystem, is_uri
+
+__all__ = ["Store", "OutputLock", "atomic_write"]
+
+
+def atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+class Store:
+    """Paths are strings: local ones as the OS spells them, remote ones as URIs."""
+
+    def __init__(self, example: str):
+        self.remote = is_uri(example) and not example.startswith("file://")
+        self.fs: Any = None
+        if self.remote:
+            try:
+                self.fs, _ = filesystem(example)
+            except JobFileError as e:
+                raise ConfigError(f"-o {e}") from None
+            self._protocol = example.split("://", 1)[0]
+
+    def _uri(self, path: str) -> str:
+        return path if is_uri(path) else f"{self._protocol}://{path}"
+
+    def exists(self, path: str) -> bool:
+        return self.fs.exists(path) if self.remote else os.path.exists(path)
+
+    def is_dir(self, path: str) -> bool:
+        return self.fs.isdir(path) if self.remote else os.path.isdir(path)
+
+    def listed(self, folder: str, prefix: str, suffix: str) -> list[str]:
+        """Files directly in `folder` named prefix…suffix, sorted."""
+        if self.remote:
+            try:
+                self.fs.invalidate_cache(folder)  # another process may have written since
+                names = [self._uri(p) for p in self.fs.ls(folder, detail=False)]
+            except FileNotFoundError:
+                return []
+        else:
+            if not os.path.isdir(folder):
+                return []
+            names = [os.path.join(folder, n) for n in os.listdir(folder)]
+        return sorted(p for p in names if p.rsplit("/", 1)[-1].startswith(prefix) and p.endswith(suffix))
+
+    def write_table(self, path: str, table: pa.Table, **options: Any) -> None:
+        if self.remote:
+            with self.fs.open(path, "wb") as f:
+                pq.write_table(table, f, **options)
+        else:
+            atomic_write(Path(path), lambda p: pq.write_table(table, p, **options))
+
+    def read_table(self, path: str, columns: list[str] | None = None) -> pa.Table:
+        if self.remote:
+            with self.fs.open(path, "rb") as f:
+                return pq.read_table(f, columns=columns)
+        return pq.read_table(path, columns=columns)
+
+    def metadata_schema(self, path: str) -> pa.Schema:
+        if self.remote:
+            with self.fs.open(path, "rb") as f:
+                return pq.read_schema(f)
+        return pq.read_schema(path)
+
+    def metadata(self, path: str) -> dict[bytes, bytes]:
+        if self.remote:
+            with self.fs.open(path, "rb") as f:
+                return pq.read_schema(f).metadata or {}
+        return pq.read_schema(path).metadata or {}
+
+    def write_text(self, path: str, text: str) -> None:
+        if self.remote:
+            with self.fs.open(path, "w") as f:
+                f.write(text)
+        else:
+            atomic_write(Path(path), lambda p: p.write_text(text))
+
+    def read_text(self, path: str) -> str:
+        if self.remote:
+            with self.fs.open(path, "r") as f:
+                return f.read()
+        return Path(path).read_text()
+
+    def makedirs(self, path: str) -> None:
+        if not self.remote:  # object storage has no folders to make
+            os.makedirs(path, exist_ok=True)
+
+    def remove(self, path: str) -> None:
+        if self.remote:
+            if self.fs.exists(path):
+                self.fs.rm(path)
+        else:
+            Path(path).unlink(missing_ok=True)
+
+    def remove_tree(self, path: str) -> None:
+        if self.remote:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class OutputLock:
+    """One run per output: an exclusive `flock` on `<output>.lock`. The kernel drops it when
+    the holder dies, so a killed run never blocks the next one. A clean exit removes the
+    file; a lock taken on a file that was removed meanwhile is retried on the new one."""
+
+    def __init__(self, output: Path | str):
+        if is_uri(str(output)):  # object storage has no locks: one run per output on this machine
+            import hashlib
+            import tempfile
+
+            digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
+            self.path = Path(tempfile.gettempdir()) / f"batchgen-{digest}.lock"
+        else:
+            output = Path(output)
+            self.path = output.with_name(output.name + ".lock")
+        self._file = None
+
+    def __enter__(self) -> OutputLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._take()
+        except OSError as e:
+            raise ConfigError(f"cannot create the lock {self.path}: {e.strerror or e}") from None
+
+    def _take(self) -> OutputLock:
+        import fcntl
+
+        while True:
+            f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise OutputLockedError(
+                    f"{self.path.name[: -len('.lock')]} is being written by another batchgen run "
+                    f"(pid {holder}); its lock is {self.path}"
+                ) from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()  # the previous holder removed this file as we locked it: take the new one
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self.path.unlink(missing_ok=True)  # still held: nobody can lock it in between
+            self._file.close()

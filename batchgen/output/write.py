@@ -1,0 +1,415 @@
+"""Write stage: finished rows go to part files as the run goes; the output appears atomically.
+
+Layout beside `out.parquet`:
+  out.parquet.partial/manifest.json    what run the parts belong to
+  out.parquet.partial/part-000001.parquet ...  finished rows, each file complete on disk
+A finished run merges the previous output (if any) and the parts in job order into a
+temporary file, renames it over `out.parquet` and removes the `.partial` folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+import typing
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..core.errors import ConfigError
+from ..core.records import RESULT_COLUMNS, Result
+from ..core.uris import is_uri
+from ..input.read import JobIndex, id_key
+from .resume import check_settings, finished, to_retry
+from .store import OutputLock, Store, atomic_write
+
+__all__ = [
+    "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "stats_path",
+    "dropped_columns", "RESULT_SCHEMA",
+]  # fmt: skip
+
+_ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
+_SHARD_NAME = re.compile(r"part-\d{6,}\.parquet")  # a shard's (and a part's) file name
+
+
+def _arrow_type(hint: Any) -> pa.DataType:
+    return {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}.get(hint, pa.string())
+
+
+# Our columns, in Result's order and typed by its annotations: a new metric is one field there.
+_HINTS = typing.get_type_hints(Result)
+RESULT_SCHEMA = pa.schema(
+    [(f.name, _arrow_type(_HINTS[f.name])) for f in dataclasses.fields(Result) if f.name != "id"]
+)
+SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
+MEDIA_BASE_KEY = b"batchgen.media_base"  # ... where the job's relative media paths start (for report)
+MEDIA_POLICY_KEY = b"batchgen.media_policy"  # ... which local media the run could read: report reads no other
+TEMPLATE_KEY = b"batchgen.prompt_template"  # ... the --prompt-template the prompts were made with
+
+
+PARTS_KEY = b"batchgen.parts"  # a shard's metadata: the part numbers it was made of
+
+
+def partial_dir(output: Path | str, sharded: bool = False) -> Path | str:
+    """Where parts wait: `out.parquet.partial/`, or `DIR/_partial/` inside a sharded output
+    (readers of the folder skip names starting with `_`)."""
+    name = f"{output}/_partial" if sharded else f"{output}.partial"
+    return name if is_uri(str(output)) else Path(name)
+
+
+def stats_path(output: Path | str, sharded: bool = False) -> Path | str:
+    name = f"{output}/_stats.json" if sharded else f"{output}.stats.json"
+    return name if is_uri(str(output)) else Path(name)
+
+
+def _jsonish(values: list[Any]) -> pa.Array:
+    """A column whose values Arrow cannot type as one (mixed types): keep it as JSON text."""
+    return pa.array(
+        [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values], pa.string()
+    )
+
+
+_MAX_DEPTH = 32  # Parquet levels a carried column may take; readers refuse schemas nested ~100 deep
+
+
+def _depth(type_: pa.DataType) -> int:
+    """Parquet nesting levels of a type (a list takes two); an empty struct, which Parquet
+    cannot store at all, counts as too deep."""
+    if pa.types.is_struct(type_):
+        if type_.num_fields == 0:
+            return _MAX_DEPTH + 1
+        return 1 + max(_depth(type_.field(i).type) for i in range(type_.num_fields))
+    if pa.types.is_map(type_):
+        return 3 + max(_depth(type_.key_type), _depth(type_.item_type))
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return 2 + _depth(type_.value_type)
+    return 0
+
+
+def _column(values: list[Any], type_: pa.DataType | None) -> pa.Array:
+    """Typed as Arrow infers (or as the input schema says) when Parquet can store and read
+    that type back; otherwise the values are kept as JSON text."""
+    try:
+        array = pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, RecursionError):
+        return _jsonish(values)
+    return array if _depth(array.type) <= _MAX_DEPTH else _jsonish(values)
+
+
+_OURS = set(RESULT_COLUMNS) - {"id"}
+
+
+def _output_name(name: str) -> str:
+    """An input column named like one of ours is kept under `input_<name>`; one already named
+    `input_<ours>` gains another prefix, so two input columns never meet under one name."""
+    bare = name
+    while bare.startswith("input_"):
+        bare = bare[len("input_") :]
+    return f"input_{name}" if bare in _OURS else name
+
+
+def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> set[str]:
+    """Input columns the output does not carry: those holding bytes (a dataset's images would
+    be copied into every output otherwise) unless kept, and those asked to be dropped."""
+    return (index.binary - set(keep)) | set(drop)
+
+
+def rows_to_table(
+    rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None, skip: set[str] = frozenset()
+) -> pa.Table:
+    """Input columns but `skip` (typed by the input schema when there is one), then our columns."""
+    input_names: dict[str, None] = {}
+    for raw, _ in rows:
+        input_names.update(dict.fromkeys(k for k in raw if k != "id" and k not in skip))
+    ids = [r.id for _, r in rows]
+    columns: dict[str, pa.Array] = {"id": _column(ids, None) if ids else pa.array([], pa.int64())}
+    for name in input_names:
+        type_ = schema.field(name).type if schema is not None and name in schema.names else None
+        columns[_output_name(name)] = _column([raw.get(name) for raw, _ in rows], type_)
+    results = [asdict(r) for _, r in rows]
+    for field in RESULT_SCHEMA:
+        columns[field.name] = pa.array([r[field.name] for r in results], field.type)
+    return pa.table(columns)
+
+
+def _concat(tables: list[pa.Table]) -> pa.Table:
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Parts typed a column differently (e.g. int in one, text in another): text wins.
+        types: dict[str, set[pa.DataType]] = {}
+        for t in tables:
+            for f in t.schema:
+                types.setdefault(f.name, set()).add(f.type)
+        clash = {n for n, ts in types.items() if len({t for t in ts if t != pa.null()}) > 1}
+        fixed = []
+        for t in tables:
+            for name in clash & set(t.column_names):
+                i = t.column_names.index(name)
+                t = t.set_column(i, name, _jsonish(t.column(name).to_pylist()))
+            fixed.append(t)
+        return pa.concat_tables(fixed, promote_options="permissive")
+
+
+class ResultWriter:
+    """Buffers finished rows, flushes them as part files, and assembles the final output: one
+    Parquet file in job order, or (`sharded`) a folder of Parquet shards of at most
+    `shard_rows` rows each, made from the parts as they pile up, so no step ever holds the
+    whole output.
+
+    `settings` are what decides the output's content (models, generation defaults, frame
+    sampling): resuming under other settings would mix incompatible rows, so it is refused.
+    """
+
+    def __init__(self, output: Path | str, index: JobIndex, settings: dict[str, Any], overwrite: bool,
+                 flush_rows: int = 64, flush_seconds: float = 10.0, skip: set[str] = frozenset(),
+                 sharded: bool = False, shard_rows: int = 100_000,
+                 about: dict[bytes, str] | None = None):  # fmt: skip
+        self.output = output
+        self.store = Store(str(output))
+        self.index = index
+        self.skip = skip  # input columns not carried
+        self.about = {k: v.encode() for k, v in (about or {}).items()}  # more metadata for readers
+        self.settings = settings
+        self.sharded, self.shard_rows = sharded, shard_rows
+        self.partial = partial_dir(output, sharded)
+        self.flush_rows = flush_rows
+        self.flush_seconds = flush_seconds
+        self._buffer: list[tuple[dict[str, Any], Result]] = []
+        self._last_flush = time.monotonic()
+        self._pending_rows = 0  # rows in parts not yet made a shard (by this run)
+        partial = str(self.partial)
+        if sharded:
+            self._check_folder()
+        if overwrite:
+            self.store.remove_tree(partial)
+            for shard in self._shards():
+                self.store.remove(shard)
+        manifest_path = f"{partial}/manifest.json"
+        previous = None
+        if self.store.exists(manifest_path):
+            manifest = json.loads(self.store.read_text(manifest_path))
+            overwrite = overwrite or manifest.get("overwrite", False)  # an interrupted --overwrite stays one
+            previous = ("partial results in " + partial, manifest.get("settings"))
+        finals = self._finals() if not overwrite else []
+        if previous is None and finals:
+            meta = self.store.metadata(finals[0])
+            if SETTINGS_KEY in meta:
+                previous = (str(output), json.loads(meta[SETTINGS_KEY]))
+        if previous is not None:
+            check_settings(previous[0], previous[1] or {}, settings)
+        self.use_previous_output = not overwrite
+        self._manifest = {"settings": settings, "overwrite": overwrite}
+        covered = self._covered()
+        for part in self._part_files():  # made into a shard before the run stopped: already there
+            if _number(part) in covered:
+                self.store.remove(part)
+        self._parts = max([0, *covered, *map(_number, self._part_files())])
+
+    def _check_folder(self) -> None:
+        """A shard folder holds batchgen's shards only: another tool's Parquet there (Spark's
+        `part-00000-<uuid>.snappy.parquet`, a file without batchgen's columns) would be read
+        as results, or overwritten, so the run is refused before any work."""
+        for path in self.store.listed(str(self.output), "", ".parquet"):
+            name = path.rsplit("/", 1)[-1]
+            ours = _SHARD_NAME.fullmatch(name) is not None
+            if ours:
+                try:
+                    names = self.store.metadata_schema(path).names
+                except (OSError, pa.ArrowException):
+                    names = []
+                ours = {"id", "input_hash", "status"} <= set(names)
+            if not ours:
+                raise ConfigError(
+                    f"-o {self.output}/: {name} is not a shard batchgen wrote; give a folder of "
+                    "batchgen's shards or an empty one"
+                )
+
+    def _part_files(self) -> list[str]:
+        return self.store.listed(str(self.partial), "part-", ".parquet")
+
+    def _shards(self) -> list[str]:
+        return self.store.listed(str(self.output), "part-", ".parquet") if self.sharded else []
+
+    def _finals(self) -> list[str]:
+        """The finished output's files: its shards, or the one file."""
+        if self.sharded:
+            return self._shards()
+        return [str(self.output)] if self.store.exists(str(self.output)) else []
+
+    def _covered(self) -> set[int]:
+        """Part numbers already made into shards (each shard names the parts it holds)."""
+        numbers: set[int] = set()
+        for shard in self._shards():
+            first, _, last = self.store.metadata(shard).get(PARTS_KEY, b"").decode().partition("-")
+            if first and last:
+                numbers.update(range(int(first), int(last) + 1))
+        return numbers
+
+    def _sources(self) -> list[str]:
+        return (self._finals() if self.use_previous_output else []) + self._part_files()
+
+    def done(self) -> dict[str, str | None]:
+        """The input hash, by id key, of every row already written (output and parts)."""
+        return finished(self._sources(), self.store)
+
+    def to_retry(self, max_attempts: int, every_failure: bool) -> dict[str, int]:
+        """Failed rows to run again, with their attempts so far (resume.to_retry)."""
+        return to_retry(self._sources(), self.store, max_attempts, every_failure)
+
+    def add(self, raw: dict[str, Any], result: Result) -> None:
+        self._buffer.append((raw, result))
+        due = time.monotonic() - self._last_flush >= self.flush_seconds
+        if len(self._buffer) >= self.flush_rows or due:
+            self.flush()
+
+    def flush(self) -> None:
+        """Put the buffered rows on disk as one complete part file; a sharded output makes a
+        shard once its parts hold `shard_rows` rows."""
+        self._last_flush = time.monotonic()
+        if not self._buffer:
+            return
+        partial = str(self.partial)
+        if not self.store.exists(f"{partial}/manifest.json"):  # made with the first rows
+            self.store.makedirs(partial)
+            self.store.write_text(f"{partial}/manifest.json", json.dumps(self._manifest, indent=2) + "\n")
+        table = rows_to_table(self._buffer, self.index.schema, self.skip)
+        self._parts += 1
+        self.store.write_table(f"{partial}/part-{self._parts:06d}.parquet", table)
+        self._buffer.clear()
+        self._pending_rows += table.num_rows
+        if self.sharded and self._pending_rows >= self.shard_rows:
+            self._make_shard()
+
+    def _make_shard(self) -> None:
+        """The parts written so far as one shard, which names them; then the parts go."""
+        parts = self._part_files()
+        self._pending_rows = 0
+        if not parts:
+            return
+        table = self._tidy(_concat([self.store.read_table(p) for p in parts]))
+        numbers = sorted(map(_number, parts))
+        meta = {**(table.schema.metadata or {}), PARTS_KEY: f"{numbers[0]}-{numbers[-1]}".encode()}
+        shard = f"{self.output}/part-{numbers[0]:06d}.parquet"
+        self.store.makedirs(str(self.output))
+        self.store.write_table(shard, table.replace_schema_metadata(meta), row_group_size=_ROW_GROUP_ROWS)
+        for part in parts:
+            self.store.remove(part)
+
+    def _tidy(self, table: pa.Table) -> pa.Table:
+        """Our columns last, the run's settings in the metadata."""
+        ours = list(RESULT_SCHEMA.names)
+        table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
+        meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True),
+                **self.about}  # fmt: skip
+        return table.replace_schema_metadata(meta)
+
+    def finalize(self) -> pa.Table:
+        """The output in place, the parts gone. One file: the previous output and the parts
+        merged in job order and written whole. Shards: the last parts made a shard; what is
+        returned is then the shards' id, status and error columns only."""
+        self.flush()
+        if self.sharded:
+            self._make_shard()
+            self.store.remove_tree(str(self.partial))
+            columns = ["id", "status", "error", "error_stage"]
+            shards = self._shards()
+            tables = self._drop_superseded(shards, [self.store.read_table(s, columns) for s in shards])
+            return (
+                pa.concat_tables(tables, promote_options="permissive")
+                if tables
+                else rows_to_table([], None).select(columns)
+            )
+        parts = self._part_files()
+        keys = [id_key(i) for i in self.index.output_ids]
+        output = str(self.output)
+        if not parts and self.use_previous_output and self.store.exists(output):
+            previous = self.store.read_table(output)
+            if [id_key(i) for i in previous.column("id").to_pylist()] == keys:
+                self.store.remove_tree(str(self.partial))  # nothing new: leave the output byte for byte
+                return previous
+        tables = [self.store.read_table(p) for p in self._sources()]
+        table = _concat(tables) if tables else rows_to_table([], self.index.schema)
+        position = {k: i for i, k in enumerate(keys)}
+        latest: dict[str, int] = {}  # a later source (a retried row) wins
+        for row, i in enumerate(table.column("id").to_pylist()):
+            if id_key(i) in position:
+                latest[id_key(i)] = row
+        rows = [latest[k] for k in sorted(latest, key=position.__getitem__)]
+        if rows != list(range(table.num_rows)):  # usually already in order: no copy then
+            table = table.take(pa.array(rows, pa.int64()))
+        table = self._tidy(table)
+        self.store.makedirs(os.path.dirname(output) or ".")
+        self.store.write_table(output, table, row_group_size=_ROW_GROUP_ROWS)
+        self.store.remove_tree(str(self.partial))
+        return table
+
+    def _drop_superseded(self, shards: list[str], tables: list[pa.Table]) -> list[pa.Table]:
+        """Each id once: a row written again (a retried failure, also one whose run was killed
+        after its new record reached a part or shard) keeps its latest record, and the shards
+        holding an earlier one are written again without it. Duplicates are found in Arrow,
+        so only the few repeated ids are ever Python strings."""
+        keys = [pc.cast(t.column("id"), pa.string()) for t in tables]
+        if not keys:
+            return tables
+        counts = pc.value_counts(pa.chunked_array(keys, pa.string()))
+        repeated = counts.field("values").filter(pc.greater(counts.field("counts"), 1))
+        if not len(repeated):
+            return tables
+        places: list[list[int]] = []
+        latest: dict[str, tuple[int, int]] = {}
+        for k, column in enumerate(keys):
+            rows = pc.indices_nonzero(pc.is_in(column, value_set=repeated)).to_pylist()
+            places.append(rows)
+            for j in rows:
+                latest[column[j].as_py()] = (k, j)
+        for k, (shard, rows) in enumerate(zip(shards, places, strict=True)):
+            drop = {j for j in rows if latest[keys[k][j].as_py()] != (k, j)}
+            if not drop:
+                continue
+            keep = pa.array([j for j in range(tables[k].num_rows) if j not in drop], pa.int64())
+            self.store.write_table(
+                shard, self.store.read_table(shard).take(keep), row_group_size=_ROW_GROUP_ROWS
+            )
+            tables[k] = tables[k].take(keep)
+        return tables
+
+
+def _number(path: str) -> int:
+    """A part's number, from `part-000042.parquet`."""
+    return int(path.rsplit("/", 1)[-1][len("part-") : -len(".parquet")])
+
+
+def merge_outputs(parts: list[Path], index: JobIndex, out: Path) -> tuple[int, list[Any], list[Any]]:
+    """Shard outputs → one output in job order. Returns (rows written, ids missing from every
+    part, ids found in more than one place); a duplicated id keeps its first occurrence."""
+    tables = []
+    for path in parts:
+        try:
+            tables.append(pq.read_table(path))
+        except (OSError, pa.ArrowException) as e:
+            raise ConfigError(f"{path}: not a readable results file ({e})") from e
+    table = _concat(tables)
+    position = {id_key(i): n for n, i in enumerate(index.ids)}
+    first: dict[str, int] = {}
+    duplicated = []
+    for row, row_id in enumerate(table.column("id").to_pylist()):
+        key = id_key(row_id)
+        if key in first:
+            duplicated.append(row_id)
+        elif key in position:
+            first[key] = row
+    missing = [i for i in index.ids if id_key(i) not in first]
+    order = sorted(first, key=position.__getitem__)
+    table = table.take(pa.array([first[k] for k in order], pa.int64()))
+    meta = dict(tables[0].schema.metadata or {})
+    table = table.replace_schema_metadata(meta)
+    atomic_write(out, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
+    return table.num_rows, missing, duplicated

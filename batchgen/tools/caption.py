@@ -1,0 +1,63 @@
+"""`batchgen caption`: a job file built from folders of images and videos, one row per
+file and prompt, with ids from the files' relative paths so reruns resume and pick up new files."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from ..core.errors import ConfigError
+from ..input.source import files_under, glob_files
+
+__all__ = ["IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "find_media", "write_caption_jobs"]
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
+VIDEO_EXTENSIONS = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".m4v")
+
+
+def find_media(paths: Iterable[str], extensions: Iterable[str]) -> list[tuple[str, Path]]:
+    """(relative name, file) for every matching file: folders recursively, globs expanded,
+    each file once, in a stable order."""
+    wanted = {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
+    found: dict[Path, str] = {}
+    for arg in paths:
+        path = Path(arg).expanduser()
+        if path.is_dir():
+            for file in files_under(path):
+                found.setdefault(file.resolve(), f"{path.name}/{file.relative_to(path).as_posix()}")
+        elif path.is_file():
+            found.setdefault(path.resolve(), path.name)
+        else:
+            matches = glob_files(arg)
+            if not matches:
+                raise ConfigError(f"{arg}: no such file, folder or matching glob")
+            for match in matches:
+                found.setdefault(match.resolve(), match.as_posix())
+    return sorted(((name, file) for file, name in found.items() if file.suffix.lower() in wanted))
+
+
+def write_caption_jobs(
+    paths: Iterable[str], prompts: Iterable[str], output: Path, extensions: Iterable[str] | None = None
+) -> Path:
+    """Write `<output>.jobs.jsonl`: one row per file and prompt, id `name#k` for prompt k."""
+    extensions = extensions or IMAGE_EXTENSIONS + VIDEO_EXTENSIONS
+    files = find_media(paths, extensions)
+    if not files:
+        raise ConfigError(f"no files with extensions {', '.join(sorted(extensions))} in {', '.join(paths)}")
+    job = output.with_name(output.name + ".jobs.jsonl")
+    job.parent.mkdir(parents=True, exist_ok=True)
+    videos = {e.lower() for e in VIDEO_EXTENSIONS}
+    tmp = job.with_name(job.name + ".tmp")
+    with tmp.open("w") as f:
+        for name, file in files:
+            kind = "video" if file.suffix.lower() in videos else "image"
+            ref = os.path.relpath(file, job.parent)  # the job file travels with its folder
+            for k, prompt in enumerate(prompts):
+                row = {"id": f"{name}#{k}", kind: ref, "file": name}
+                if prompt:
+                    row["prompt"] = prompt
+                f.write(json.dumps(row) + "\n")
+    tmp.replace(job)
+    return job

@@ -1,0 +1,353 @@
+"""Looking at results: `inspect` (a terminal summary) and `report` (an HTML gallery)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+import pyarrow.parquet as pq
+
+from ..core.errors import JobFileError, gist
+from ..media.images import IMAGE_FORMATS
+from ..output.write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
+
+__all__ = ["summarize", "write_gallery"]
+
+_THUMB = 160  # pixels on the long side: enough to recognise, small enough for 10,000 rows
+_PAGE_CARDS = 100  # cards per page
+
+
+_NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tokens", "completion_tokens")
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return _table(path).to_pylist()
+
+
+def _table(path: Path):
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as e:
+        raise JobFileError(f"{path}: not a batchgen results file ({e})") from e
+    missing = [c for c in _NEEDED if c not in table.column_names]
+    if missing:
+        raise JobFileError(
+            f"{path}: not a batchgen results file (no {', '.join(missing)} column); "
+            "give the output of `batchgen run`"
+        )
+    return table
+
+
+def _about(path: Path) -> dict[bytes, bytes]:
+    """The output's own metadata (a shard folder: its first shard's)."""
+    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    return (pq.read_schema(files[0]).metadata or {}) if files else {}
+
+
+# Terminal controls (C0, DEL, C1) and bidirectional overrides: an id or an error message
+# holding them could move the cursor, recolour or rewrite what `inspect` prints.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str) -> str:
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                            else f"\\u{ord(m.group()):04x}", text)  # fmt: skip
+
+
+def summarize(path: Path, slowest: int = 5) -> str:
+    """Rows by status, errors by stage with their commonest messages, tokens and speed,
+    prefix reuse, draft acceptance, and the slowest rows."""
+    rows = _read(path)
+    ok = sum(r["status"] == "ok" for r in rows)
+    lines = [f"{path}: {len(rows)} rows, {ok} ok, {len(rows) - ok} failed"]
+    by_stage: dict[str, Counter[str]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            by_stage.setdefault(r["error_stage"] or "?", Counter())[gist(r["error"] or "")] += 1
+    if by_stage:
+        lines.append("errors by stage:")
+        for stage, messages in sorted(by_stage.items(), key=lambda kv: -sum(kv[1].values())):
+            lines.append(f"  {stage:<9}{sum(messages.values()):>6}")
+            lines += [f"    {n:>5} × {message}" for message, n in messages.most_common(3)]
+    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
+    completion = sum(r["completion_tokens"] or 0 for r in rows)
+    stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
+    speed = ""
+    if stats_file.exists():
+        stats = json.loads(stats_file.read_text())
+        speed = (
+            f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
+            f" over {stats['wall_s']:.1f} s"
+        )
+    lines.append(f"tokens: {prompt} prompt, {completion} completion{speed}")
+    cached = [r["cached_tokens"] or 0 for r in rows if r["status"] == "ok"]
+    reused = sum(c > 0 for c in cached)
+    if cached:
+        lines.append(
+            f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%}), "
+            f"{sum(cached)} prompt tokens saved"
+        )
+    drafted = sum(r.get("mtp_drafts") or 0 for r in rows)
+    if drafted:
+        accepted = sum(r.get("mtp_accepted") or 0 for r in rows)
+        lines.append(f"drafts: {accepted}/{drafted} accepted ({accepted / drafted:.0%})")
+    stages = ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")
+    worst = sorted(rows, key=lambda r: sum(r[k] or 0 for k in stages), reverse=True)[:slowest]
+    if worst:
+        lines.append("slowest rows:")
+        for r in worst:
+            parts = ", ".join(f"{k[:-3]} {r[k]:.0f} ms" for k in stages if r[k])
+            lines.append(f"  {r['id']}: {sum(r[k] or 0 for k in stages):.0f} ms ({parts or 'nothing'})")
+    return "\n".join(map(_printable, lines))
+
+
+def _thumbnail(img) -> str:
+    img = img.convert("RGB")
+    img.thumbnail((_THUMB, _THUMB))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+_BROWSER_IMAGES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Policy:
+    """Which local media the gallery may open: those the run could read (output metadata)."""
+
+    base: Path | None  # where relative paths start; None: no local path at all (a remote job)
+    root: Path | None = None  # --media-root: nothing outside it
+
+    def path(self, ref: str) -> Path | None:
+        """The regular file a reference names, if the run's policy let it be read."""
+        if self.base is None:
+            return None
+        path = Path(ref).expanduser()
+        path = (path if path.is_absolute() else self.base / path).resolve()
+        if self.root is not None and not path.is_relative_to(self.root):
+            return None
+        return path if path.is_file() else None  # never a FIFO or a device: opening one blocks
+
+
+def _media_thumbs(ref: str, kind: str, policy: _Policy, page_dir: Path) -> list[str]:
+    """What a card shows: local images the browser can read are linked relative to the page
+    (loaded only when their page of cards is shown); data-URL images and a few frames of each
+    video are embedded as small thumbnails; remote URLs are linked as they are."""
+    from PIL import Image
+
+    if ref.startswith(("http://", "https://")):
+        return [ref] if kind == "image" else []
+    try:
+        if ref.startswith("data:"):
+            data = base64.b64decode(ref.split(",", 1)[1])
+            return (
+                [_thumbnail(Image.open(io.BytesIO(data), formats=IMAGE_FORMATS))] if kind == "image" else []
+            )
+        path = policy.path(ref)
+        if path is None:
+            return []
+        if kind == "image":
+            with Image.open(path, formats=IMAGE_FORMATS) as img:  # the header only: is it an image?
+                if path.suffix.lower() in _BROWSER_IMAGES:
+                    return [quote(Path(os.path.relpath(path, page_dir.resolve())).as_posix())]
+                return [_thumbnail(img)]
+        from ..media.frames import extract_frames
+
+        frames = extract_frames(path, 1.0, 2, 4, max_pixels=160 * 160)
+        return [_thumbnail(Image.fromarray(f)) for f in frames[:: max(1, len(frames) // 3)][:3]]
+    except Exception:  # a broken file is shown as missing, as its row says
+        return []
+
+
+def _policy(path: Path, about: dict[bytes, bytes], media_base: Path | None) -> _Policy:
+    """The run's media policy as its output recorded it (outputs of earlier versions: paths
+    start beside the output); `--media-base` moves where relative paths start."""
+    recorded = json.loads(about.get(MEDIA_POLICY_KEY, b"{}") or b"{}")
+    root = Path(recorded["media_root"]) if recorded.get("media_root") else None
+    if recorded.get("local_paths") is False and media_base is None:
+        return _Policy(None, root)
+    base = about.get(MEDIA_BASE_KEY)
+    return _Policy(
+        media_base or (Path(base.decode()) if base else path.parent if path.is_file() else path), root
+    )
+
+
+_PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
+
+
+def _media_of(row: dict[str, Any]) -> list[tuple[str, str]]:
+    """A row's images and videos: its flat columns, then those inside its messages."""
+    refs = []
+    for column, kind in (("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")):
+        value = row.get(column)
+        if isinstance(value, str) and value.startswith("["):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
+        for ref in value if isinstance(value, list) else [value] if value else []:
+            if isinstance(ref, str):
+                refs.append((ref, kind))
+    for message in _messages(row) or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            kind = _PARTS.get(part.get("type")) if isinstance(part, dict) else None
+            ref = part.get(part["type"]) if kind else None
+            ref = ref.get("url") if isinstance(ref, dict) else ref
+            if kind and isinstance(ref, str):
+                refs.append((ref, kind))
+    return refs
+
+
+def _messages(row: dict[str, Any]) -> list[Any] | None:
+    """The row's messages (a list, or JSON text of one); None for text that is not JSON."""
+    messages = row.get("messages")
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError:
+            return None
+    return messages if isinstance(messages, list) else []
+
+
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def _question(row: dict[str, Any], template: str | None = None) -> str:
+    """What the row asked: its prompt, its messages' text, or its --prompt-template filled in."""
+    if row.get("prompt"):
+        return str(row["prompt"])
+    if template is not None and row.get("messages") is None:
+        try:
+            return template.format_map(_Blank({k: "" if v is None else v for k, v in row.items()}))
+        except (ValueError, IndexError, AttributeError):
+            return template
+    messages = _messages(row)
+    if messages is None:  # not JSON: shown as written
+        return row["messages"]
+    texts = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return " ".join(texts)
+
+
+def _metrics(r: dict[str, Any]) -> str:
+    """Tokens and time for a row that ran; for a failed one, the stages it spent time in."""
+    if r["status"] == "ok":
+        return (
+            f"{r['prompt_tokens']}+{r['completion_tokens']} tokens, {r.get('cached_tokens') or 0} cached, "
+            f"{r.get('generate_ms') or 0:.0f} ms"
+        )
+    stages = [(k[:-3], r.get(k) or 0) for k in ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")]
+    return ", ".join(f"{name} {ms:.0f} ms" for name, ms in stages if ms) or ""
+
+
+def write_gallery(
+    path: Path, out: Path, media_base: Path | None = None
+) -> tuple[int, list[str], Path | None]:
+    """One page, one card per row, paged in the browser (100 cards at a time) so 10,000 rows
+    stay light: local images are linked, not copied, and each embedded thumbnail is stored
+    once however many rows share it. Relative media paths start where the run recorded the
+    job's (`--media-base` overrides), and only files the run's media policy let it read are
+    opened. Returns (cards, media not found, where paths started: None for a remote job)."""
+    rows = _read(path)
+    about = _about(path)
+    policy = _policy(path, about, media_base)
+    template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
+    thumbs: dict[str, list[str]] = {}
+    cards = []
+    for r in rows:
+        keys = []
+        for ref, kind in _media_of(r):
+            key = f"{kind}:{ref}"
+            if key not in thumbs:
+                thumbs[key] = _media_thumbs(ref, kind, policy, out.parent)
+            keys.append(key)
+        cards.append(
+            {
+                "id": str(r["id"]),
+                "status": r["status"],
+                "question": _question(r, template),
+                "text": r["generated_text"] or "",
+                "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
+                "expected": str(r["expected"]) if r.get("expected") is not None else None,
+                "metrics": _metrics(r),
+                "media": keys,
+            }
+        )
+    missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
+    ok = sum(c["status"] == "ok" for c in cards)
+    page = _PAGE.render(
+        title=path.name,
+        counts=f"{len(cards)} rows · {ok} ok · {len(cards) - ok} failed",
+        data={"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS},
+    )
+    out.write_text(page)
+    return len(cards), missing, policy.base
+
+
+_PAGE = jinja2.Environment(autoescape=True).from_string("""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>batchgen · {{ title }}</title>
+<style>
+body{font:14px system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
+header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1em}
+#cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(260px,1fr));gap:12px}
+.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px}
+.card.error{border:2px solid #c62828;background:#fff5f5}
+.card img{max-width:160px;max-height:160px;margin:0 4px 4px 0;border-radius:4px}
+.card div{overflow-wrap:anywhere}.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
+.err{color:#c62828}.m{color:#888;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
+</style></head><body>
+<header><h2 style="margin:0">{{ title }}</h2><span>{{ counts }}</span>
+<label><input type="checkbox" id="failed"> failed rows only</label>
+<span><button id="prev">&lsaquo;</button> <span id="pos"></span> <button id="next">&rsaquo;</button></span></header>
+<div id="cards"></div>
+<script id="data" type="application/json">{{ data|tojson }}</script>
+<script>
+const D = JSON.parse(document.getElementById("data").textContent);
+let page = 0;
+function rows() { return document.getElementById("failed").checked ? D.cards.filter(c => c.status !== "ok") : D.cards; }
+function el(tag, cls, text) { const e = document.createElement(tag); if (cls) e.className = cls; if (text) e.textContent = text; return e; }
+function render() {
+  const list = rows(), pages = Math.max(1, Math.ceil(list.length / D.page));
+  page = Math.min(page, pages - 1);
+  const box = document.getElementById("cards"); box.replaceChildren();
+  for (const c of list.slice(page * D.page, (page + 1) * D.page)) {
+    const card = el("div", "card" + (c.status === "ok" ? "" : " error")); card.dataset.status = c.status;
+    for (const key of c.media) for (const src of D.thumbs[key] || []) { const img = el("img"); img.src = src; img.alt = key; card.append(img); }
+    card.append(el("div", "id", c.id), el("div", "q", c.question));
+    if (c.status === "ok") card.append(el("div", "a", c.text)); else card.append(el("div", "err", c.error));
+    if (c.expected !== null) { const ok = c.text.trim() === c.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + c.expected)); }
+    card.append(el("div", "m", c.metrics)); box.append(card);
+  }
+  document.getElementById("pos").textContent = `page ${page + 1} / ${pages}`;
+  const imgs = [...box.querySelectorAll("img")];
+  Promise.all(imgs.map(i => i.complete ? 0 : new Promise(r => { i.onload = i.onerror = r; }))).then(() => {
+    document.body.dataset.cards = box.children.length;
+    document.body.dataset.images = imgs.length;
+    document.body.dataset.loaded = imgs.filter(i => i.naturalWidth > 0).length;
+    document.body.dataset.failed = box.querySelectorAll(".card.error").length;
+  });
+}
+document.getElementById("failed").onchange = () => { page = 0; render(); };
+document.getElementById("prev").onclick = () => { page = Math.max(0, page - 1); render(); };
+document.getElementById("next").onclick = () => { page += 1; render(); };
+render();
+</script></body></html>
+""")

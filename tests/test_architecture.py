@@ -1,0 +1,134 @@
+"""The package's plan holds: imports run one way between the stage folders, no module is part
+of an import cycle, and only the generation folder (and the tiny-checkpoint builder) imports
+MLX. Every import counts: at module level, inside functions, under TYPE_CHECKING."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "batchgen"
+
+# The folders each folder may import (besides itself). ARCHITECTURE.md says the same in words.
+ALLOWED = {
+    "core": set(),
+    "input": {"core"},
+    "media": {"core"},
+    "generate": {"core"},
+    "output": {"core", "input"},
+    "execution": {"core", "input", "media", "generate", "output"},
+    "tools": {"core", "input", "media", "output"},
+    "cli": {"core", "input", "media", "generate", "output", "execution", "tools"},
+    "": {"core", "input", "media", "generate", "output", "execution", "tools", "cli"},  # batchgen/*.py
+}
+MLX = ("mlx", "mlx_lm", "mlx_vlm")
+
+
+def _modules() -> dict[str, Path]:
+    return {
+        ".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+        for p in PACKAGE.rglob("*.py")
+    }
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, int]]:
+    """(absolute module, line) of every import in the file, wherever it stands."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            found.append((module, node.lineno))
+            found += [(f"{module}.{a.name}", node.lineno) for a in node.names]  # `from . import x`
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        graph[name] = {m for m, _ in _imports(name, path) if m in modules and m != name}
+    return graph
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else ""
+
+
+def test_imports_run_one_way_between_the_stage_folders():
+    modules = _modules()
+    wrong = []
+    for name, path in modules.items():
+        here = _folder(name)
+        for target, line in _imports(name, path):
+            if target not in modules or not target.startswith("batchgen."):
+                continue
+            there = _folder(target)
+            if there not in (here, "") and there not in ALLOWED[here]:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} ({here} → {there})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    # A package's __init__ importing its own modules is how packages work, not a cycle.
+    cycles = [c for c in cycles if not any(m == "batchgen" or m.endswith("__init__") for m in c)]
+    assert not cycles, cycles
+
+
+def test_only_generation_and_the_tiny_builder_import_mlx():
+    importers = set()
+    for name, path in _modules().items():
+        if any(m.split(".")[0] in MLX for m, _ in _imports(name, path)):
+            importers.add(name)
+    outside = {m for m in importers if not m.startswith(("batchgen.generate.", "batchgen.tools.tiny."))}
+    assert not outside, outside
+    assert "batchgen.generate.loading" in importers  # the walk sees function-level imports (mlx_vlm.load)
+
+
+def test_the_architecture_note_names_every_module():
+    text = (PACKAGE / "ARCHITECTURE.md").read_text()
+    missing = [
+        str(p.relative_to(PACKAGE))
+        for p in PACKAGE.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py") and not re.search(rf"[`/]{p.stem}`", text)
+    ]
+    assert not missing, missing

@@ -70,7 +70,8 @@ def test_prefix_cache_finds_the_longest_prefix_and_hands_out_copies():
     assert cache.longest([(9, "k9")])[1][0].state == list(range(9))  # the stored entry is intact
     assert cache.longest([(3, "nope")]) == (0, None)
     stats = cache.stats()
-    assert (stats["prefix_hits"], stats["prefix_misses"], stats["prompt_tokens_saved"]) == (2, 1, 18)
+    assert (stats.prefix_hits, stats.prefix_misses, stats.prompt_tokens_saved) == (2, 1, 18)
+    assert stats.prefix_hit_rate == 0.6667
 
 
 def test_prefix_cache_is_bounded_by_entries_and_bytes():
@@ -79,4 +80,4 @@ def test_prefix_cache_is_bounded_by_entries_and_bytes():
         cache.put(f"k{i}", [Layer(10)])
     assert len(cache) == 2 and cache.longest([(1, "k0")]) == (0, None)
     cache.put("big", [Layer(95)])
-    assert len(cache) == 1 and cache.stats()["prefix_evictions"] == 3
+    assert len(cache) == 1 and cache.stats().prefix_evictions == 3

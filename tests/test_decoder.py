@@ -52,7 +52,7 @@ def test_batched_and_reused_prefixes_give_the_tokens_of_one_row_at_a_time(lm):
     seqs = _seqs(lm[1])
     assert _run(lm, seqs, prefixes) == alone
     assert [s.cached_tokens > 0 for s in seqs] == [False, True, True]
-    assert prefixes.stats()["prefix_hits"] == 2
+    assert prefixes.stats().prefix_hits == 2
 
 
 def test_a_stop_request_raises_between_steps(lm):

@@ -18,6 +18,7 @@ __all__ = [
     "Media",
     "Generation",
     "Result",
+    "Finished",
 ]
 
 MediaKind = Literal["image", "video", "audio"]
@@ -172,3 +173,13 @@ class Result:
 RESULT_COLUMNS = tuple(Result.__slots__)
 # Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
 TOTALS = ("prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts", "mtp_accepted")
+
+
+@dataclass(slots=True)
+class Finished:
+    """A row done, as an executor hands it to the writer: the input values carried to the
+    output, how messages name the row, and its result."""
+
+    values: dict[str, Any]
+    where: str
+    result: Result

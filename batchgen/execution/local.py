@@ -1,4 +1,4 @@
-"""Execute stage: jobs → media look-ahead → batched generation → results.
+"""The local executor: jobs → media look-ahead → batched generation → results.
 
 `LocalExecutor` is the loop a local run drives and each Ray actor runs on its share of the
 rows (ray.py), so media overlap generation and rows are grouped over the window in both.
@@ -13,12 +13,11 @@ import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from ..core.constraints import satisfied
 from ..core.errors import RowError, one_line
-from ..core.records import TOTALS, Generation, Job, Media, Result
-from ..core.settings import WorkSettings
+from ..core.records import TOTALS, Finished, Generation, Job, Media, Result
+from ..core.settings import RunConfig, WorkSettings
 from ..generate.lanes import completions
 from ..generate.router import Engines, Plan
 from ..generate.schedule import schedule
@@ -26,8 +25,9 @@ from ..input.parse import parse_row
 from ..input.read import RawRow
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.resume import Pending
+from .executor import Executor, ExecutorStats
 
-__all__ = ["LocalExecutor", "generate_window", "merge_stats"]
+__all__ = ["LocalExecutor", "generate_window"]
 
 
 def _result(
@@ -145,14 +145,15 @@ def generate_window(
             yield done
 
 
-class LocalExecutor:
+class LocalExecutor(Executor):
     """Raw rows in, results out, a list at a time: rows are parsed, their media resolve in
     worker threads up to a window ahead, and each window is generated in scheduled batches.
     A set `stop` ends the wait for media at once and generation between decode steps
     (StopRequested); the caller commits what came out before."""
 
-    def __init__(self, work: WorkSettings, engines: Engines, tmp_dir: Path, stop: threading.Event):
-        self.work, self.engines, self.stop = work, engines, stop
+    def __init__(self, config: RunConfig, work: WorkSettings, engines: Engines, tmp_dir: Path,
+                 stop: threading.Event):  # fmt: skip
+        super().__init__(config, work, engines, tmp_dir, stop)
         info = engines.vision_info
         self.stage = MediaStage(work.media, work.base_dir, tmp_dir, info.audio, info.max_pixels, stop)
         self.pool = ThreadPoolExecutor(work.media.fetch_workers, thread_name_prefix="batchgen-media")
@@ -165,10 +166,11 @@ class LocalExecutor:
             self.unused_media[name] = self.unused_media.get(name, 0) + 1
         return job
 
-    def run(self, todo: Pending) -> Iterator[list[tuple[Job, Result]]]:
+    def run(self, todo: Pending) -> Iterator[list[Finished]]:
         return self.generate(todo.rows())
 
-    def generate(self, rows: Iterable[RawRow]) -> Iterator[list[tuple[Job, Result]]]:
+    def generate(self, rows: Iterable[RawRow]) -> Iterator[list[Finished]]:
+        """Finished rows for these raw rows (a Ray actor's share, or the pending rows here)."""
         c = self.work
         jobs = (self._counted(parse_row(raw, c.defaults, c.prompt_template, c.columns)[0]) for raw in rows)
         prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)
@@ -179,41 +181,16 @@ class LocalExecutor:
         least = max(1, c.batch_size // 4)  # the first batch starts early, then fills up
         while not self.stop.is_set() and (window := prefetcher.take(c.window, least)):
             least = c.batch_size
-            yield from generate_window(window, self.engines, c.batch_size, c.continuous)
+            for done in generate_window(window, self.engines, c.batch_size, c.continuous):
+                yield [Finished(job.raw, job.where, result) for job, result in done]
 
-    def stats(self) -> dict[str, Any]:
-        """The run's figures so far: media work, prefix reuse, rows capped at the context."""
+    def stats(self) -> ExecutorStats:
         prefixes = self.engines.prefixes
-        return {
-            "media": self.stage.stats(),
-            "cache": prefixes.stats() if prefixes else {},
-            "max_tokens_capped": self.engines.capped,
-            "one_at_a_time": dict(self.engines.one_at_a_time),
-            "unused_media": dict(self.unused_media),
-        }
+        return ExecutorStats(
+            self.stage.stats(), prefixes.stats() if prefixes else None, self.engines.capped,
+            dict(self.engines.one_at_a_time), dict(self.unused_media),
+        )  # fmt: skip
 
     def close(self) -> None:
         # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
         self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def merge_stats(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """Figures of several executors (Ray actors) as one run's: counts add, the hit rate is
-    recomputed."""
-    media: dict[str, int] = {}
-    cache: dict[str, float] = {}
-    for part in parts:
-        for key, value in part.get("media", {}).items():
-            media[key] = media.get(key, 0) + value
-        for key, value in part.get("cache", {}).items():
-            cache[key] = cache.get(key, 0) + value
-    if cache:
-        lookups = cache["prefix_hits"] + cache["prefix_misses"]
-        cache["prefix_hit_rate"] = round(cache["prefix_hits"] / lookups, 4) if lookups else 0.0
-    capped = sum(part.get("max_tokens_capped", 0) for part in parts)
-    counts: dict[str, dict[str, int]] = {"one_at_a_time": {}, "unused_media": {}}
-    for part in parts:
-        for key, total in counts.items():
-            for reason, n in part.get(key, {}).items():
-                total[reason] = total.get(reason, 0) + n
-    return {"media": media, "cache": cache, "max_tokens_capped": capped, **counts}

@@ -33,21 +33,22 @@ from typing import Any
 import pyarrow as pa
 
 from ..core.errors import ConfigError, short
-from ..core.records import Job, Result
+from ..core.records import Finished, Result
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.uris import is_uri
+from ..generate.router import Engines
 from ..input.read import Mark, RawRow, iter_rows
 from ..input.source import Source
 from ..output.resume import Pending
 from ..output.write import RESULT_SCHEMA
-from .local import merge_stats
+from .executor import Executor, ExecutorStats
+from .local import LocalExecutor
 
 __all__ = ["RayExecutor", "RowWorker"]
 
 _OUT_SCHEMA = pa.schema(
     [
-        ("index", pa.int64()),
-        ("line", pa.int64()),
+        ("where", pa.string()),  # how messages name the row
         ("id_json", pa.string()),
         ("value", pa.binary()),  # the row's input values, pickled: Parquet types survive
         *RESULT_SCHEMA,
@@ -124,40 +125,37 @@ class RowPicker:
 class RowWorker:
     """A Ray actor: loads the models once, then reads and runs batches of items."""
 
-    def __init__(self, work: WorkSettings, source: Source, tmp_root: str | None = None):
-        from ..generate.router import Engines
-        from .local import LocalExecutor
-
+    def __init__(self, config: RunConfig, source: Source, tmp_root: str | None = None):
         for shard in source.shards:  # a shared folder or a copy: Ray Data's own readers ask the same
             path = Path(shard.path)
             if not is_uri(shard.path) and not (path.is_file() and path.stat().st_size == shard.size):
                 raise ConfigError(
                     f"{shard.path}: not the driver's job file on this node; put it where every node reads it"
                 )
+        work = work_settings(config, source.base)
         self.rows = RowPicker(source, work.columns.id)
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
         atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
         engines = Engines.from_config(work.engine)
-        self.executor = LocalExecutor(work, engines, Path(self.tmp), threading.Event())
+        self.executor = LocalExecutor(config, work, engines, Path(self.tmp), threading.Event())
         self.worker = uuid.uuid4().hex
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows: list[RawRow] = []
         for item in batch.to_pylist():
             rows += self.rows.pick(Mark(*item["mark"]), _wanted(item["first"], item["want"]))
-        values = {raw.index: raw.value for raw in rows}
         out: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
-        for results in self.executor.generate(rows):
-            for job, result in results:
-                out["index"].append(job.index)
-                out["line"].append(job.line)
-                out["id_json"].append(json.dumps(result.id))
-                out["value"].append(pickle.dumps(values[job.index]))
+        for finished in self.executor.generate(rows):
+            for done in finished:
+                out["where"].append(done.where)
+                out["id_json"].append(json.dumps(done.result.id))
+                out["value"].append(pickle.dumps(done.values))
                 for field in RESULT_SCHEMA:
-                    out[field.name].append(getattr(result, field.name))
-        n = len(out["index"])
+                    out[field.name].append(getattr(done.result, field.name))
+        n = len(out["where"])
         out["worker"] = [self.worker] * n
-        out["stats"] = [json.dumps(self.executor.stats())] * n  # cumulative: the driver keeps the latest
+        stats = json.dumps(self.executor.stats().to_json())
+        out["stats"] = [stats] * n  # cumulative: the driver keeps the latest
         return pa.table(out, schema=_OUT_SCHEMA)
 
 
@@ -186,19 +184,20 @@ def _start_ray(config: RunConfig, temp_dir: str) -> bool:
     return True
 
 
-class RayExecutor:
+class RayExecutor(Executor):
     """The pending rows in, results out, like LocalExecutor; the rows are read and run in Ray
-    actors. A set `stop` ends the run between two result batches."""
+    actors (the driver loads no model). A set `stop` ends the run between two result batches."""
 
-    def __init__(self, config: RunConfig, stop: threading.Event):
+    def __init__(self, config: RunConfig, work: WorkSettings, engines: Engines, tmp_dir: Path,
+                 stop: threading.Event):  # fmt: skip
         try:
             import ray  # noqa: F401
         except ImportError as e:
             raise ConfigError("--engine ray needs Ray: pip install 'batchgen[ray]'") from e
-        self.config, self.stop = config, stop
-        self._latest: dict[str, dict[str, Any]] = {}  # each actor's last figures
+        super().__init__(config, work, engines, tmp_dir, stop)
+        self._latest: dict[str, ExecutorStats] = {}  # each actor's last figures
 
-    def run(self, todo: Pending) -> Iterator[list[tuple[Job, Result]]]:
+    def run(self, todo: Pending) -> Iterator[list[Finished]]:
         import ray
         from ray.data import ActorPoolStrategy
 
@@ -222,10 +221,7 @@ class RayExecutor:
             source = _absolute(todo.index.source)  # type: ignore[arg-type]
             results = ds.map_batches(
                 RowWorker,
-                fn_constructor_kwargs={
-                    "work": work_settings(c, source.base), "source": source,
-                    "tmp_root": temp_dir if local else None,
-                },
+                fn_constructor_kwargs=dict(config=c, source=source, tmp_root=temp_dir if local else None),
                 compute=ActorPoolStrategy(size=c.workers),
                 batch_size=max(1, batch_rows // per_item),
                 batch_format="pyarrow",
@@ -245,19 +241,18 @@ class RayExecutor:
                 ray.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
 
-    def _records(self, batch: pa.Table) -> list[tuple[Job, Result]]:
+    def _records(self, batch: pa.Table) -> list[Finished]:
         out = []
         for record in batch.to_pylist():
-            self._latest[record.pop("worker")] = json.loads(record.pop("stats"))
-            value = pickle.loads(record.pop("value"))
+            self._latest[record.pop("worker")] = ExecutorStats.from_json(json.loads(record.pop("stats")))
+            values = pickle.loads(record.pop("value"))
+            where = record.pop("where")
             record["id"] = json.loads(record.pop("id_json"))
-            job = Job(index=record.pop("index"), id=record["id"], line=record.pop("line"))
-            job.raw = value if isinstance(value, dict) else {}
-            out.append((job, Result(**record)))
+            out.append(Finished(values if isinstance(values, dict) else {}, where, Result(**record)))
         return out
 
-    def stats(self) -> dict[str, Any]:
-        return merge_stats(list(self._latest.values()))
+    def stats(self) -> ExecutorStats:
+        return ExecutorStats.added(list(self._latest.values()))
 
     def close(self) -> None:
-        pass
+        pass  # the Ray instance this run started is shut down when its rows are done

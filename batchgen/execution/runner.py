@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError, FailFastError, Interrupted, JobFileError, StopRequested, short
-from ..core.records import TOTALS, Job, Result
+from ..core.records import TOTALS, Finished
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.stop import Stop
+from ..generate.prefix_cache import CacheStats
 from ..generate.router import Engines
 from ..input.parse import template_fields
 from ..input.read import JobIndex, id_key, scan
@@ -26,19 +27,21 @@ from ..output.openai_batch import write_batch_output
 from ..output.resume import Pending, check_unchanged, settings_of
 from ..output.write import OutputLock, ResultWriter, dropped_columns, partial_dir, stats_path
 from .local import LocalExecutor
+from .ray import RayExecutor
 from .summary import Progress, RunSummary, finish
 
 __all__ = ["run", "check_paths", "check_columns"]
 
 
-def _record(job: Job, result: Result, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
+def _record(done: Finished, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
+    result = done.result
     if result.status == "error" and config.fail_fast:
         writer.flush()
         raise FailFastError(
-            f"{job.where}: {result.error_stage}: {result.error} (--fail-fast; "
+            f"{done.where}: {result.error_stage}: {result.error} (--fail-fast; "
             f"finished rows kept in {writer.partial}, rerun to resume)"
         )
-    writer.add(job.raw, result)
+    writer.add(done.values, result)
     summary.generated += 1
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
     for name in TOTALS:
@@ -174,24 +177,25 @@ def _run(
         private_urls_allowed=config.media.allow_private_urls,
     )
 
-    def report(rows: int, cache: dict[str, float]) -> Progress:
+    def report(rows: int, cache: CacheStats | None) -> Progress:
         elapsed = time.perf_counter() - started
         return Progress(summary, todo, len(index.ids) - todo, len(retry), rows, cache, elapsed)
 
-    caller.tell(report(0, {}))
+    caller.tell(report(0, None))
     with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         cleanups = getattr(caller.stop, "cleanups", [])
         cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        executor = _executor(config, work, engines, Path(tmp), caller.stop)
+        kind = RayExecutor if config.engine == "ray" else LocalExecutor  # the driver then loads no model
+        executor = kind(config, work, engines, Path(tmp), caller.stop)
         batches = executor.run(Pending(index, done))
         try:
             try:
-                for results in batches:
-                    for job, result in results:
-                        result.attempts = retry.get(id_key(job.id), 0) + 1
-                        _record(job, result, writer, summary, config)
+                for finished in batches:
+                    for done in finished:
+                        done.result.attempts = retry.get(id_key(done.result.id), 0) + 1
+                        _record(done, writer, summary, config)
                     writer.flush()  # a finished batch is on disk before the next one starts
-                    caller.tell(report(len(results), executor.stats()["cache"]))
+                    caller.tell(report(len(finished), executor.stats().cache))
                     caller.check(writer)
             except StopRequested:
                 pass  # the batch in flight is dropped; its rows run again on resume
@@ -206,10 +210,9 @@ def _run(
             batches.close()
             executor.close()
         stats = executor.stats()
-        summary.media, summary.cache = stats["media"], stats["cache"]
-        summary.max_tokens_capped = stats["max_tokens_capped"]
-        summary.one_at_a_time = stats["one_at_a_time"]
-        summary.unused_media = stats["unused_media"]
+        summary.media, summary.cache = stats.media, stats.cache
+        summary.max_tokens_capped = stats.max_tokens_capped
+        summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
         return _conclude(config, writer, summary, started)
 
 
@@ -233,15 +236,6 @@ def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
     if config.prompt_template is not None:
         about[TEMPLATE_KEY] = config.prompt_template
     return about
-
-
-def _executor(config: RunConfig, work: WorkSettings, engines: Engines, tmp: Path, stop: threading.Event):
-    """Where rows run: here, or in Ray actors (the driver then loads no model)."""
-    if config.engine == "ray":
-        from .ray import RayExecutor
-
-        return RayExecutor(config, stop)
-    return LocalExecutor(work, engines, tmp, stop)
 
 
 def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float) -> RunSummary:

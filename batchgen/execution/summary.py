@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from ..core.errors import gist
+from ..generate.prefix_cache import CacheStats
+from ..media.resolve import MediaStats
 
 __all__ = ["RunSummary", "Progress", "finish", "progress"]
 
@@ -39,8 +41,8 @@ class RunSummary:
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
     errors_by_stage: dict[str, int] = field(default_factory=dict)
     commonest_errors: list[str] = field(default_factory=list)  # "12× fetch: HTTP 404 Not Found", …
-    media: dict[str, int] = field(default_factory=dict)  # downloads, reuses, decodes (MediaStage.stats)
-    cache: dict[str, float] = field(default_factory=dict)  # prefix hits, misses, tokens saved
+    media: MediaStats = field(default_factory=MediaStats)  # downloads, reuses, decodes
+    cache: CacheStats | None = None  # prefix hits, misses, tokens saved; None without a prefix cache
 
     @property
     def exit_code(self) -> int:
@@ -49,10 +51,10 @@ class RunSummary:
     def line(self) -> str:
         cache = ""
         if self.cache:
+            c = self.cache
             cache = (
-                f" · cache {self.cache['prefix_hits']} hits / {self.cache['prefix_misses']} misses "
-                f"({self.cache['prefix_hit_rate']:.0%}), "
-                f"{self.cache['prompt_tokens_saved']} prompt tokens saved"
+                f" · cache {c.prefix_hits} hits / {c.prefix_misses} misses ({c.prefix_hit_rate:.0%}), "
+                f"{c.prompt_tokens_saved} prompt tokens saved"
             )
         drafts = ""
         if self.mtp_drafts:
@@ -91,7 +93,7 @@ class Progress:
     done_before: int  # rows earlier runs finished (resumed)
     retried: int  # failed rows tried again
     rows: int  # rows the batch just committed; 0 at the start
-    cache: dict[str, float]  # prefix hits, misses, rate
+    cache: CacheStats | None  # prefix reuse so far
     elapsed: float  # seconds since the run started
 
     @property
@@ -123,10 +125,10 @@ def finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     return s
 
 
-def progress(s: RunSummary, cache: dict[str, float], elapsed: float) -> str:
+def progress(s: RunSummary, cache: CacheStats | None, elapsed: float) -> str:
     """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
     parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
-    if cache.get("prefix_hits", 0) + cache.get("prefix_misses", 0):
-        parts.append(f"cache {cache['prefix_hit_rate']:.0%}")
+    if cache is not None and cache.prefix_hits + cache.prefix_misses:
+        parts.append(f"cache {cache.prefix_hit_rate:.0%}")
     parts.append(f"{s.failed} failed")
     return ", ".join(parts)

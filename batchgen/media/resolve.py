@@ -27,7 +27,7 @@ from .fetch import Fetched, Fetcher
 from .frames import extract_frames
 from .images import decode_image, image_size
 
-__all__ = ["StageTimes", "Prepared", "MediaStage", "Prefetcher"]
+__all__ = ["MediaStats", "StageTimes", "Prepared", "MediaStage", "Prefetcher"]
 
 _IMAGE_MEMORY = 512 * 2**20  # decoded pixels kept for reuse; a 448² image is 0.6 MB
 _FRAMES_MEMORY = 512 * 2**20  # frames are kept at the model's size, ~0.6 Mpx each
@@ -38,6 +38,25 @@ class StageTimes:
     fetch_ms: float = 0.0
     decode_ms: float = 0.0
     frames_ms: float = 0.0
+
+
+@dataclass(slots=True)
+class MediaStats:
+    """The media work of a run: downloads and what reuse saved."""
+
+    downloads: int = 0
+    download_bytes: int = 0
+    download_retries: int = 0
+    url_reuses: int = 0  # rows whose URL was downloaded for an earlier row
+    media_cache_hits: int = 0  # URLs served from --media-cache
+    image_decodes: int = 0
+    image_decode_reuses: int = 0
+    video_decodes: int = 0
+    video_decode_reuses: int = 0
+
+    @classmethod
+    def added(cls, parts: list[MediaStats]) -> MediaStats:
+        return cls(*(sum(getattr(p, f) for p in parts) for f in cls.__slots__))  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)
@@ -76,19 +95,12 @@ class MediaStage:
         self._cpu = threading.BoundedSemaphore(config.decode_workers)
         self._ffmpeg = shutil.which("ffmpeg") if audio_from_video else None
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> MediaStats:
         f = self.fetcher
-        return {
-            "downloads": f.downloads,
-            "download_bytes": f.download_bytes,
-            "download_retries": f.retries,
-            "url_reuses": f.url_reuses,
-            "media_cache_hits": f.cache_hits,
-            "image_decodes": self.images.misses,
-            "image_decode_reuses": self.images.hits,
-            "video_decodes": self.frames.misses,
-            "video_decode_reuses": self.frames.hits,
-        }
+        return MediaStats(
+            f.downloads, f.download_bytes, f.retries, f.url_reuses, f.cache_hits,
+            self.images.misses, self.images.hits, self.frames.misses, self.frames.hits,
+        )  # fmt: skip
 
     def resolve(self, job: Job) -> Prepared:
         """Never raises for a row problem: the failure comes back in `Prepared.error`, named

@@ -5,13 +5,19 @@ import pyarrow.parquet as pq
 
 from batchgen.core.records import Result
 from batchgen.input.read import JobIndex
-from batchgen.output.write import ResultWriter, partial_dir
+from batchgen.output.resume import Resume
+from batchgen.output.write import ResultWriter, WriteOptions, partial_dir
+
+ROW = "ab" * 16  # every row's input fingerprint here
 
 
 def _writer(out, ids, flush_rows=2, overwrite=False, schema=None, settings=None):
-    return ResultWriter(
-        out, JobIndex("jsonl", ids, schema), settings or {"model": "m"}, overwrite, flush_rows, 3600
-    )
+    """A writer opened as a run opens it, with the Resume its earlier results give (`.resume`)."""
+    index = JobIndex("jsonl", ids, schema, digests=bytearray(bytes.fromhex(ROW) * len(ids)))
+    settings = settings or {"model": "m"}
+    w = ResultWriter(out, index, settings, WriteOptions(flush_rows, 3600, overwrite=overwrite))
+    w.resume = Resume(w.open(), w.store, index, settings, max_attempts=3, every_failure=False)
+    return w
 
 
 def test_parts_reach_disk_every_flush_rows_and_merge_in_job_order(tmp_path):
@@ -33,10 +39,10 @@ def test_parts_reach_disk_every_flush_rows_and_merge_in_job_order(tmp_path):
 def test_interrupted_parts_are_found_by_the_next_writer(tmp_path):
     out = tmp_path / "out.parquet"
     w = _writer(out, ["a", "b"], flush_rows=1)
-    w.add({"id": "a"}, Result(id="a", status="error", error="boom", error_stage="fetch", input_hash="h1"))
+    w.add({"id": "a"}, Result(id="a", status="error", error="boom", error_stage="fetch", input_hash=ROW))
     # The process dies here; a new run sees the part.
     w2 = _writer(out, ["a", "b"])
-    assert w2.done() == {"a": "h1"}
+    assert w2.resume.done == {"a": ROW} and w2.resume.todo == 1
     w2.add({"id": "b"}, Result(id="b"))
     assert w2.finalize().column("status").to_pylist() == ["error", "ok"]
 
@@ -80,4 +86,4 @@ def test_resuming_under_other_settings_is_refused(tmp_path):
     _writer(out, ["a"], settings={"model": "m1"}).finalize()
     with pytest.raises(ConfigError, match="other settings"):  # the finished output remembers them
         _writer(out, ["a"], settings={"model": "m2"})
-    assert _writer(out, ["a"], settings={"model": "m2"}, overwrite=True).done() == {}
+    assert _writer(out, ["a"], settings={"model": "m2"}, overwrite=True).resume.done == {}

@@ -21,11 +21,11 @@ from ..core.stop import Stop
 from ..generate.prefix_cache import CacheStats
 from ..generate.router import Engines
 from ..input.parse import template_fields
-from ..input.read import JobIndex, id_key, scan
+from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import write_batch_output
-from ..output.resume import Pending, check_unchanged, settings_of
-from ..output.write import OutputLock, ResultWriter, dropped_columns, partial_dir, stats_path
+from ..output.resume import Resume, settings_of
+from ..output.write import OutputLock, ResultWriter, WriteOptions, dropped_columns, partial_dir, stats_path
 from .local import LocalExecutor
 from .ray import RayExecutor
 from .summary import Progress, RunSummary, finish
@@ -158,19 +158,12 @@ def _run(
     started: float,
 ) -> RunSummary:
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
-    writer = ResultWriter(
-        config.output, index, settings_of(config), config.overwrite, config.flush_rows, config.flush_seconds,
-        skip=dropped, sharded=config.output_shards, shard_rows=config.shard_rows, about=_about(config, index),
-    )  # fmt: skip
-    done = writer.done()
-    check_unchanged(index, done)
-    retry = writer.to_retry(config.max_attempts, config.retry_failed) if done else {}
-    if retry:  # only this job's rows (its --shard, its --limit)
-        keys = {id_key(i) for i in index.ids}
-        retry = {k: n for k, n in retry.items() if k in keys}
-    for key in retry:
-        done.pop(key, None)
-    todo = sum(id_key(i) not in done for i in index.ids)
+    settings = settings_of(config)
+    options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
+                           config.overwrite)  # fmt: skip
+    writer = ResultWriter(config.output, index, settings, options, skip=dropped, about=_about(config, index))
+    resume = Resume(writer.open(), writer.store, index, settings, config.max_attempts, config.retry_failed)
+    todo = resume.todo
     summary = RunSummary(
         output=str(config.output),
         dropped_columns=sorted(dropped),
@@ -179,7 +172,7 @@ def _run(
 
     def report(rows: int, cache: CacheStats | None) -> Progress:
         elapsed = time.perf_counter() - started
-        return Progress(summary, todo, len(index.ids) - todo, len(retry), rows, cache, elapsed)
+        return Progress(summary, todo, resume.done_before, len(resume.retry), rows, cache, elapsed)
 
     caller.tell(report(0, None))
     with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
@@ -187,12 +180,12 @@ def _run(
         cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         kind = RayExecutor if config.engine == "ray" else LocalExecutor  # the driver then loads no model
         executor = kind(config, work, engines, Path(tmp), caller.stop)
-        batches = executor.run(Pending(index, done))
+        batches = executor.run(resume.pending)
         try:
             try:
                 for finished in batches:
                     for done in finished:
-                        done.result.attempts = retry.get(id_key(done.result.id), 0) + 1
+                        done.result.attempts = resume.attempts(done.result.id)
                         _record(done, writer, summary, config)
                     writer.flush()  # a finished batch is on disk before the next one starts
                     caller.tell(report(len(finished), executor.stats().cache))

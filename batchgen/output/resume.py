@@ -1,5 +1,6 @@
 """Resume: what a rerun may take from earlier runs — the settings fingerprint that must not
-change, the rows already finished, and whether their input rows changed since."""
+change, the rows already finished, whether their input rows changed since, and the failed
+rows to try again — decided in one place (`Resume`), before any work."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from ..core.errors import ConfigError
 from ..core.records import GenParams
 from ..core.settings import RunConfig
 from ..input.read import JobIndex, RawRow, id_key, iter_rows
+from .write import Earlier
 
-__all__ = ["settings_of", "check_settings", "finished", "check_unchanged", "Pending"]
+__all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchanged", "Pending"]
 
 
 _MODELS = ("model", "text_model", "draft_model")
@@ -135,3 +137,31 @@ class Pending:
                 return
             if (kept is None or raw.index in kept) and id_key(raw.id) not in self.done:
                 yield raw
+
+
+class Resume:
+    """This run's view of earlier ones, decided before any work: their settings must be this
+    run's (else ConfigError), their finished rows are kept unless their input changed since
+    (ConfigError naming the rows), and their failed rows are tried again when the failure was
+    transient and attempts are left (all of them with `every_failure`)."""
+
+    def __init__(self, earlier: Earlier, store: Any, index: JobIndex, settings: dict[str, Any],
+                 max_attempts: int, every_failure: bool):  # fmt: skip
+        if earlier.settings is not None:
+            check_settings(earlier.where, earlier.settings, settings)
+        self.done = finished(earlier.files, store)
+        check_unchanged(index, self.done)
+        retry = to_retry(earlier.files, store, max_attempts, every_failure) if self.done else {}
+        if retry:  # only this job's rows (its --shard, its --limit)
+            keys = {id_key(i) for i in index.ids}
+            retry = {k: n for k, n in retry.items() if k in keys}
+        for key in retry:
+            self.done.pop(key, None)
+        self.retry = retry
+        self.pending = Pending(index, self.done)
+        self.todo = sum(id_key(i) not in self.done for i in index.ids)
+        self.done_before = len(index.ids) - self.todo
+
+    def attempts(self, row_id: Any) -> int:
+        """The attempts a row has had once this run has generated it."""
+        return self.retry.get(id_key(row_id), 0) + 1

@@ -15,7 +15,7 @@ import os
 import re
 import time
 import typing
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,11 @@ from ..core.errors import ConfigError
 from ..core.records import RESULT_COLUMNS, Result
 from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
-from .resume import check_settings, finished, to_retry
 from .store import OutputLock, Store, atomic_write
 
 __all__ = [
+    "WriteOptions",
+    "Earlier",
     "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "stats_path",
     "dropped_columns", "RESULT_SCHEMA",
 ]  # fmt: skip
@@ -158,60 +159,86 @@ def _concat(tables: list[pa.Table]) -> pa.Table:
         return pa.concat_tables(fixed, promote_options="permissive")
 
 
+@dataclass(frozen=True, slots=True)
+class WriteOptions:
+    """How the writer lays the output out; each default carries its reason."""
+
+    flush_rows: int = 64  # rows per part file: a kill loses at most this many
+    flush_seconds: float = 10.0  # ... or this much work, whichever comes first
+    sharded: bool = False  # a folder of shards instead of one file
+    shard_rows: int = 100_000  # rows per shard
+    overwrite: bool = False  # earlier results are removed, not resumed
+
+
+@dataclass(slots=True)
+class Earlier:
+    """What earlier runs left in the output: the files holding their rows (the output or its
+    shards, then the parts of an interrupted run) and the settings they were made with."""
+
+    files: list[str]
+    settings: dict[str, Any] | None  # None: nothing earlier says (no earlier rows)
+    where: str  # how messages name them
+
+
 class ResultWriter:
     """Buffers finished rows, flushes them as part files, and assembles the final output: one
     Parquet file in job order, or (`sharded`) a folder of Parquet shards of at most
     `shard_rows` rows each, made from the parts as they pile up, so no step ever holds the
-    whole output.
+    whole output. It only writes: what earlier rows mean for this run is resume.py's.
 
-    `settings` are what decides the output's content (models, generation defaults, frame
-    sampling): resuming under other settings would mix incompatible rows, so it is refused.
+    `settings` (what decides the output's content) go into the parts' manifest and the
+    output's metadata, for the next run's check; `about` is more metadata for readers.
     """
 
-    def __init__(self, output: Path | str, index: JobIndex, settings: dict[str, Any], overwrite: bool,
-                 flush_rows: int = 64, flush_seconds: float = 10.0, skip: set[str] = frozenset(),
-                 sharded: bool = False, shard_rows: int = 100_000,
+    def __init__(self, output: Path | str, index: JobIndex, settings: dict[str, Any],
+                 options: WriteOptions = WriteOptions(), skip: set[str] = frozenset(),
                  about: dict[bytes, str] | None = None):  # fmt: skip
         self.output = output
         self.store = Store(str(output))
         self.index = index
         self.skip = skip  # input columns not carried
-        self.about = {k: v.encode() for k, v in (about or {}).items()}  # more metadata for readers
+        self.about = {k: v.encode() for k, v in (about or {}).items()}
         self.settings = settings
-        self.sharded, self.shard_rows = sharded, shard_rows
-        self.partial = partial_dir(output, sharded)
-        self.flush_rows = flush_rows
-        self.flush_seconds = flush_seconds
+        self.options = options
+        self.sharded, self.shard_rows = options.sharded, options.shard_rows
+        self.partial = partial_dir(output, options.sharded)
         self._buffer: list[tuple[dict[str, Any], Result]] = []
         self._last_flush = time.monotonic()
         self._pending_rows = 0  # rows in parts not yet made a shard (by this run)
+        self._manifest = {"settings": settings, "overwrite": options.overwrite}
+        self._earlier: list[str] = []
+        self._parts = 0
+
+    def open(self) -> Earlier:
+        """Make the output ready for this run's rows, and say what earlier runs left: with
+        `overwrite` (or an interrupted one) their files go; parts already made into a shard go."""
         partial = str(self.partial)
-        if sharded:
+        overwrite = self.options.overwrite
+        if self.sharded:
             self._check_folder()
         if overwrite:
             self.store.remove_tree(partial)
             for shard in self._shards():
                 self.store.remove(shard)
         manifest_path = f"{partial}/manifest.json"
-        previous = None
+        settings, where = None, str(self.output)
         if self.store.exists(manifest_path):
             manifest = json.loads(self.store.read_text(manifest_path))
             overwrite = overwrite or manifest.get("overwrite", False)  # an interrupted --overwrite stays one
-            previous = ("partial results in " + partial, manifest.get("settings"))
+            settings, where = manifest.get("settings") or {}, "partial results in " + partial
         finals = self._finals() if not overwrite else []
-        if previous is None and finals:
+        if settings is None and finals:
             meta = self.store.metadata(finals[0])
             if SETTINGS_KEY in meta:
-                previous = (str(output), json.loads(meta[SETTINGS_KEY]))
-        if previous is not None:
-            check_settings(previous[0], previous[1] or {}, settings)
-        self.use_previous_output = not overwrite
-        self._manifest = {"settings": settings, "overwrite": overwrite}
+                settings = json.loads(meta[SETTINGS_KEY])
+        self._manifest["overwrite"] = overwrite
         covered = self._covered()
         for part in self._part_files():  # made into a shard before the run stopped: already there
             if _number(part) in covered:
                 self.store.remove(part)
         self._parts = max([0, *covered, *map(_number, self._part_files())])
+        self._earlier = finals
+        return Earlier(finals + self._part_files(), settings, where)
 
     def _check_folder(self) -> None:
         """A shard folder holds batchgen's shards only: another tool's Parquet there (Spark's
@@ -254,20 +281,12 @@ class ResultWriter:
         return numbers
 
     def _sources(self) -> list[str]:
-        return (self._finals() if self.use_previous_output else []) + self._part_files()
-
-    def done(self) -> dict[str, str | None]:
-        """The input hash, by id key, of every row already written (output and parts)."""
-        return finished(self._sources(), self.store)
-
-    def to_retry(self, max_attempts: int, every_failure: bool) -> dict[str, int]:
-        """Failed rows to run again, with their attempts so far (resume.to_retry)."""
-        return to_retry(self._sources(), self.store, max_attempts, every_failure)
+        return self._earlier + self._part_files()
 
     def add(self, raw: dict[str, Any], result: Result) -> None:
         self._buffer.append((raw, result))
-        due = time.monotonic() - self._last_flush >= self.flush_seconds
-        if len(self._buffer) >= self.flush_rows or due:
+        due = time.monotonic() - self._last_flush >= self.options.flush_seconds
+        if len(self._buffer) >= self.options.flush_rows or due:
             self.flush()
 
     def flush(self) -> None:
@@ -330,7 +349,7 @@ class ResultWriter:
         parts = self._part_files()
         keys = [id_key(i) for i in self.index.output_ids]
         output = str(self.output)
-        if not parts and self.use_previous_output and self.store.exists(output):
+        if not parts and self._earlier and self.store.exists(output):
             previous = self.store.read_table(output)
             if [id_key(i) for i in previous.column("id").to_pylist()] == keys:
                 self.store.remove_tree(str(self.partial))  # nothing new: leave the output byte for byte

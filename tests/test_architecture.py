@@ -132,3 +132,19 @@ def test_the_architecture_note_names_every_module():
         if p.name not in ("__init__.py", "__main__.py") and not re.search(rf"[`/]{p.stem}`", text)
     ]
     assert not missing, missing
+
+
+def test_the_readme_families_table_and_the_tiny_builders_follow_the_families_record():
+    from batchgen.core.families import FAMILIES
+    from batchgen.tools.tiny.builder import KINDS
+    from batchgen.tools.tiny.families import VISION_KINDS
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    table = [line for line in readme.splitlines() if line.startswith("| ") and "lane" not in line]
+    lanes = {"mrope": "mRoPE positions", "offset": "cache-offset positions", "single": "one row at a time"}
+    for f in FAMILIES.values():
+        rows = [line for line in table if re.search(rf"\b{f.model_type}\b", line.split("|")[1])]
+        assert rows and lanes[f.lane] in rows[0].split("|")[2], (f.model_type, rows)
+        assert f.tiny is None or f.tiny in KINDS
+    offset_tiny = {f.tiny for f in FAMILIES.values() if f.lane == "offset"}
+    assert offset_tiny == set(VISION_KINDS)  # each offset family has its builder, and no other

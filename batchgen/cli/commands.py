@@ -11,6 +11,7 @@ import click
 
 from ..core.errors import BatchgenError, ConfigError, Interrupted
 from ..core.uris import is_uri
+from ..input.formats import FORMATS
 from ..tools.tiny.builder import KINDS
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, run_options
 from .process import ProgressDisplay, Signals
@@ -69,7 +70,7 @@ def main(verbose: int, log_level: str | None) -> None:
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]),
+    type=click.Choice(list(FORMATS)),
     help="Job format [by extension; .tar: webdataset].",
 )
 @click.option("--limit", type=int, help="Only the first N rows of the job file.")
@@ -177,7 +178,7 @@ def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | 
 @click.option(
     "--format",
     "fmt",
-    type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]),
+    type=click.Choice(list(FORMATS)),
     help="Job format [by extension; .tar: webdataset].",
 )
 @click.option("--id-column", **COLUMN)
@@ -275,7 +276,7 @@ def report(results: Path, output: Path, media_base: Path | None) -> None:
 @click.option("--job", "job_file", type=click.Path(path_type=Path), required=True,
               help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip
 @click.option(
-    "--format", "fmt", type=click.Choice(["jsonl", "parquet", "csv", "webdataset"]), help="Job file format."
+    "--format", "fmt", type=click.Choice(list(FORMATS)), help="Job file format."
 )
 def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None) -> None:
     """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 
 from ..core.errors import BatchgenError, RowError
+from ..core.families import BIDIRECTIONAL, family
 from ..core.records import Generation, Job, Media
 from ..core.settings import EngineSettings
 from .decoder import Watch
@@ -22,11 +23,6 @@ from .vision_lanes import OffsetVisionLane, VisionLane
 __all__ = ["Plan", "Engines"]
 
 
-_UNBATCHED = {  # families that cannot batch, and why
-    "paligemma": "its prompt prefix attends both ways, so padding and prefix snapshots change results",
-    "bidirectional": "its image tokens attend both ways (use_bidirectional_attention: vision), so padding "
-    "and prefix snapshots change results",
-}
 
 
 class Engines:
@@ -94,24 +90,25 @@ class Engines:
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             return self.draft if self.models.drafter_lane == "lm" and not constrained else self.text
         model = self.models.vlm()[0]
-        family = model.config.model_type
+        fam = family(model.config.model_type)
+        name = fam.model_type
         if self.models.drafter_lane == "vlm" and not constrained:
             return self._alone("the vision drafter runs inside mlx-vlm's generate")
         if media.audio:
             return self._alone("rows with audio")
-        if family in VisionLane.FAMILIES:
+        if fam.lane == "mrope":
             if media.images and media.videos:  # mlx-vlm's Qwen-VL embeds one kind per prompt
-                return self._alone(f"{family}: rows with images beside a video")
+                return self._alone(f"{name}: rows with images beside a video")
             return self.vision
-        if family in OffsetVisionLane.FAMILIES:
+        if fam.lane == "offset":
             if media.videos:
-                return self._alone(f"{family}: video rows")
+                return self._alone(f"{name}: video rows")
             if getattr(model.config.text_config, "use_bidirectional_attention", None) == "vision":
-                return self._alone(f"{family}: {_UNBATCHED['bidirectional']}")
-            if family in OffsetVisionLane.RELAID and len(media.images) > 1:
-                return self._alone(f"{family}: rows with several images (mlx-vlm merges the first only)")
+                return self._alone(f"{name}: {BIDIRECTIONAL}")
+            if fam.first_image_only and len(media.images) > 1:
+                return self._alone(f"{name}: rows with several images (mlx-vlm merges the first only)")
             return self.offset
-        return self._alone(f"{family}: {_UNBATCHED.get(family, 'no batched lane for this family yet')}")
+        return self._alone(f"{name}: {fam.why_unbatched}")
 
     def _alone(self, reason: str) -> Lane:
         """The one-row lane, with the reason counted for the run summary."""

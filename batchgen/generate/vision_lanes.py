@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import RowError
+from ..core.families import family
 from ..core.memo import Memo
 from ..core.records import Job, Media
 from .decoder import OffsetVLMAdapter, Sequence, VLMAdapter
@@ -64,8 +65,6 @@ class VisionLane(_MediaLane):
     model takes explicit (mRoPE) position ids; Qwen3-VL also takes DeepStack features."""
 
     name = "vlm"
-    FAMILIES = {"qwen2_vl", "qwen2_5_vl", "qwen3_5", "qwen3_vl", "qwen3_vl_moe"}
-    DEEPSTACK = {"qwen3_vl", "qwen3_vl_moe"}  # vision features also feed early language layers
 
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
         super().__init__(models, info, prefixes)
@@ -103,7 +102,7 @@ class VisionLane(_MediaLane):
         media_ids = {model.config.image_token_id, getattr(model.config, "video_token_id", None)}
         lm = model.language_model
         video = inputs.get("pixel_values_videos") is not None and inputs.get("pixel_values") is None
-        deepstack = model.config.model_type in VisionLane.DEEPSTACK
+        deepstack = family(model.config.model_type).deepstack
 
         def embed(a: int, b: int):
             import mlx.core as mx
@@ -167,17 +166,15 @@ class OffsetVisionLane(_MediaLane):
 
     name = "vlm-offset"
     adapter = OffsetVLMAdapter
-    FAMILIES = {"llava", "llava_next", "smolvlm", "idefics3", "gemma3", "gemma4", "mistral3", "internvl_chat"}
     # mlx-vlm 0.7.10's llava_next puts a whole tile's features at each of the processor's image
     # tokens and keeps what fits: the language model sees a longer prompt than the token ids.
-    RELAID = {"llava_next"}
 
     def plan(self, job: Job, media: Media) -> Plan:
         model, processor, inputs, ids = self._inputs(job, media)
         p = job.params
         image_id = getattr(model.config, "image_token_index", None) or model.config.image_token_id
         merged = None
-        if media.images and model.config.model_type in self.RELAID:
+        if media.images and family(model.config.model_type).first_image_only:
             merged = _merged(model, inputs)  # a lazy graph: the tower runs only if a slice needs it
             ids = _relaid(ids, image_id, merged[0].shape[1])
             check_length("", ids, self.info)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from ..core.params import NUMBERS
 from .rows import MAX_DEPTH, Mark, RawRow, ReadPolicy, checked
 from .webdataset import iter_tar
 
-__all__ = ["READERS"]
+__all__ = ["Format", "FORMATS", "EXTENSIONS"]
 
 # CSV cells are text: these columns are read as numbers, and `[...]` / `{...}` cells as JSON.
 _CSV_NUMBERS = (*NUMBERS, "video_fps", "video_max_frames")
@@ -225,4 +226,25 @@ def _iter_csv(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[Ra
         raise JobFileError(f"not a readable CSV file ({e})") from e
 
 
-READERS = {"jsonl": _iter_jsonl, "parquet": _iter_parquet, "csv": _iter_csv, "webdataset": iter_tar}
+@dataclass(frozen=True, slots=True)
+class Format:
+    """A job file format: its name (`--format`), the extensions that select it, how messages
+    name its files, and its reader."""
+
+    name: str
+    extensions: tuple[str, ...]
+    title: str
+    read: Callable[[BinaryIO, Mark, ReadPolicy], Iterator[tuple[RawRow, Mark]]]
+
+
+# The job formats, in the order messages and --help list them.
+FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in (
+        Format("jsonl", (".jsonl", ".ndjson", ".json"), "JSONL", _iter_jsonl),
+        Format("parquet", (".parquet", ".pq"), "Parquet", _iter_parquet),
+        Format("csv", (".csv",), "CSV", _iter_csv),
+        Format("webdataset", (".tar",), "WebDataset tar", iter_tar),
+    )
+}
+EXTENSIONS = {ext: f.name for f in FORMATS.values() for ext in f.extensions}

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import JobFileError
-from .formats import READERS
+from .formats import FORMATS
 from .rows import START, Mark, RawRow, ReadPolicy, checked, valid_id
 from .source import Source, resolve
 
@@ -116,7 +116,7 @@ def _positioned(source: Source, start: Mark, bodies: bool = True) -> Iterator[tu
     """Rows from `start` on, shard after shard, each with where reading can resume to get it
     again; without `bodies`, a tar's media members are not read (the scan needs headers only)."""
     several = len(source.shards) > 1
-    read = READERS[source.format]
+    read = FORMATS[source.format].read
     policy = ReadPolicy(source.caps, source.video_columns, bodies)
     for shard in range(start.shard, len(source.shards)):
         name = source.shards[shard].name if several else None
@@ -130,10 +130,8 @@ def _positioned(source: Source, start: Mark, bodies: bool = True) -> Iterator[tu
         except JobFileError as e:
             raise JobFileError(f"{source.shards[shard].path}: {e}") from e
         except (OSError, pa.ArrowException, tarfile.TarError) as e:
-            kind = {"parquet": "Parquet", "webdataset": "WebDataset tar"}.get(
-                source.format, source.format.upper()
-            )
-            raise JobFileError(f"{source.shards[shard].path}: not a readable {kind} file ({e})") from e
+            title = FORMATS[source.format].title
+            raise JobFileError(f"{source.shards[shard].path}: not a readable {title} file ({e})") from e
         start = Mark(index, 0, index if source.format == "parquet" else 0, shard + 1)
 
 

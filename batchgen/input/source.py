@@ -20,13 +20,12 @@ from typing import IO, Any
 from ..core.errors import JobFileError
 from ..core.records import ByteCaps
 from ..core.uris import checked_location, filesystem, is_uri
+from .formats import EXTENSIONS, FORMATS
 
-__all__ = ["Shard", "Source", "resolve", "files_under", "glob_files", "EXTENSIONS"]
+__all__ = ["Shard", "Source", "resolve", "files_under", "glob_files"]
 
-EXTENSIONS = {
-    ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet", ".pq": "parquet",
-    ".csv": "csv", ".tar": "webdataset",
-}  # fmt: skip
+_NAMES = ", ".join(list(FORMATS)[:-1]) + f" or {list(FORMATS)[-1]}"  # for messages
+_FILES = ", ".join(f.extensions[0] for f in FORMATS.values())  # .jsonl, .parquet, .csv, .tar
 _GLOB = re.compile(r"[*?\[]")
 
 
@@ -83,8 +82,8 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
     A folder of WebDataset tars may hold img2dataset's Parquet metadata beside them: the tars
     are the job. Raises JobFileError when nothing is found or formats are mixed."""
     given = checked_location(str(given), "job")
-    if fmt is not None and fmt not in ("jsonl", "parquet", "csv", "webdataset"):
-        raise JobFileError(f"unknown --format {fmt!r} (expected jsonl, parquet, csv or webdataset)")
+    if fmt is not None and fmt not in FORMATS:
+        raise JobFileError(f"unknown --format {fmt!r} (expected {_NAMES})")
     if is_uri(given):
         fs, root = filesystem(given)
         entries = _listed_remote(fs, root, given)
@@ -94,7 +93,7 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
         if _GLOB.search(given):
             raise JobFileError(f"{given}: matches no file")
         if not is_uri(given) and Path(given).is_dir():
-            raise JobFileError(f"{given}: no job files in it (.jsonl, .parquet, .csv or WebDataset .tar)")
+            raise JobFileError(f"{given}: no job files in it ({_FILES})")
         raise JobFileError(f"{given}: no such job file")
     single = len(entries) == 1 and entries[0][1] == ""
     if single:
@@ -103,7 +102,7 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
         if kind is None:
             raise JobFileError(
                 f"{given}: cannot tell the format from the extension {Path(path).suffix!r}; "
-                "pass --format jsonl, parquet, csv or webdataset"
+                f"pass --format {_NAMES}"
             )
         return Source(given, kind, (Shard(path, Path(path).name, size),), _base(given, is_dir=False))
     kinds: dict[str, list[tuple[str, str, int]]] = {}
@@ -114,7 +113,7 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
     if "webdataset" in kinds and fmt is None:
         kinds = {"webdataset": kinds["webdataset"]}
     if not kinds:
-        raise JobFileError(f"{given}: no job files in it (.jsonl, .parquet, .csv or WebDataset .tar)")
+        raise JobFileError(f"{given}: no job files in it ({_FILES})")
     if len(kinds) > 1:
         found = ", ".join(f"{len(v)} {k}" for k, v in sorted(kinds.items()))
         raise JobFileError(f"{given}: shards of several formats ({found}); pass --format to choose one")

@@ -275,9 +275,7 @@ def report(results: Path, output: Path, media_base: Path | None) -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
 @click.option("--job", "job_file", type=click.Path(path_type=Path), required=True,
               help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip
-@click.option(
-    "--format", "fmt", type=click.Choice(list(FORMATS)), help="Job file format."
-)
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), help="Job file format.")
 def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None) -> None:
     """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing
     or duplicated."""

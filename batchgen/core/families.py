@@ -49,8 +49,12 @@ FAMILIES: dict[str, Family] = {
         Family("gemma4", "offset", tiny="gemma4"),
         Family("mistral3", "offset", tiny="mistral3"),
         Family("internvl_chat", "offset", tiny="internvl_chat"),
-        Family("paligemma", "single", why_unbatched="its prompt prefix attends both ways, so padding and "
-                                                     "prefix snapshots change results"),  # fmt: skip
+        Family(
+            "paligemma",
+            "single",
+            why_unbatched="its prompt prefix attends both ways, so padding and "
+            "prefix snapshots change results",
+        ),  # fmt: skip
     )
 }
 

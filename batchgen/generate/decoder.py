@@ -25,7 +25,10 @@ from ..core.records import GenParams
 from .prefix_cache import PrefixCache
 from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for
 
-__all__ = ["Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "decode_stream"]
+__all__ = [
+    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter",
+    "decode_stream", "DecodeBatch",
+]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
 _SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
@@ -259,96 +262,130 @@ def decode_stream(
     prefill) end with finish reason "timeout"; a stop request raises StopRequested between
     steps, whatever is running.
     """
-    watch = watch or Watch()
-    width = width or len(seqs)
-    if len(seqs) == 1 and seqs[0].params.seed is not None:
-        mx.random.seed(seqs[0].params.seed)
-    samplers = [sampler_for(s.params) for s in seqs]
-    processors = [logits_processors_for(s.params, tokenizer, eos) for s in seqs]  # `tokenizer`: constraints
-    deadlines = [float("inf")] * len(seqs)
+    batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, tokenizer)
+    while batch.active or batch.waiting:
+        yield from batch.join()
+        if batch.active:
+            yield from batch.step()
 
-    def pick(rows: list[int], logits: mx.array) -> list[int]:
-        """Sample each row's next token and return the rows still running."""
-        if all(samplers[i] is None and not processors[i] for i in rows):
-            picked = mx.argmax(logits, axis=-1).tolist()
-        else:  # each row's processors on its own logits, then one evaluation for the greedy rows
-            shaped = []
-            for j, i in enumerate(rows):
-                row = logits[j : j + 1]
-                if processors[i]:
-                    history = mx.array((seqs[i].ids + seqs[i].tokens)[-HISTORY:])
-                    for proc in processors[i]:
-                        row = proc(history, row)
-                shaped.append(row)
-            greedy = [j for j, i in enumerate(rows) if samplers[i] is None]
-            picked = [0] * len(rows)
-            if greedy:
-                best = mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1).tolist()
-                for j, token in zip(greedy, best, strict=True):
-                    picked[j] = token
-            for j, i in enumerate(rows):
-                if samplers[i] is not None:
-                    row = shaped[j]
-                    picked[j] = samplers[i](row - mx.logsumexp(row, axis=-1, keepdims=True)).item()
-        now = time.monotonic()
-        running = []
-        for i, token in zip(rows, picked, strict=True):
-            seq = seqs[i]
-            seq.tokens.append(token)
-            if token in eos:
-                seq.finish_reason = "stop"
-            elif seq.params.stop and hit_stop(seq.tokens, seq.params.stop, decode):
-                seq.finish_reason = "stop"
-            elif len(seq.tokens) >= seq.params.max_tokens:
-                seq.finish_reason = "length"
-            elif now > deadlines[i]:
-                seq.finish_reason = "timeout"
-            else:
-                running.append(i)
-                continue
-            seq.text = final_text(seq.tokens, eos, seq.params.stop, decode)
-        return running
 
-    waiting = list(range(len(seqs)))[::-1]  # popped from the end: job order
-    active: list[int] = []
-    merged: list[Any] | None = None  # the running rows' caches, one left-padded batch per layer
-    while active or waiting:
-        while waiting and len(active) < width:  # again if rows ended at their first token
+class DecodeBatch:
+    """The state of one continuous batch, in the manner of mlx-lm's BatchGenerator: rows
+    waiting, rows running with their caches merged per layer, and each row's sampling rules.
+    `join` prefills waiting rows into free slots, `step` decodes one token for every running
+    row, `pick` samples and decides who finished, `retire` drops finished rows' caches."""
+
+    def __init__(
+        self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
+        prefixes: PrefixCache | None, watch: Watch | None, width: int | None, tokenizer: Any,
+    ):  # fmt: skip
+        self.adapter, self.seqs, self.eos, self.decode, self.prefixes = adapter, seqs, eos, decode, prefixes
+        self.watch = watch or Watch()
+        self.width = width or len(seqs)
+        if len(seqs) == 1 and seqs[0].params.seed is not None:
+            mx.random.seed(seqs[0].params.seed)
+        self.samplers = [sampler_for(s.params) for s in seqs]
+        # `tokenizer`: a constraint's mask needs it
+        self.processors = [logits_processors_for(s.params, tokenizer, eos) for s in seqs]
+        self.deadlines = [float("inf")] * len(seqs)
+        self.waiting = list(range(len(seqs)))[::-1]  # popped from the end: job order
+        self.active: list[int] = []
+        self.merged: list[Any] | None = None  # the running rows' caches, one left-padded batch per layer
+
+    def join(self) -> Iterator[int]:
+        """Prefill waiting rows into the free slots (again if rows ended at their first token);
+        yields the rows that finished there."""
+        while self.waiting and len(self.active) < self.width:
             prefilled = []
-            while waiting and len(active) + len(prefilled) < width:
-                i = waiting.pop()
-                deadlines[i] = watch.deadline(time.monotonic())
-                prefilled.append((i, *_prefill(adapter, seqs[i], prefixes, watch)))
-            for rows, logits, batch in _finish(adapter, seqs, prefilled):
-                joined = pick(rows, logits)
+            while self.waiting and len(self.active) + len(prefilled) < self.width:
+                i = self.waiting.pop()
+                self.deadlines[i] = self.watch.deadline(time.monotonic())
+                prefilled.append((i, *_prefill(self.adapter, self.seqs[i], self.prefixes, self.watch)))
+            for rows, logits, batch in _finish(self.adapter, self.seqs, prefilled):
+                joined = self.pick(rows, logits)
                 yield from (i for i in rows if i not in joined)
                 if not joined:
                     continue
                 if len(joined) < len(rows):
                     for c in batch:
                         c.filter([rows.index(i) for i in joined])
-                if merged is None:
-                    merged = batch
+                if self.merged is None:
+                    self.merged = batch
                 else:
-                    for layer, more in zip(merged, batch, strict=True):
+                    for layer, more in zip(self.merged, batch, strict=True):
                         layer.extend(more)
-                active += joined
-        if not active:
-            continue
-        watch.check_stop()
-        tokens = mx.array([seqs[i].tokens[-1] for i in active])
-        logits = adapter.decode(tokens, merged, [seqs[i] for i in active])  # type: ignore[arg-type]
+                self.active += joined
+
+    def step(self) -> Iterator[int]:
+        """One decode step for every running row; yields the rows that finished."""
+        self.watch.check_stop()
+        tokens = mx.array([self.seqs[i].tokens[-1] for i in self.active])
+        logits = self.adapter.decode(tokens, self.merged, [self.seqs[i] for i in self.active])  # type: ignore[arg-type]
         mx.eval(logits)
-        running = pick(active, logits)
-        if len(running) < len(active):
-            yield from (i for i in active if i not in set(running))
-            keep = [j for j, i in enumerate(active) if i in set(running)]
-            if keep:
-                for c in merged:  # type: ignore[union-attr]
-                    c.filter(keep)
+        running = self.pick(self.active, logits)
+        if len(running) < len(self.active):
+            still = set(running)
+            yield from (i for i in self.active if i not in still)
+            self.retire(running)
+
+    def retire(self, running: list[int]) -> None:
+        """Keep the caches of the rows still running, in their order."""
+        keep = [j for j, i in enumerate(self.active) if i in set(running)]
+        if keep:
+            for c in self.merged:  # type: ignore[union-attr]
+                c.filter(keep)
+        else:
+            self.merged = None
+        self.active = running
+
+    def pick(self, rows: list[int], logits: mx.array) -> list[int]:
+        """Sample each row's next token and return the rows still running."""
+        seqs = self.seqs
+        if all(self.samplers[i] is None and not self.processors[i] for i in rows):
+            picked = mx.argmax(logits, axis=-1).tolist()
+        else:
+            picked = self._sampled(rows, logits)
+        now = time.monotonic()
+        running = []
+        for i, token in zip(rows, picked, strict=True):
+            seq = seqs[i]
+            seq.tokens.append(token)
+            if token in self.eos:
+                seq.finish_reason = "stop"
+            elif seq.params.stop and hit_stop(seq.tokens, seq.params.stop, self.decode):
+                seq.finish_reason = "stop"
+            elif len(seq.tokens) >= seq.params.max_tokens:
+                seq.finish_reason = "length"
+            elif now > self.deadlines[i]:
+                seq.finish_reason = "timeout"
             else:
-                merged = None
-            active = running
+                running.append(i)
+                continue
+            seq.text = final_text(seq.tokens, self.eos, seq.params.stop, self.decode)
+        return running
+
+    def _sampled(self, rows: list[int], logits: mx.array) -> list[int]:
+        """Each row's processors on its own logits, then one evaluation for the greedy rows."""
+        shaped = []
+        for j, i in enumerate(rows):
+            row = logits[j : j + 1]
+            if self.processors[i]:
+                history = mx.array((self.seqs[i].ids + self.seqs[i].tokens)[-HISTORY:])
+                for proc in self.processors[i]:
+                    row = proc(history, row)
+            shaped.append(row)
+        greedy = [j for j, i in enumerate(rows) if self.samplers[i] is None]
+        picked = [0] * len(rows)
+        if greedy:
+            best = mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1).tolist()
+            for j, token in zip(greedy, best, strict=True):
+                picked[j] = token
+        for j, i in enumerate(rows):
+            sampler = self.samplers[i]
+            if sampler is not None:
+                row = shaped[j]
+                picked[j] = sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).item()
+        return picked
 
 
 def _merge(caches: list[list[Any]]) -> list[Any]:

@@ -23,8 +23,6 @@ from .vision_lanes import OffsetVisionLane, VisionLane
 __all__ = ["Plan", "Engines"]
 
 
-
-
 class Engines:
     """The run's models, lanes and prefix cache: plans each row (one routing function) and
     runs batches of plans of one lane."""

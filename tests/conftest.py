@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from fakes import scripted  # noqa: F401 - the scripted-generator fixture
 
 from batchgen.cli.commands import main
 

@@ -84,6 +84,7 @@ def _stopped_within(proc: subprocess.Popen, seconds: float) -> tuple[int, str]:
     return proc.returncode, err
 
 
+@pytest.mark.slow  # a subprocess stopped by signals
 def test_sigterm_ends_a_long_generation_within_seconds(tmp_path):
     rows = [{"id": f"r{i}", "prompt": f"Story {i}.", "max_tokens": 10**9} for i in range(4)]
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": "first", "prompt": "Hi.", "max_tokens": 2}, *rows])
@@ -97,6 +98,7 @@ def test_sigterm_ends_a_long_generation_within_seconds(tmp_path):
     assert not out.with_name(out.name + ".lock").exists()
 
 
+@pytest.mark.slow  # a subprocess stopped by signals
 def test_sigterm_during_a_trickling_download_stops_at_once_and_a_second_cleans_up(tmp_path):
     job = write_jsonl(tmp_path / "jobs.jsonl", [])
     tmp = tmp_path / "tmp"

@@ -12,6 +12,8 @@ import time
 import pytest
 from conftest import MODELS, read, run_cli, write_jsonl
 
+pytestmark = pytest.mark.slow  # Ray: a cluster started per test
+
 ray = pytest.importorskip("ray")
 
 TIMING = ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")

@@ -60,6 +60,7 @@ def test_each_generation_parameter_is_declared_once_and_everything_derives_from_
     assert (row["max_tokens"], row["top_p"], problems) == (7, 0.5, [])
 
 
+@pytest.mark.slow  # builds and installs a wheel
 def test_a_wheel_installed_outside_the_checkout_finds_its_presets(tmp_path):
     """The presets ship in the package: built as a wheel, installed elsewhere, looked up by
     name from a folder that has no configs/ (and with the checkout's editable install out of

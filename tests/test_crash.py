@@ -11,6 +11,8 @@ import time
 import pytest
 from conftest import MODELS, read, write_jsonl
 
+pytestmark = pytest.mark.slow  # subprocesses killed at random points
+
 ROWS = 12
 
 

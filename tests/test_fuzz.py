@@ -10,10 +10,13 @@ import json
 import random
 import shutil
 
+import pytest
 from conftest import MEDIA, MODELS, SAMPLE, read, run_cli
 from PIL import Image
 
 from batchgen.core.records import STAGES
+
+pytestmark = pytest.mark.slow  # 2,000 mutated inputs through one run
 
 SEED = 20261201
 IMAGES, VIDEOS, LINES = 1100, 150, 750

@@ -165,6 +165,7 @@ def test_hostile_constraints_never_stop_a_run_and_fuzzed_ones_finish(tmp_path):
     assert code == 1 and f"{len(rows)} rows: " in output, output
 
 
+@pytest.mark.slow  # a subprocess stopped by SIGTERM
 def test_a_stop_request_ends_a_run_of_backtracking_bait_within_seconds(tmp_path):
     rows = [
         {"id": f"r{i}", "prompt": f"Item {i}.", "guided_regex": "(.+)+!", "max_tokens": 48}
@@ -238,7 +239,7 @@ class _Counting(Source):
         return _Counted(super().open(shard))
 
 
-def test_tar_members_and_binary_cells_are_capped_before_they_are_read(tmp_path):
+def test_tar_members_and_binary_cells_are_capped_before_they_are_read(tmp_path, scripted):
     png = (MEDIA / "red_circle.png").read_bytes()
     tar = tmp_path / "shard.tar"
     _sparse_tar(tar, {"00000.png": png, "00000.txt": b"a red circle",
@@ -392,7 +393,7 @@ def test_job_and_output_uris_outside_storage_are_refused_before_any_connection(t
         assert server.hits == {} and network.connects == []
 
 
-def test_file_uris_are_local_paths(tmp_path, monkeypatch):
+def test_file_uris_are_local_paths(tmp_path, monkeypatch, scripted):
     monkeypatch.chdir(tmp_path)
     job = write_jsonl(tmp_path / "my jobs.jsonl", [{"id": "a", "prompt": "Hi."}])
     out = tmp_path / "out dir" / "res.parquet"
@@ -447,7 +448,7 @@ def test_bad_environment_values_name_their_variable(tmp_path, monkeypatch):
 # -- resume -----------------------------------------------------------------------------------
 
 
-def test_a_rerun_after_editing_many_rows_names_five_and_counts_the_rest(tmp_path):
+def test_a_rerun_after_editing_many_rows_names_five_and_counts_the_rest(tmp_path, scripted):
     rows = [{"id": f"r{i}", "prompt": f"Caption {i}."} for i in range(8)]
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)
     out = tmp_path / "out.parquet"
@@ -459,7 +460,7 @@ def test_a_rerun_after_editing_many_rows_names_five_and_counts_the_rest(tmp_path
     assert "line 5 (id 'r4') and 1 more; pass --overwrite" in output
 
 
-def test_a_retried_row_is_held_once_in_a_shard_folder_after_a_kill(workdir, network):
+def test_a_retried_row_is_held_once_in_a_shard_folder_after_a_kill(workdir, network, scripted):
     """The state a kill -9 leaves when a retried row's new record reached a shard before the
     earlier shard lost its old record: the next run holds each id once and exits 0."""
     import shutil
@@ -489,7 +490,7 @@ def test_a_retried_row_is_held_once_in_a_shard_folder_after_a_kill(workdir, netw
     assert {r["id"]: r["attempts"] for r in table.to_pylist()} == {"remote": 2, "text": 1}
 
 
-def test_a_shard_replaced_during_a_run_is_said_and_its_rows_stay_to_do(tmp_path, monkeypatch):
+def test_a_shard_replaced_during_a_run_is_said_and_its_rows_stay_to_do(tmp_path, monkeypatch, scripted):
     import batchgen.execution.runner
 
     folder = tmp_path / "job"
@@ -530,6 +531,7 @@ def test_text_rows_use_mlx_vlm_when_mlx_lm_cannot_load_a_multimodal_checkpoint(
     assert output.count("mlx-lm cannot load") == 1 and "text rows use mlx-vlm" in output
 
 
+@pytest.mark.slow  # a subprocess run
 def test_an_allowed_private_target_is_said_and_recorded(tmp_path, monkeypatch):
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": "a", "prompt": "Hi."}])
     monkeypatch.setenv("BATCHGEN_RUN_ALLOW_PRIVATE_URLS", "1")
@@ -580,7 +582,7 @@ def test_smaller_round_three_cases(workdir, network):
     assert "max_completion_tokens" in got["both"]["error"] and "max_tokens" in got["both"]["error"]
 
 
-def test_a_glob_over_a_symlink_loop_finds_each_job_file_once(tmp_path):
+def test_a_glob_over_a_symlink_loop_finds_each_job_file_once(tmp_path, scripted):
     (tmp_path / "loop" / "in").mkdir(parents=True)
     write_jsonl(tmp_path / "loop" / "in" / "a.jsonl", [{"id": "a", "prompt": "Hi."}])
     (tmp_path / "loop" / "in" / "up").symlink_to("..")

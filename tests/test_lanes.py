@@ -9,6 +9,8 @@ import pytest
 from conftest import read, run_cli, write_jsonl
 from PIL import Image
 
+pytestmark = pytest.mark.slow  # every family, token for token against mlx-vlm
+
 QUESTION = "What is in these pictures?"
 
 

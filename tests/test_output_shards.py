@@ -12,6 +12,7 @@ import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from conftest import MODELS, run_cli, write_jsonl
 
 QUICK = ("--model", str(MODELS / "tiny-vlm"), "--text-model", str(MODELS / "tiny-lm"), "--temperature", "0",
@@ -24,7 +25,7 @@ def _preset(tmp_path, **settings):
     return str(path)
 
 
-def test_an_output_folder_holds_shards_of_bounded_size_that_readers_take(tmp_path):
+def test_an_output_folder_holds_shards_of_bounded_size_that_readers_take(tmp_path, scripted):
     import datasets
     import pandas as pd
 
@@ -74,6 +75,7 @@ def _kill_when(proc, ready, limit=90.0):
     proc.communicate(timeout=30)  # also closes its pipe
 
 
+@pytest.mark.slow  # a subprocess killed mid-run
 def test_a_killed_run_into_shards_resumes_with_every_row_once(tmp_path):
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(60)])
     out = tmp_path / "out"
@@ -87,6 +89,7 @@ def test_a_killed_run_into_shards_resumes_with_every_row_once(tmp_path):
     assert sorted(ids) == sorted(f"r{i}" for i in range(60))  # every row, once
 
 
+@pytest.mark.slow  # moto S3 and a kill -9
 def test_a_job_on_s3_runs_into_shards_on_s3_and_resumes_after_kill_9(tmp_path, s3):
     fs, env = s3
     for k in range(2):

@@ -183,7 +183,7 @@ def test_unknown_model_is_a_usage_error(workdir):
     assert code == 2 and "not a checkpoint folder" in output
 
 
-def test_a_row_changed_under_a_finished_id_is_refused_by_its_place(workdir):
+def test_a_row_changed_under_a_finished_id_is_refused_by_its_place(workdir, scripted):
     rows = [{"id": f"r{i}", "prompt": f"Question {i}?"} for i in range(6)]
     job = write_jsonl(workdir / "jobs.jsonl", rows)
     out = workdir / "out.parquet"
@@ -197,14 +197,14 @@ def test_a_row_changed_under_a_finished_id_is_refused_by_its_place(workdir):
     assert code == 2 and "line 4 (id 'r2')" in output
 
 
-def test_duplicate_ids_are_refused_before_any_work(workdir):
+def test_duplicate_ids_are_refused_before_any_work(workdir, scripted):
     job = write_jsonl(workdir / "jobs.jsonl", [{"id": "x", "prompt": "a"}, {"id": "x", "prompt": "b"}])
     code, output = batch(job, workdir / "out.parquet")
     assert code == 2 and "duplicate id 'x' at line 1 and line 2" in output
     assert list(workdir.glob("out.parquet*")) == []
 
 
-def test_resume_after_limit_generates_only_the_rest(workdir):
+def test_resume_after_limit_generates_only_the_rest(workdir, scripted):
     rows = [{"id": f"r{i}", "prompt": f"Item {i}."} for i in range(6)]
     job = write_jsonl(workdir / "jobs.jsonl", rows)
     out = workdir / "out.parquet"
@@ -229,7 +229,7 @@ def test_resume_after_limit_generates_only_the_rest(workdir):
     assert [r["generated_text"] for r in read(out)] == [r["generated_text"] for r in final]
 
 
-def test_fail_fast_stops_and_a_rerun_resumes(workdir):
+def test_fail_fast_stops_and_a_rerun_resumes(workdir, scripted):
     rows = [{"id": "a", "prompt": "One."}, {"id": "b"}, {"id": "c", "prompt": "Three."}]
     job = write_jsonl(workdir / "jobs.jsonl", rows)
     out = workdir / "out.parquet"
@@ -242,7 +242,7 @@ def test_fail_fast_stops_and_a_rerun_resumes(workdir):
     assert [r["status"] for r in read(out)] == ["ok", "ok", "ok"]
 
 
-def test_empty_job_file_gives_an_empty_output_with_the_schema(workdir):
+def test_empty_job_file_gives_an_empty_output_with_the_schema(workdir, scripted):
     job = workdir / "jobs.jsonl"
     job.write_text("\n\n")
     assert batch(job, workdir / "out.parquet")[0] == 0
@@ -334,7 +334,7 @@ def test_audio_needs_an_audio_model_and_temp_files_are_removed(workdir, monkeypa
     assert list(scratch.iterdir()) == []  # the spilled data-URL video is gone
 
 
-def test_bad_output_paths_exit_2_before_any_work(workdir):
+def test_bad_output_paths_exit_2_before_any_work(workdir, scripted):
     job = write_jsonl(workdir / "jobs.jsonl", [{"prompt": "Hi."}])
     (workdir / "afile").write_text("x")
     (workdir / "adir").mkdir()
@@ -349,7 +349,7 @@ def test_bad_output_paths_exit_2_before_any_work(workdir):
         assert "Traceback" not in output
 
 
-def test_the_job_file_is_never_an_output(workdir):
+def test_the_job_file_is_never_an_output(workdir, scripted):
     job = write_jsonl(workdir / "jobs.jsonl", [{"prompt": "Hi."}])
     before = job.read_bytes()
     code, output = batch(job, job, "--overwrite")
@@ -359,7 +359,7 @@ def test_the_job_file_is_never_an_output(workdir):
     assert job.read_bytes() == before
 
 
-def test_a_limit_never_removes_finished_rows(workdir):
+def test_a_limit_never_removes_finished_rows(workdir, scripted):
     job = write_jsonl(workdir / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(6)])
     out = workdir / "out.parquet"
     assert batch(job, out)[0] == 0
@@ -369,7 +369,7 @@ def test_a_limit_never_removes_finished_rows(workdir):
     assert [r["id"] for r in read(out)] == [f"r{i}" for i in range(6)] and out.read_bytes() == before
 
 
-def test_a_utf8_bom_is_not_part_of_the_first_row_or_the_header(workdir):
+def test_a_utf8_bom_is_not_part_of_the_first_row_or_the_header(workdir, scripted):
     jsonl = workdir / "bom.jsonl"
     jsonl.write_bytes(b"\xef\xbb\xbf" + b'{"id": "a", "prompt": "Hi."}\n{"id": "b", "prompt": "Yo."}\n')
     csv_file = workdir / "bom.csv"
@@ -381,7 +381,7 @@ def test_a_utf8_bom_is_not_part_of_the_first_row_or_the_header(workdir):
         assert [r["id"] for r in rows] == ids and all(r["status"] == "ok" for r in rows)
 
 
-def test_invalid_utf8_in_a_parquet_string_is_that_rows_error(workdir):
+def test_invalid_utf8_in_a_parquet_string_is_that_rows_error(workdir, scripted):
     prompts = pa.array([b"Fine.", b"caf\xe9", b"Also fine."], pa.binary()).view(pa.string())
     job = workdir / "jobs.parquet"
     pq.write_table(pa.table({"id": ["a", "b", "c"], "prompt": prompts}), job)
@@ -423,7 +423,7 @@ def test_a_model_that_cannot_load_stops_the_run_with_2_wherever_its_first_row_is
         assert "rerun to resume" in output
 
 
-def test_a_run_resumes_from_another_folder(workdir, monkeypatch):
+def test_a_run_resumes_from_another_folder(workdir, monkeypatch, scripted):
     """Model paths are kept as absolute paths, so the same job resumed from elsewhere (with the
     model named relative to that folder) is the same run; a changed setting is named alone."""
     import os
@@ -446,7 +446,7 @@ def test_a_run_resumes_from_another_folder(workdir, monkeypatch):
     assert code == 2 and "other settings (generation:" in output and "model:" not in output
 
 
-def test_a_rerun_with_nothing_to_do_keeps_the_last_runs_figures(workdir):
+def test_a_rerun_with_nothing_to_do_keeps_the_last_runs_figures(workdir, scripted):
     import json
 
     job = write_jsonl(workdir / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(3)])
@@ -488,7 +488,7 @@ def test_without_a_terminal_progress_lines_come_at_a_steady_pace(workdir, monkey
     ) == 12  # the environment's max_tokens
 
 
-def test_the_summary_names_the_commonest_errors_and_inspect_refuses_other_parquet(workdir):
+def test_the_summary_names_the_commonest_errors_and_inspect_refuses_other_parquet(workdir, scripted):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -506,7 +506,7 @@ def test_the_summary_names_the_commonest_errors_and_inspect_refuses_other_parque
         assert "Traceback" not in output and "KeyError" not in output
 
 
-def test_an_internal_crash_has_its_own_exit_code_and_a_traceback_file(workdir, monkeypatch):
+def test_an_internal_crash_has_its_own_exit_code_and_a_traceback_file(workdir, monkeypatch, scripted):
     import batchgen.execution.runner
 
     def broken(*args, **kwargs):
@@ -524,7 +524,7 @@ def test_an_internal_crash_has_its_own_exit_code_and_a_traceback_file(workdir, m
     os.remove(path)
 
 
-def test_failed_rows_are_retried_across_runs_up_to_max_attempts(workdir, network):
+def test_failed_rows_are_retried_across_runs_up_to_max_attempts(workdir, network, scripted):
     """Cron: a row that failed while its server was down succeeds on the rerun once the server
     is back; with the server down it stays failed after three attempts; a 404 is no transient
     failure and is not tried again; --retry-failed tries every failed row again."""

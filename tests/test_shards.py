@@ -37,7 +37,8 @@ def _folder(tmp_path):
     return shards
 
 
-def test_a_folder_of_shards_is_one_job_in_shard_order(tmp_path):
+@pytest.mark.slow  # 210 rows in five runs
+def test_a_folder_of_shards_is_one_job_in_shard_order(tmp_path, scripted):
     shards = _folder(tmp_path)
     out = tmp_path / "out.parquet"
     code, output = run_cli("run", str(shards), "-o", str(out), *QUICK)
@@ -61,7 +62,7 @@ def test_a_folder_of_shards_is_one_job_in_shard_order(tmp_path):
         assert _key(iter_rows(index.source, start=mark)) == _key(everything[mark.index :])
 
 
-def test_ids_must_be_unique_across_shards_and_formats_must_not_mix(tmp_path):
+def test_ids_must_be_unique_across_shards_and_formats_must_not_mix(tmp_path, scripted):
     shards = tmp_path / "shards"
     shards.mkdir()
     write_jsonl(shards / "a.jsonl", [{"id": "x", "prompt": "p"}])

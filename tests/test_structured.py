@@ -40,6 +40,7 @@ def _run(job, out, *flags, model=LM):
     return code, output, {r["id"]: r for r in read(out)}
 
 
+@pytest.mark.slow  # 64 constrained rows
 def test_64_rows_under_4_schemas_in_one_batch_all_parse_and_validate(tmp_path):
     rows = [
         {"id": f"r{k}", "prompt": f"Describe thing number {k} in JSON.", "json_schema": SCHEMAS[k % 4],

@@ -259,6 +259,7 @@ def _dom_counts(page, tmp_path) -> dict[str, int]:
     return {k: int(v.strip('"')) for k, v in attrs.items() if k.startswith("data-")}
 
 
+@pytest.mark.slow  # headless Chromium
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
 def test_the_readme_results_gallery_shows_every_picture_wherever_it_is_written(tmp_path, monkeypatch):
     """The README's run and report, the results written away from sample_data/: the job's
@@ -295,6 +296,7 @@ def test_the_readme_results_gallery_shows_every_picture_wherever_it_is_written(t
     assert '"metrics": "0+0 tokens' not in text and "overflow-wrap:anywhere" in text
 
 
+@pytest.mark.slow  # headless Chromium
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
 def test_gallery_in_headless_chromium(tmp_path):
     _folder(tmp_path)

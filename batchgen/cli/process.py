@@ -30,7 +30,8 @@ class Signals:
         self.stop = Stop()
         self._previous: dict[int, Any] = {}
 
-    def _handle(self, signum, frame) -> None:
+    def handle(self, signum, frame) -> None:
+        """The handler of both signals while a run goes."""
         if self.received is not None:
             self.stop.clean_up()
             os._exit(self.CODES.get(signum, 1))
@@ -40,7 +41,7 @@ class Signals:
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
             for sig in self.CODES:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                self._previous[sig] = signal.signal(sig, self.handle)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -59,7 +59,7 @@ _OUT_SCHEMA = pa.schema(
 _GAP = 64  # pending rows further apart than this start a new item: an actor never reads far for nothing
 
 
-def _items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
+def pending_items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
     """The pending rows as items of at most `per_item` rows: the mark to read from, the first
     row, and a bitmap of the wanted rows from there."""
     marks = todo.index.marks
@@ -95,7 +95,7 @@ def _absolute(source: Source) -> Source:
     return dataclasses.replace(source, shards=shards, base=base)
 
 
-def _wanted(first: int, want: bytes) -> list[int]:
+def wanted_rows(first: int, want: bytes) -> list[int]:
     return [first + i for i in range(len(want) * 8) if want[i // 8] >> (i % 8) & 1]
 
 
@@ -143,7 +143,7 @@ class RowWorker:
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows: list[RawRow] = []
         for item in batch.to_pylist():
-            rows += self.rows.pick(Mark(*item["mark"]), _wanted(item["first"], item["want"]))
+            rows += self.rows.pick(Mark(*item["mark"]), wanted_rows(item["first"], item["want"]))
         out: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
         for finished in self.executor.generate(rows):
             for done in finished:
@@ -209,7 +209,7 @@ class RayExecutor(Executor):
         # another actor idles: Ray Data coalesces blocks up to the batch size.
         batch_rows = min(c.window, max(c.batch_size, -(-count // (2 * c.workers))))
         per_item = max(1, min(_GAP, batch_rows // 4, -(-count // (2 * c.workers))))  # items for every actor
-        items = _items(todo, per_item)
+        items = pending_items(todo, per_item)
         temp_dir = tempfile.mkdtemp(prefix="bg-ray-")  # short: Ray's socket paths must stay short
         started = False
         try:

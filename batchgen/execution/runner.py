@@ -30,10 +30,11 @@ from .local import LocalExecutor
 from .ray import RayExecutor
 from .summary import Progress, RunSummary, finish
 
-__all__ = ["run", "check_paths", "check_columns"]
+__all__ = ["run", "check_paths", "check_columns", "record_row"]
 
 
-def _record(done: Finished, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
+def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
+    """One finished row to the writer and the running figures (--fail-fast stops here)."""
     result = done.result
     if result.status == "error" and config.fail_fast:
         writer.flush()
@@ -186,7 +187,7 @@ def _run(
                 for finished in batches:
                     for done in finished:
                         done.result.attempts = resume.attempts(done.result.id)
-                        _record(done, writer, summary, config)
+                        record_row(done, writer, summary, config)
                     writer.flush()  # a finished batch is on disk before the next one starts
                     caller.tell(report(len(finished), executor.stats().cache))
                     caller.check(writer)

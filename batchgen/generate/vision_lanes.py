@@ -143,7 +143,7 @@ def _tower(model: Any, pixels: Any, grid: Any) -> Any:
     return out[0] if isinstance(out, tuple) else out
 
 
-def _media_blocks(ids: list[int], image_id: int, specials: set[int], gap: int = 4) -> list[tuple[int, int]]:
+def media_blocks(ids: list[int], image_id: int, specials: set[int], gap: int = 4) -> list[tuple[int, int]]:
     """(start, end) of each image's tokens in a prompt: runs of the image token, joined across
     a few special tokens between them (Pixtral's row breaks, a tile's markers), so that no
     prefix boundary falls inside an image."""
@@ -179,7 +179,7 @@ class OffsetVisionLane(_MediaLane):
             ids = _relaid(ids, image_id, merged[0].shape[1])
             check_length("", ids, self.info)
         tokenizer = getattr(processor, "tokenizer", processor)
-        blocks = _media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
+        blocks = media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
         starts, ends = [a for a, _ in blocks], [b for _, b in blocks]
         digests = list(media.image_digests)
         # Adjacent images can make one block: then every image keys from the first one's start.

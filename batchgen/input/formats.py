@@ -159,7 +159,7 @@ def _cell_by_cell(batch: pa.RecordBatch, index: int) -> list[RawRow]:
     return rows
 
 
-def _csv_cell(name: str, text: str) -> Any:
+def csv_cell(name: str, text: str) -> Any:
     if text == "":
         return None
     if name in _CSV_NUMBERS:
@@ -216,7 +216,7 @@ def _iter_csv(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[Ra
         index = start.index
         here = Mark(index, offset, base, start.shard)
         for record in reader:
-            value = {k: _csv_cell(k, v or "") for k, v in record.items() if k is not None}
+            value = {k: csv_cell(k, v or "") for k, v in record.items() if k is not None}
             yield checked(RawRow(index=index, line=base + reader.line_num, value=value)), here
             index += 1
             here = Mark(index, lines.offset, base + reader.line_num, start.shard)

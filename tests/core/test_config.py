@@ -45,7 +45,7 @@ def test_each_generation_parameter_is_declared_once_and_everything_derives_from_
     from conftest import run_cli
 
     from batchgen.core.params import NUMBERS, PARAMS
-    from batchgen.input.formats import _csv_cell
+    from batchgen.input.formats import csv_cell
     from batchgen.input.openai_batch import from_batch_request
 
     code, helptext = run_cli("run", "--help")
@@ -53,7 +53,7 @@ def test_each_generation_parameter_is_declared_once_and_everything_derives_from_
     assert code == 0 and "[48 from the default preset]" in flat and "[0.0 from the default preset]" in flat
     for p in PARAMS:
         assert (f"--{p.name.replace('_', '-')}" in flat) == (p.cli is not None)
-    assert _csv_cell("top_k", "5") == 5 and _csv_cell("system", "5") == "5" and "seed" in NUMBERS
+    assert csv_cell("top_k", "5") == 5 and csv_cell("system", "5") == "5" and "seed" in NUMBERS
     row, problems = from_batch_request(
         {"custom_id": "a", "body": {"messages": [], "max_completion_tokens": 7, "top_p": 0.5}}
     )

@@ -146,8 +146,8 @@ def test_the_second_signal_runs_the_cleanups_before_exiting(tmp_path, monkeypatc
     (folder / "download-1.part").write_bytes(b"x")
     signals = Signals()
     signals.stop.cleanups += [lambda: lock.unlink(missing_ok=True), lambda: shutil.rmtree(folder)]
-    signals._handle(signal.SIGTERM, None)
+    signals.handle(signal.SIGTERM, None)
     assert signals.stop.is_set() and lock.exists() and not exits  # the first only asks
     with pytest.raises(SystemExit):
-        signals._handle(signal.SIGTERM, None)
+        signals.handle(signal.SIGTERM, None)
     assert exits == [143] and not lock.exists() and not folder.exists()

@@ -20,11 +20,11 @@ ROWS = 12
 _SLOW_BATCHGEN = """
 import sys, time
 import batchgen.execution.runner as runner
-record, delay = runner._record, float(sys.argv.pop(1))
+record, delay = runner.record_row, float(sys.argv.pop(1))
 def slow(*args):
     record(*args)
     time.sleep(delay)
-runner._record = slow
+runner.record_row = slow
 from batchgen.cli.commands import main
 main(prog_name="batchgen")
 """

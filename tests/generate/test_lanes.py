@@ -337,12 +337,12 @@ def test_rows_that_cannot_batch_are_counted_once_per_reason(workdir):
 
 
 def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
-    from batchgen.generate.vision_lanes import _media_blocks
+    from batchgen.generate.vision_lanes import media_blocks
 
     IMG, BREAK, END, TEXT = 7, 8, 9, 100
     ids = [1, IMG, IMG, BREAK, IMG, IMG, END, TEXT, TEXT, IMG, IMG, BREAK, IMG, IMG, END, TEXT]
-    assert _media_blocks(ids, IMG, {BREAK, END, 1}) == [(1, 6), (9, 14)]
-    assert _media_blocks([IMG, TEXT, IMG], IMG, {BREAK}) == [(0, 1), (2, 3)]  # text between: two images
+    assert media_blocks(ids, IMG, {BREAK, END, 1}) == [(1, 6), (9, 14)]
+    assert media_blocks([IMG, TEXT, IMG], IMG, {BREAK}) == [(0, 1), (2, 3)]  # text between: two images
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.execution.ray import RowPicker, _items, _wanted
+from batchgen.execution.ray import RowPicker, pending_items, wanted_rows
 from batchgen.input.read import iter_rows, scan
 from batchgen.output.resume import Pending
 
@@ -72,8 +72,8 @@ def test_items_carry_exactly_the_pending_rows_and_the_picker_reads_them(tmp_path
     index = scan(path)
     done = {f"r{i}": None for i in range(300) if i % 3 == 0 or 100 <= i < 250}
     todo = Pending(index, done)
-    items = _items(todo, per_item=10)
-    picked = [_wanted(item["first"], item["want"]) for item in items]
+    items = pending_items(todo, per_item=10)
+    picked = [wanted_rows(item["first"], item["want"]) for item in items]
     assert sum(picked, []) == list(todo.indices()) == [r.index for r in todo.rows()]
     assert all(len(p) <= 10 for p in picked)
     assert all(b - a <= 64 for p in picked for a, b in zip(p, p[1:], strict=False))

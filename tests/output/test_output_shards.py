@@ -55,11 +55,11 @@ def test_an_output_folder_holds_shards_of_bounded_size_that_readers_take(tmp_pat
 _SLOW = """
 import sys, time
 import batchgen.execution.runner as runner
-record = runner._record
+record = runner.record_row
 def slow(*args):
     record(*args)
     time.sleep(0.05)
-runner._record = slow
+runner.record_row = slow
 from batchgen.cli.commands import main
 main(prog_name="batchgen")
 """

@@ -12,6 +12,7 @@ import click
 from ..core.errors import BatchgenError, ConfigError, Interrupted
 from ..core.uris import is_uri
 from ..input.formats import FORMATS
+from ..tools.export import FORMATS as EXPORT_FORMATS
 from ..tools.tiny.builder import KINDS
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, run_options
 from .process import ProgressDisplay, Signals
@@ -245,6 +246,47 @@ def inspect_results(results: Path, slowest: int) -> None:
         click.echo(summarize(results, slowest))
     except BatchgenError as e:
         _fail(e)
+
+
+@main.command()
+@click.argument("results", type=click.Path(path_type=Path, exists=True))
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(EXPORT_FORMATS),
+    required=True,
+    help="txt: a caption file beside each image; imagefolder: metadata.jsonl; wide/jsonl: a row per image.",
+)
+@click.option(
+    "--to",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="txt: mirror the caption files under this folder; imagefolder: a new dataset folder.",
+)
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="wide / jsonl: the file to write.")
+@click.option(
+    "--caption-extension", default=".txt", show_default=True, help="txt: the caption files' extension."
+)
+@click.option("--prompt", help="Only this prompt's answers (its number, from 0, or its text).")
+@click.option("--join", help="Every prompt's answers, in prompt order, joined by this.")
+@click.option(
+    "--prefix", default="", help="Written before every caption (trigger words; include a separator)."
+)
+@click.option("--suffix", default="", help="Written after every caption.")
+@click.option("--on-existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
+              show_default=True, help="txt: what to do with a caption file already there.")  # fmt: skip
+def export(results: Path, fmt: str, to: Path | None, output: Path | None, **options) -> None:
+    """Write a results file's answers where training tools read them, one caption per image."""
+    from ..tools.export import ExportOptions
+    from ..tools.export import export as run_export
+
+    try:
+        summary = run_export(results, ExportOptions(fmt, to, output, **options))  # type: ignore[arg-type]
+    except BatchgenError as e:
+        _fail(e)
+    counts = ((summary.skipped, "already there, kept"), (summary.failed, "failed"),
+              (summary.missing, "media not found"), (summary.without_media, "without media"))  # fmt: skip
+    left = ", ".join(f"{n} {what}" for n, what in counts if n) or "nothing left out"
+    click.echo(f"wrote {summary.written} ({left}) to {', '.join(summary.where)}", err=True)
 
 
 @main.command()

@@ -20,7 +20,7 @@ from ..core.errors import JobFileError, gist
 from ..media.images import IMAGE_FORMATS
 from ..output.write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
-__all__ = ["summarize", "write_gallery"]
+__all__ = ["summarize", "write_gallery", "read_results", "results_metadata"]
 
 _THUMB = 160  # pixels on the long side: enough to recognise, small enough for 10,000 rows
 _PAGE_CARDS = 100  # cards per page
@@ -29,7 +29,7 @@ _PAGE_CARDS = 100  # cards per page
 _NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tokens", "completion_tokens")
 
 
-def _read(path: Path) -> list[dict[str, Any]]:
+def read_results(path: Path) -> list[dict[str, Any]]:
     return _table(path).to_pylist()
 
 
@@ -47,7 +47,7 @@ def _table(path: Path):
     return table
 
 
-def _about(path: Path) -> dict[bytes, bytes]:
+def results_metadata(path: Path) -> dict[bytes, bytes]:
     """The output's own metadata (a shard folder: its first shard's)."""
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
     return (pq.read_schema(files[0]).metadata or {}) if files else {}
@@ -66,7 +66,7 @@ def _printable(text: str) -> str:
 def summarize(path: Path, slowest: int = 5) -> str:
     """Rows by status, errors by stage with their commonest messages, tokens and speed,
     prefix reuse, draft acceptance, and the slowest rows."""
-    rows = _read(path)
+    rows = read_results(path)
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [f"{path}: {len(rows)} rows, {ok} ok, {len(rows) - ok} failed"]
     by_stage: dict[str, Counter[str]] = {}
@@ -266,8 +266,8 @@ def write_gallery(
     once however many rows share it. Relative media paths start where the run recorded the
     job's (`--media-base` overrides), and only files the run's media policy let it read are
     opened. Returns (cards, media not found, where paths started: None for a remote job)."""
-    rows = _read(path)
-    about = _about(path)
+    rows = read_results(path)
+    about = results_metadata(path)
     policy = _policy(path, about, media_base)
     template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
     thumbs: dict[str, list[str]] = {}

@@ -1,0 +1,233 @@
+"""`batchgen export`: a results file in the shapes training tools read — a caption file beside
+each image (kohya sd-scripts, taggui, OneTrainer), an `imagefolder` dataset's `metadata.jsonl`
+(Hugging Face datasets, invoke-training), or one row per image with a column per prompt.
+
+A results file holds one row per (media file, prompt); export groups them by the media file
+the run read (relative paths start where the run recorded the job's, as `report` does) and
+names each prompt by its order of first appearance: `text` when there is one, else `text_0`,
+`text_1`, …, or one of them (`prompt`) or all joined (`join`) as `text`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..core.errors import ConfigError
+from ..output.store import atomic_write
+from ..output.write import MEDIA_BASE_KEY
+from .report import read_results, results_metadata
+
+__all__ = ["ExportOptions", "ExportSummary", "export"]
+
+FORMATS = ("txt", "imagefolder", "wide", "jsonl")
+_MEDIA = ("image", "video")  # the flat columns whose file a caption belongs to
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOptions:
+    """What to write and how; each default carries its reason."""
+
+    format: Literal["txt", "imagefolder", "wide", "jsonl"]
+    to: Path | None = None  # txt: mirror under this folder; imagefolder: a new dataset folder
+    output: Path | None = None  # wide / jsonl: the file
+    caption_extension: str = ".txt"  # kohya's --caption_extension default
+    prompt: str | None = None  # one prompt's answers (its number or its text) as `text`
+    join: str | None = None  # every prompt's answers, in prompt order, joined by this
+    prefix: str = ""  # trigger words, written as given (include your separator)
+    suffix: str = ""
+    on_existing: Literal["skip", "overwrite", "append", "prepend"] = "skip"  # a caption file already there
+    separator: str = " "  # between an existing caption and the new one (append, prepend)
+
+
+@dataclass(slots=True)
+class ExportSummary:
+    """What an export wrote and what it left out, for the line the CLI prints."""
+
+    written: int = 0  # caption files, metadata lines or rows
+    skipped: int = 0  # caption files already there (--on-existing skip)
+    failed: int = 0  # media whose chosen answers include a failed row: nothing written for them
+    missing: int = 0  # media files the results name that are not there (txt, imagefolder)
+    without_media: int = 0  # rows with no image or video (txt, imagefolder leave them out)
+    where: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Item:
+    """One media file (or one row without media) and its answers by prompt number."""
+
+    key: str
+    ref: str | None
+    path: Path | None
+    answers: dict[int, str | None] = field(default_factory=dict)  # None: that row failed
+    errors: list[str] = field(default_factory=list)
+
+
+def export(results: Path, options: ExportOptions) -> ExportSummary:
+    rows = read_results(results)
+    about = results_metadata(results)
+    base = Path(about[MEDIA_BASE_KEY].decode()) if MEDIA_BASE_KEY in about else results.parent
+    items, prompts = _grouped(rows, base)
+    columns = _columns(prompts, options)
+    summary = ExportSummary()
+    if options.format == "txt":
+        _write_txt(items, columns, options, summary)
+    elif options.format == "imagefolder":
+        _write_imagefolder(items, columns, options, summary)
+    else:
+        _write_table(items, columns, options, summary)
+    return summary
+
+
+def _grouped(rows: list[dict[str, Any]], base: Path) -> tuple[list[_Item], list[str]]:
+    prompts: list[str] = []
+    items: dict[str, _Item] = {}
+    for r in rows:
+        prompt = str(r.get("prompt") or "")
+        if prompt not in prompts:
+            prompts.append(prompt)
+        ref = next((r[c] for c in _MEDIA if isinstance(r.get(c), str) and r[c]), None)
+        if ref is None:
+            item = items.setdefault(f"row:{r['id']}", _Item(str(r["id"]), None, None))
+        else:
+            path = (Path(ref) if Path(ref).is_absolute() else base / ref).resolve()
+            item = items.setdefault(f"file:{path}", _Item(str(r.get("file") or ref), ref, path))
+        ok = r["status"] == "ok"
+        item.answers[prompts.index(prompt)] = (r["generated_text"] or "").strip() if ok else None
+        if not ok:
+            item.errors.append(f"{r.get('error_stage')}: {r.get('error')}")
+    return list(items.values()), prompts
+
+
+def _columns(prompts: list[str], options: ExportOptions) -> dict[str, list[int]]:
+    """Output column → the prompt numbers whose answers make it."""
+    if options.prompt is not None:
+        chosen = options.prompt
+        k = int(chosen) if chosen.isdigit() and int(chosen) < len(prompts) else None
+        if k is None and chosen in prompts:
+            k = prompts.index(chosen)
+        if k is None:
+            shown = "; ".join(f"{i}: {p!r:.60}" for i, p in enumerate(prompts))
+            raise ConfigError(f"--prompt {chosen!r:.60}: no such prompt (the results have {shown})")
+        return {"text": [k]}
+    if options.join is not None or len(prompts) == 1:
+        return {"text": list(range(len(prompts)))}
+    return {f"text_{k}": [k] for k in range(len(prompts))}
+
+
+def _text(item: _Item, ks: list[int], options: ExportOptions) -> str | None:
+    answers = [item.answers.get(k) for k in ks]
+    if any(a is None for a in answers):
+        return None
+    return options.prefix + (options.join or "").join(answers) + options.suffix  # type: ignore[arg-type]
+
+
+def _common_root(items: list[_Item]) -> Path:
+    paths = [str(i.path.parent) for i in items if i.path is not None]
+    return Path(os.path.commonpath(paths)) if paths else Path(".")
+
+
+def _inside(root: Path, rel: Path) -> Path:
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root.resolve()):  # a results file naming `../..`: never outside
+        raise ConfigError(f"{rel}: would be written outside {root}")
+    return target
+
+
+def _write_txt(items: list[_Item], columns: dict[str, list[int]], options: ExportOptions,
+               summary: ExportSummary) -> None:  # fmt: skip
+    if len(columns) != 1:
+        raise ConfigError(
+            "a caption file holds one text: pick a prompt (--prompt K) or join them (--join ' ')"
+        )
+    (ks,) = columns.values()
+    root = _common_root(items)
+    for item in items:
+        if item.path is None:
+            summary.without_media += 1
+            continue
+        if not item.path.is_file():
+            summary.missing += 1
+            continue
+        text = _text(item, ks, options)
+        if text is None:
+            summary.failed += 1
+            continue
+        target = item.path.with_suffix(options.caption_extension)
+        if options.to is not None:
+            target = _inside(options.to, target.relative_to(root))
+        if target.exists():
+            old = target.read_text()
+            if options.on_existing == "skip":
+                summary.skipped += 1
+                continue
+            if options.on_existing == "append":
+                text = old.rstrip("\n") + options.separator + text
+            elif options.on_existing == "prepend":
+                text = text + options.separator + old.strip("\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(target, lambda p, text=text: p.write_text(text + "\n"))
+        summary.written += 1
+    summary.where = [str(options.to or root)]
+
+
+def _write_imagefolder(items: list[_Item], columns: dict[str, list[int]], options: ExportOptions,
+                       summary: ExportSummary) -> None:  # fmt: skip
+    media = [i for i in items if i.path is not None]
+    summary.without_media = len(items) - len(media)
+    root = _common_root(media)
+    folder = options.to or root
+    lines = []
+    for item in media:
+        if not item.path.is_file():  # type: ignore[union-attr]
+            summary.missing += 1
+            continue
+        texts = {name: _text(item, ks, options) for name, ks in columns.items()}
+        if any(t is None for t in texts.values()):  # a failed row (a broken image): left out
+            summary.failed += 1
+            continue
+        rel = item.path.relative_to(root)  # type: ignore[union-attr]
+        if options.to is not None:
+            target = _inside(folder, rel)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                try:
+                    os.link(item.path, target)  # type: ignore[arg-type]
+                except OSError:  # another filesystem: a copy
+                    shutil.copy2(item.path, target)  # type: ignore[arg-type]
+        lines.append(json.dumps({"file_name": rel.as_posix(), **texts}, ensure_ascii=False) + "\n")
+        summary.written += 1
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write(folder / "metadata.jsonl", lambda p: p.write_text("".join(lines)))
+    summary.where = [str(folder / "metadata.jsonl")]
+
+
+def _write_table(items: list[_Item], columns: dict[str, list[int]], options: ExportOptions,
+                 summary: ExportSummary) -> None:  # fmt: skip
+    if options.output is None:
+        raise ConfigError(f"--format {options.format} writes a file: give -o FILE")
+    records = []
+    for item in items:
+        texts = {name: _text(item, ks, options) for name, ks in columns.items()}
+        failed = bool(item.errors)
+        summary.failed += failed
+        records.append({"file": item.key, "media": item.ref, **texts, "status": "error" if failed else "ok",
+                        "error": item.errors[0] if item.errors else None})  # fmt: skip
+    summary.written = len(records)
+    out = options.output
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if options.format == "wide":
+        table = pa.Table.from_pylist(records) if records else pa.table({"file": pa.array([], pa.string())})
+        atomic_write(out, lambda p: pq.write_table(table, p))
+    else:
+        atomic_write(
+            out, lambda p: p.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+        )
+    summary.where = [str(out)]

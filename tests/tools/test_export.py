@@ -1,0 +1,126 @@
+"""`batchgen export` on a real captioning run (the bundled shapes captioner): caption files
+beside the images or mirrored, trigger words, every `--on-existing` mode, an imagefolder that
+`datasets` loads with the right caption per image, and one row per image."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import MODELS, ROOT, run_cli
+
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import train_shapes_captioner as shapes  # noqa: E402
+
+CAPTIONER = str(MODELS / "shapes-vlm")
+PROMPTS = ("--prompt", "What shape is this?", "--prompt", "What colour is the shape?")
+QUIET = ("--temperature", "0", "--max-tokens", "6", "-q")
+PICTURES = {"red_circle.png": ("circle", "red"), "sub/blue_square.png": ("square", "blue"),
+            "sub/deeper/yellow_star.png": ("star", "yellow")}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def captioned(tmp_path_factory):
+    """A nested folder captioned with two prompts, and a broken file among the images."""
+    root = tmp_path_factory.mktemp("export")
+    folder = root / "ds"
+    rng = random.Random(3)
+    for name, (shape, colour) in PICTURES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shapes.draw(shape, colour, rng).save(folder / name)
+    (folder / "broken.png").write_bytes(b"not a png")
+    out = root / "captions.parquet"
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *PROMPTS, *QUIET)
+    assert code == 1, output  # the broken file's two rows failed
+    return folder, out
+
+
+def _fresh(captioned, tmp_path):
+    """A copy of the captioned folder (caption files are written beside the images) and its results."""
+    import shutil
+
+    folder, out = captioned
+    copy = tmp_path / "ds"
+    shutil.copytree(folder, copy)
+    results = tmp_path / "captions.parquet"
+    table = pq.read_table(out)
+    meta = {**table.schema.metadata, b"batchgen.media_base": str(tmp_path).encode()}  # where the copy is
+    pq.write_table(table.replace_schema_metadata(meta), results)
+    return copy, results
+
+
+def test_caption_files_beside_the_images_with_trigger_words_and_each_existing_mode(captioned, tmp_path):
+    folder, results = _fresh(captioned, tmp_path)
+    code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "0", "--prefix", "ohwx, ")
+    assert code == 0, output
+    assert "wrote 3 (1 failed)" in output
+    for name, (shape, _) in PICTURES.items():
+        assert (folder / name).with_suffix(".txt").read_text() == f"ohwx, {shape}\n"
+    assert not (folder / "broken.txt").exists()  # a failed row writes nothing
+
+    both = ("--join", ", ")
+    modes = {"skip": "old tags", "overwrite": "circle, red", "append": "old tags circle, red",
+             "prepend": "circle, red old tags"}  # fmt: skip
+    for mode, expected in modes.items():
+        (folder / "red_circle.txt").write_text("old tags\n")  # as a tagger left it
+        code, output = run_cli("export", str(results), "--format", "txt", *both, "--on-existing", mode)
+        assert code == 0, output
+        assert (folder / "red_circle.txt").read_text() == expected + "\n", mode
+    assert "3 already there, kept" in run_cli("export", str(results), "--format", "txt", *both)[1]
+    code, output = run_cli("export", str(results), "--format", "txt")
+    assert code == 2 and "pick a prompt (--prompt K) or join them" in output  # two prompts, one file
+
+
+def test_caption_files_mirrored_under_another_folder(captioned, tmp_path):
+    folder, results = _fresh(captioned, tmp_path)
+    mirror = tmp_path / "labels"
+    code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "What colour is the shape?",
+                           "--to", str(mirror), "--caption-extension", ".caption")  # fmt: skip
+    assert code == 0, output
+    assert sorted(p.relative_to(mirror).as_posix() for p in mirror.rglob("*.caption")) == sorted(
+        str(name).rsplit(".", 1)[0] + ".caption" for name in PICTURES
+    )
+    assert (mirror / "sub" / "deeper" / "yellow_star.caption").read_text() == "yellow\n"
+    assert not list(folder.rglob("*.caption"))
+    code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "nope")
+    assert code == 2 and "--prompt 'nope': no such prompt" in output
+
+
+def test_an_imagefolder_that_datasets_loads_with_each_images_caption(captioned, tmp_path):
+    import datasets
+
+    _, results = _fresh(captioned, tmp_path)
+    dataset = tmp_path / "dataset"
+    code, output = run_cli("export", str(results), "--format", "imagefolder", "--to", str(dataset))
+    assert code == 0, output
+    assert "wrote 3 (1 failed)" in output
+    lines = [json.loads(line) for line in (dataset / "metadata.jsonl").read_text().splitlines()]
+    assert {line["file_name"] for line in lines} == set(PICTURES)  # the broken image left out
+    loaded = datasets.load_dataset("imagefolder", data_dir=str(dataset), split="train")
+    assert len(loaded) == 3 and {"image", "text_0", "text_1"} <= set(loaded.column_names)
+    assert sorted((r["text_0"], r["text_1"]) for r in loaded) == sorted(PICTURES.values())
+    for row in loaded:  # the pictures come with the dataset, linked or copied into it
+        assert row["image"].size == (56, 56)
+
+
+def test_one_row_per_image_with_a_column_per_prompt(captioned, tmp_path):
+    _, results = _fresh(captioned, tmp_path)
+    wide = tmp_path / "wide.parquet"
+    code, output = run_cli("export", str(results), "--format", "wide", "-o", str(wide))
+    assert code == 0, output
+    rows = {r["file"]: r for r in pq.read_table(wide).to_pylist()}
+    assert set(rows) == {f"ds/{name}" for name in PICTURES} | {"ds/broken.png"}
+    for name, (shape, colour) in PICTURES.items():
+        assert (rows[f"ds/{name}"]["text_0"], rows[f"ds/{name}"]["text_1"], rows[f"ds/{name}"]["status"]) == (
+            shape, colour, "ok",
+        )  # fmt: skip
+    assert rows["ds/broken.png"]["status"] == "error" and "decode" in rows["ds/broken.png"]["error"]
+    lines = tmp_path / "wide.jsonl"
+    assert run_cli("export", str(results), "--format", "jsonl", "-o", str(lines))[0] == 0
+    assert len(lines.read_text().splitlines()) == 4
+    code, output = run_cli("export", str(results), "--format", "wide")
+    assert code == 2 and "give -o FILE" in output

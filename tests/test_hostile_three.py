@@ -457,7 +457,7 @@ def test_a_rerun_after_editing_many_rows_names_five_and_counts_the_rest(tmp_path
     code, output = batch(job, out)
     assert code == 2, output
     assert "6 row(s) changed since their results were written: line 1 (id 'r0')" in output
-    assert "line 5 (id 'r4') and 1 more; pass --overwrite" in output
+    assert "line 5 (id 'r4') and 1 more; pass --changed redo to generate them again, --changed keep" in output
 
 
 def test_a_retried_row_is_held_once_in_a_shard_folder_after_a_kill(workdir, network, scripted):

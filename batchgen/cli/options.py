@@ -51,7 +51,7 @@ _SECTIONS = {
     "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
     "Scale-out": ("engine", "ray_address", "workers"),
     "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns", "overwrite",
-                          "fail_fast", "max_attempts", "retry_failed", "quiet", "help"),
+                          "fail_fast", "max_attempts", "retry_failed", "changed", "quiet", "help"),
 }  # fmt: skip
 
 
@@ -150,6 +150,12 @@ def run_options(command):
             help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
         ),  # fmt: skip
         click.option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
+        click.option(
+            "--changed",
+            type=click.Choice(["refuse", "redo", "keep"]),
+            help="Rows changed since their results were written: refuse the run, generate them "
+            "again, or keep their results [refuse].",
+        ),  # fmt: skip
         *_generation_options(),
         click.option(
             "--json-schema",

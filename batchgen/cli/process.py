@@ -82,6 +82,7 @@ class ProgressDisplay:
     def _start(self, report: Progress) -> None:
         if report.done_before and report.total:
             again = f", {report.retried:,} failed rows tried again" if report.retried else ""
+            again += f", {report.redone:,} changed rows generated again" if report.redone else ""
             whole = report.done_before + report.total
             print(f"resuming: {report.done_before:,} of {whole:,} rows done{again}", file=sys.stderr)
         if report.summary.private_urls_allowed:

@@ -107,6 +107,7 @@ class RunConfig:
     fail_fast: bool = False
     max_attempts: int = 3  # runs a transiently failed row gets (a server down at 3 a.m. is back at 4)
     retry_failed: bool = False  # a rerun tries every failed row again, transient or not
+    changed: str = "refuse"  # rows changed under a finished id: refuse (exit 2), redo them, or keep
     draft_model: str | None = None  # speculative decoding: a text draft model or an mlx-vlm drafter
     num_draft_tokens: int = 3  # text drafts per round
     draft_kind: str | None = None  # mtp | dflash | eagle3 (vision drafters); None = from the checkpoint
@@ -300,6 +301,8 @@ def build_config(
         raise ConfigError("retries, fetch_workers and decode_workers must be >= 1")
     if min(limits.max_image_pixels, limits.max_row_pixels, limits.frame_pixels or 1) < 1:
         raise ConfigError("max_image_pixels, max_row_pixels and frame_pixels must be >= 1")
+    if data.get("changed", "refuse") not in ("refuse", "redo", "keep"):
+        raise ConfigError(f"--changed {data['changed']!r}: expected refuse, redo or keep")
     if data.get("engine", "local") not in ("local", "ray"):
         raise ConfigError(f"--engine {data['engine']!r}: expected local or ray")
     for key in ("batch_size", "window", "cache_entries", "workers", "max_attempts"):

@@ -163,7 +163,8 @@ def _run(
     options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
                            config.overwrite)  # fmt: skip
     writer = ResultWriter(config.output, index, settings, options, skip=dropped, about=_about(config, index))
-    resume = Resume(writer.open(), writer.store, index, settings, config.max_attempts, config.retry_failed)
+    resume = Resume(writer.open(), writer.store, index, settings, config.max_attempts, config.retry_failed,
+                    config.changed)  # fmt: skip
     todo = resume.todo
     summary = RunSummary(
         output=str(config.output),
@@ -173,7 +174,9 @@ def _run(
 
     def report(rows: int, cache: CacheStats | None) -> Progress:
         elapsed = time.perf_counter() - started
-        return Progress(summary, todo, resume.done_before, len(resume.retry), rows, cache, elapsed)
+        return Progress(
+            summary, todo, resume.done_before, len(resume.retry), resume.redone, rows, cache, elapsed
+        )
 
     caller.tell(report(0, None))
     with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:

@@ -92,6 +92,7 @@ class Progress:
     total: int  # rows this run has to do
     done_before: int  # rows earlier runs finished (resumed)
     retried: int  # failed rows tried again
+    redone: int  # rows changed since their results, generated again (--changed redo)
     rows: int  # rows the batch just committed; 0 at the start
     cache: CacheStats | None  # prefix reuse so far
     elapsed: float  # seconds since the run started

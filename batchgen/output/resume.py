@@ -99,19 +99,21 @@ def to_retry(
     }
 
 
-def check_unchanged(index: JobIndex, done: dict[str, str | None]) -> None:
-    """Refuse rows whose input changed under an id that already has a result."""
+def check_unchanged(index: JobIndex, done: dict[str, str | None], policy: str = "refuse") -> list[int]:
+    """Rows whose input changed under an id that already has a result: refused (ConfigError
+    naming the first five), or returned, for the caller to redo or keep."""
     changed = [
         i for i, key in enumerate(map(id_key, index.ids)) if done.get(key) not in (None, index.digest(i))
     ]
-    if changed:
+    if changed and policy == "refuse":
         wheres = index.wheres(changed[:5])
         named = [f"{where} (id {index.ids[i]!r:.80})" for i, where in zip(changed[:5], wheres, strict=True)]
         shown = ", ".join(named) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise ConfigError(
-            f"{len(changed)} row(s) changed since their results were written: {shown}; "
-            "pass --overwrite to start over"
+            f"{len(changed)} row(s) changed since their results were written: {shown}; pass --changed "
+            "redo to generate them again, --changed keep to keep their results, or --overwrite to start over"
         )
+    return changed
 
 
 @dataclass(slots=True)
@@ -143,14 +145,19 @@ class Resume:
     """This run's view of earlier ones, decided before any work: their settings must be this
     run's (else ConfigError), their finished rows are kept unless their input changed since
     (ConfigError naming the rows), and their failed rows are tried again when the failure was
-    transient and attempts are left (all of them with `every_failure`)."""
+    transient and attempts are left (all of them with `every_failure`). Rows changed since
+    their results were written are refused, generated again (`changed` redo: their new
+    record replaces the old one) or kept as they are (`keep`)."""
 
     def __init__(self, earlier: Earlier, store: Any, index: JobIndex, settings: dict[str, Any],
-                 max_attempts: int, every_failure: bool):  # fmt: skip
+                 max_attempts: int, every_failure: bool, changed: str = "refuse"):  # fmt: skip
         if earlier.settings is not None:
             check_settings(earlier.where, earlier.settings, settings)
         self.done = finished(earlier.files, store)
-        check_unchanged(index, self.done)
+        rows = check_unchanged(index, self.done, changed)
+        self.redone = len(rows) if changed == "redo" else 0  # changed rows generated again
+        for i in rows if changed == "redo" else []:
+            self.done.pop(id_key(index.ids[i]), None)
         retry = to_retry(earlier.files, store, max_attempts, every_failure) if self.done else {}
         if retry:  # only this job's rows (its --shard, its --limit)
             keys = {id_key(i) for i in index.ids}

@@ -124,3 +124,37 @@ def test_one_row_per_image_with_a_column_per_prompt(captioned, tmp_path):
     assert len(lines.read_text().splitlines()) == 4
     code, output = run_cli("export", str(results), "--format", "wide")
     assert code == 2 and "give -o FILE" in output
+
+
+def test_a_changed_prompt_reruns_only_its_rows_with_changed_redo(tmp_path):
+    folder = tmp_path / "ds"
+    rng = random.Random(4)
+    for name, (shape, colour) in PICTURES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shapes.draw(shape, colour, rng).save(folder / name)
+    out = tmp_path / "captions.parquet"
+    run = ("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *QUIET)
+    assert run_cli(*run, *PROMPTS)[0] == 0
+    before = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    changed = ("--prompt", "What shape is this?", "--prompt", "Which colour is the shape?")
+    code, output = run_cli(*run, *changed)
+    assert code == 2 and "3 row(s) changed since their results were written" in output
+    assert "--changed redo to generate them again, --changed keep to keep their results" in output
+    code, output = run_cli(*run, *changed, "--changed", "keep")
+    assert code == 0 and "(6 resumed)" in output
+    assert {r["id"]: r for r in pq.read_table(out).to_pylist()} == before  # kept as they were
+    code, output = run_cli(*run, *changed, "--changed", "redo")
+    assert code == 0 and "6 rows: 6 ok, 0 failed (3 resumed)" in output, output
+    after = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert set(after) == set(before)
+    for key, row in after.items():
+        if key.endswith("#0"):
+            assert row == before[key]  # the unchanged prompt's rows: byte for byte
+        else:
+            assert (
+                row["prompt"] == "Which colour is the shape?"
+                and row["input_hash"] != before[key]["input_hash"]
+            )
+            assert row["generated_text"].strip() in {"red", "blue", "yellow"}
+    code, output = run_cli(*run, *changed)
+    assert code == 0 and "(6 resumed)" in output  # nothing changed since

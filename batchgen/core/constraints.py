@@ -9,6 +9,7 @@ decoder (generate/constrain.py).
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 from typing import Any
@@ -20,7 +21,7 @@ from llguidance.numpy import fill_next_token_bitmask
 from .params import Problem
 from .records import Constraint
 
-__all__ = ["KINDS", "LIMITS", "CONSTRAINT_FIELDS", "constraint_of", "grammar", "check", "satisfied"]
+__all__ = ["KINDS", "LIMITS", "CONSTRAINT_FIELDS", "constraint_of", "closed", "grammar", "check", "satisfied"]
 
 KINDS = ("json_schema", "json_object", "regex", "choice")
 
@@ -63,12 +64,56 @@ class _Bytes:
 _BYTES = llg.LLTokenizer(llg.TokenizerWrapper(_Bytes()), slices=[])
 
 
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = (
+    "items",
+    "additionalItems",
+    "contains",
+    "not",
+    "if",
+    "then",
+    "else",
+    "propertyNames",
+    "unevaluatedItems",
+)
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+
+
+def closed(schema: Any) -> Any:
+    """The schema with `additionalProperties: false` on every object that does not say
+    otherwise: properties a schema does not name are not generated (xgrammar's, outlines' and
+    vLLM's rule; llguidance's own default lets a model invent keys until max_tokens)."""
+    schema = copy.deepcopy(schema)
+    todo = [schema]
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        kind = node.get("type")
+        is_object = kind == "object" or (isinstance(kind, list) and "object" in kind) or "properties" in node
+        if is_object and "additionalProperties" not in node and "patternProperties" not in node:
+            node["additionalProperties"] = False
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                todo.extend(node[key].values())
+        for key in _SCHEMA_ONE:
+            todo.append(node.get(key))
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                todo.extend(node[key])
+        if isinstance(node.get("additionalProperties"), dict):
+            todo.append(node["additionalProperties"])
+    return schema
+
+
 @functools.lru_cache(maxsize=1024)  # rows share a few constraints; a hostile job's many stay bounded
 def grammar(c: Constraint) -> str:
     """The llguidance grammar of a constraint."""
     if c.json:  # compact JSON: free whitespace would let a model pad for ever
         compiler = llg.JsonCompiler(separators=(", ", ": "), whitespace_pattern="")
-        return compiler.compile(c.spec if c.kind == "json_schema" else _ANY_OBJECT)
+        return compiler.compile(
+            json.dumps(closed(json.loads(c.spec))) if c.kind == "json_schema" else _ANY_OBJECT
+        )
     return llg.grammar_from(c.kind, c.spec)
 
 

@@ -168,3 +168,22 @@ def test_two_run_wide_constraints_are_a_setting_error(tmp_path, flag):
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": "a", "prompt": "x"}])
     code, output = run_cli("run", str(job), "-o", str(tmp_path / "o.parquet"), "--model", LM, *flag)
     assert code == 2 and "not several" in output
+
+
+def test_an_object_schema_generates_only_the_properties_it_names(tmp_path):
+    """xgrammar's, outlines' and vLLM's rule: no `additionalProperties` means none. Under
+    llguidance's own default a random model invents keys until max_tokens and every row fails."""
+    shade = {"type": "object", "properties": {"dark": {"type": "boolean"}}}
+    colour, size = {"enum": ["red", "green", "blue"]}, {"enum": ["small", "large"]}
+    schema = {"type": "object", "properties": {"colour": colour, "size": size, "shade": shade}}
+    rows = [
+        {"id": f"r{i}", "prompt": f"Describe thing {i} in JSON.", "json_schema": schema} for i in range(12)
+    ]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    code, output, got = _run(job, tmp_path / "out.parquet", "--max-tokens", "48")
+    assert code == 0, output
+    for row in got.values():
+        value = json.loads(row["parsed"])
+        assert set(value) <= {"colour", "size", "shade"} and set(value.get("shade", {})) <= {"dark"}
+        jsonschema.validate(value, {**schema, "additionalProperties": False})
+    assert any(json.loads(r["parsed"]) for r in got.values())  # not only empty objects

@@ -14,7 +14,7 @@ from ..core.uris import is_uri
 from ..input.formats import FORMATS
 from ..tools.export import FORMATS as EXPORT_FORMATS
 from ..tools.tiny.builder import KINDS
-from .options import COLUMN, COLUMN_FLAGS, Sectioned, run_options
+from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, run_options
 from .process import ProgressDisplay, Signals
 
 __all__ = ["main"]
@@ -97,7 +97,7 @@ def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
 @click.option(
     "--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones]."
 )
-@run_options
+@caption_options
 def caption(
     paths: tuple[str, ...], output: Path, prompts: tuple[str, ...], extensions: tuple[str, ...], **flags
 ):
@@ -111,7 +111,12 @@ def caption(
         job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None)
     except BatchgenError as e:
         _fail(e)
-    _run(job_file, output, **flags)
+    try:
+        _run(job_file, output, **flags)
+    except SystemExit as e:
+        if e.code == 2:  # stopped before any work: the jobs file it was to read goes too
+            job_file.unlink(missing_ok=True)
+        raise
 
 
 def _run(job_file: str | Path, output: str | Path, preset: str | None, output_format: str, **flags) -> None:
@@ -131,7 +136,7 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
     media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
                    "fetch_workers", "decode_workers")  # fmt: skip
     media = {k: flags.pop(k) for k in media_flags}
-    columns = {key: flags.pop(flag) for flag, key in COLUMN_FLAGS.items()}
+    columns = {key: flags.pop(flag, None) for flag, key in COLUMN_FLAGS.items()}  # caption has none
     output, openai_output = _outputs(output, output_format)
     try:
         config = build_config(

@@ -9,7 +9,7 @@ import click
 
 from ..core.errors import BatchgenError
 
-__all__ = ["run_options", "Sectioned", "COLUMN", "COLUMN_FLAGS"]
+__all__ = ["run_options", "caption_options", "Sectioned", "COLUMN", "COLUMN_FLAGS"]
 
 
 def _generation_options() -> list:
@@ -42,8 +42,8 @@ def _generation_options() -> list:
 
 # `run --help` in sections, by option name (the generation options are all the rest).
 _SECTIONS = {
-    "Input": ("output", "fmt", "limit", "prompts", "extensions", "prompt_template", "id_column",
-              "prompt_column", "system_column", "image_column", "video_column", "shard"),
+    "Input": ("paths", "job_file", "output", "fmt", "limit", "prompts", "extensions", "prompt_template",
+              "id_column", "prompt_column", "system_column", "image_column", "video_column", "shard"),
     "Models": ("model", "text_model", "preset"),
     "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
               "fetch_workers", "decode_workers"),
@@ -93,15 +93,9 @@ COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "
                  "image_column": "image", "video_column": "video"}  # fmt: skip
 
 
-def run_options(command):
-    """The options `run` and `caption` share: models, presets, generation, media, output."""
-    options = [
-        click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
-        click.option("--text-model", help="Model for rows without media [--model]."),
-        click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
-        click.option(
-            "--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'
-        ),
+def _column_options() -> list:
+    """--id-column and the other mappings of a job file's columns onto a row's parts."""
+    return [
         click.option("--id-column", help="Column holding each row's id [id].", **COLUMN),
         click.option("--prompt-column", help="Column holding the prompt [prompt].", **COLUMN),
         click.option("--system-column", help="Column holding the system prompt [system].", **COLUMN),
@@ -117,6 +111,19 @@ def run_options(command):
             help="Column holding videos (repeatable) [video, videos].",
             **COLUMN,
         ),
+    ]
+
+
+def run_options(command, columns: bool = True):
+    """The options `run` and `caption` share: models, presets, generation, media, output."""
+    options = [
+        click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
+        click.option("--text-model", help="Model for rows without media [--model]."),
+        click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
+        click.option(
+            "--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'
+        ),
+        *(_column_options() if columns else []),
         click.option(
             "--keep-columns", multiple=True, help="Carry these binary columns to the output too (repeatable)."
         ),
@@ -206,3 +213,8 @@ def run_options(command):
     for option in reversed(options):
         command = option(command)
     return command
+
+
+def caption_options(command):
+    """`run`'s options less the column flags: a folder of files has no columns to map."""
+    return run_options(command, columns=False)

@@ -22,11 +22,17 @@ def find_media(paths: Iterable[str], extensions: Iterable[str]) -> list[tuple[st
     each file once, in a stable order."""
     wanted = {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
     found: dict[Path, str] = {}
+    folders = [Path(arg).expanduser() for arg in paths if Path(arg).expanduser().is_dir()]
+    names = {}  # a folder's name in ids: its own name, or more of its path where two share one
+    for folder in folders:
+        same = [f for f in folders if f.name == folder.name]
+        top = Path(os.path.commonpath([str(f.resolve().parent) for f in same]))
+        names[folder] = folder.resolve().relative_to(top).as_posix()
     for arg in paths:
         path = Path(arg).expanduser()
         if path.is_dir():
             for file in files_under(path):
-                found.setdefault(file.resolve(), f"{path.name}/{file.relative_to(path).as_posix()}")
+                found.setdefault(file.resolve(), f"{names[path]}/{file.relative_to(path).as_posix()}")
         elif path.is_file():
             found.setdefault(path.resolve(), path.name)
         else:

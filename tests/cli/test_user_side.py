@@ -344,3 +344,24 @@ def test_run_help_comes_in_sections_and_the_top_help_names_the_formats():
     )
     code, top = run_cli("--help")
     assert "CSV" in top and "OpenAI Batch" in top and "WebDataset" in top
+
+
+def test_caption_over_two_folders_of_one_name_and_an_early_failure(tmp_path):
+    """train/images and val/images: distinct ids; a run that stops before any work leaves no
+    jobs file; `caption --help` offers no column flags (a folder has no columns)."""
+    for split, (shape, colour) in (("train", ("circle", "red")), ("val", ("square", "blue"))):
+        (tmp_path / split / "images").mkdir(parents=True)
+        shapes.draw(shape, colour, random.Random(1)).save(tmp_path / split / "images" / "a.png")
+    out = tmp_path / "c.parquet"
+    folders = (str(tmp_path / "train" / "images"), str(tmp_path / "val" / "images"))
+    code, output = run_cli(
+        "caption", *folders, "-o", str(out), "--model", CAPTIONER, "-p", "What shape?", *QUIET
+    )
+    assert code == 0, output
+    assert sorted(r["id"] for r in read(out)) == ["train/images/a.png#0", "val/images/a.png#0"]
+    bad = tmp_path / "bad.parquet"
+    code, output = run_cli("caption", *folders, "-o", str(bad), "--model", str(tmp_path / "nope"), "-p", "x")
+    assert code == 2 and not (tmp_path / "bad.parquet.jobs.jsonl").exists()
+    code, output = run_cli("caption", "--help")
+    assert "--id-column" not in output and "--image-column" not in output
+    assert output.index("PATHS") < output.index("Models:")  # the paths are input, not generation

@@ -364,7 +364,8 @@ def test_the_gallery_escapes_every_value_once_and_keeps_to_the_runs_media_policy
     assert '<h2 style="margin:0">__DATA__.results.parquet</h2>' in head  # the name, as it is
     assert "onerror" not in head and '"question"' not in head  # no row data outside its block
     data = _gallery_data(page)
-    assert [c["question"] for c in data["cards"]] == [r["prompt"] for r in rows]  # shown as text, whole
+    asked = [e["question"] for c in data["cards"] for e in c["entries"]]
+    assert asked == [r["prompt"] for r in rows]  # shown as text, whole
     assert data["thumbs"]["image:inside/ok.png"] == ["inside/ok.png"]
     assert data["thumbs"][f"image:{outside}"] == [] and data["thumbs"]["video:inside/fifo.mp4"] == []
 

@@ -258,10 +258,18 @@ def _metrics(r: dict[str, Any]) -> str:
     return ", ".join(f"{name} {ms:.0f} ms" for name, ms in stages if ms) or ""
 
 
+def _card_id(row_id: Any) -> str:
+    """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
+    text = str(row_id)
+    head, sep, tail = text.rpartition("#")
+    return head if sep and tail.isdigit() else text
+
+
 def write_gallery(
     path: Path, out: Path, media_base: Path | None = None
 ) -> tuple[int, list[str], Path | None]:
-    """One page, one card per row, paged in the browser (100 cards at a time) so 10,000 rows
+    """One page, one card per picture with every question asked of it and its answer (a row
+    without media gets a card of its own), paged in the browser (100 cards at a time) so 10,000 rows
     stay light: local images are linked, not copied, and each embedded thumbnail is stored
     once however many rows share it. Relative media paths start where the run recorded the
     job's (`--media-base` overrides), and only files the run's media policy let it read are
@@ -271,7 +279,8 @@ def write_gallery(
     policy = _policy(path, about, media_base)
     template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
     thumbs: dict[str, list[str]] = {}
-    cards = []
+    cards: list[dict[str, Any]] = []
+    by_media: dict[tuple[str, ...], dict[str, Any]] = {}
     for r in rows:
         keys = []
         for ref, kind in _media_of(r):
@@ -279,7 +288,13 @@ def write_gallery(
             if key not in thumbs:
                 thumbs[key] = _media_thumbs(ref, kind, policy, out.parent)
             keys.append(key)
-        cards.append(
+        card = by_media.get(tuple(keys)) if keys else None
+        if card is None:  # one card per picture (or set of them); a row without media, its own
+            card = {"id": _card_id(r["id"]), "media": keys, "entries": []}
+            cards.append(card)
+            if keys:
+                by_media[tuple(keys)] = card
+        card["entries"].append(
             {
                 "id": str(r["id"]),
                 "status": r["status"],
@@ -288,14 +303,15 @@ def write_gallery(
                 "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
                 "expected": str(r["expected"]) if r.get("expected") is not None else None,
                 "metrics": _metrics(r),
-                "media": keys,
             }
         )
+    for card in cards:
+        card["status"] = "ok" if all(e["status"] == "ok" for e in card["entries"]) else "error"
     missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
-    ok = sum(c["status"] == "ok" for c in cards)
+    ok = sum(r["status"] == "ok" for r in rows)
     page = _PAGE.render(
         title=path.name,
-        counts=f"{len(cards)} rows · {ok} ok · {len(cards) - ok} failed",
+        counts=f"{len(rows)} rows on {len(cards)} cards · {ok} ok · {len(rows) - ok} failed",
         data={"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS},
     )
     out.write_text(page)
@@ -331,10 +347,14 @@ function render() {
   for (const c of list.slice(page * D.page, (page + 1) * D.page)) {
     const card = el("div", "card" + (c.status === "ok" ? "" : " error")); card.dataset.status = c.status;
     for (const key of c.media) for (const src of D.thumbs[key] || []) { const img = el("img"); img.src = src; img.alt = key; card.append(img); }
-    card.append(el("div", "id", c.id), el("div", "q", c.question));
-    if (c.status === "ok") card.append(el("div", "a", c.text)); else card.append(el("div", "err", c.error));
-    if (c.expected !== null) { const ok = c.text.trim() === c.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + c.expected)); }
-    card.append(el("div", "m", c.metrics)); box.append(card);
+    card.append(el("div", "id", c.id));
+    for (const e of c.entries) {
+      card.append(el("div", "q", e.question));
+      if (e.status === "ok") card.append(el("div", "a", e.text)); else card.append(el("div", "err", e.error));
+      if (e.expected !== null) { const ok = e.text.trim() === e.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + e.expected)); }
+      card.append(el("div", "m", e.metrics));
+    }
+    box.append(card);
   }
   document.getElementById("pos").textContent = `page ${page + 1} / ${pages}`;
   const imgs = [...box.querySelectorAll("img")];

@@ -274,14 +274,19 @@ def test_the_readme_results_gallery_shows_every_picture_wherever_it_is_written(t
     code, output = run_cli("report", str(results), "-o", str(page))
     assert code == 0 and "warning" not in output, output
     rows = [json.loads(line) for line in job.read_text().splitlines()]
-    pictures = sum(
-        len(r["image"]) if isinstance(r.get("image"), list) else bool(r.get("image")) for r in rows
-    )
-    pictures += sum(p.get("type") == "image_url" for r in rows for m in r.get("messages", [])
-                    if isinstance(m["content"], list) for p in m["content"])  # fmt: skip
+
+    def pictures_of(r):
+        flat = r["image"] if isinstance(r.get("image"), list) else [r["image"]] if r.get("image") else []
+        return flat + [p["image_url"] for m in r.get("messages", []) if isinstance(m["content"], list)
+                       for p in m["content"] if p.get("type") == "image_url"]  # fmt: skip
+
+    # One card per picture (or set of them, or clip) with all its questions; a text row its own.
+    groups = {json.dumps([pictures_of(r), r.get("video")]) for r in rows if pictures_of(r) or r.get("video")}
+    alone = sum(not pictures_of(r) and not r.get("video") for r in rows)
+    pictures = sum(len(json.loads(g)[0]) for g in groups)
     attrs = _dom_counts(page, tmp_path)
     frames = attrs["data-images"] - pictures
-    assert attrs["data-cards"] == len(rows) and frames >= 2  # every picture, and the clip's frames
+    assert attrs["data-cards"] == len(groups) + alone < len(rows) and frames >= 2  # each picture once
     assert attrs["data-loaded"] == attrs["data-images"]
 
     template_rows = [{"id": "t", "image": str(MEDIA / "red_circle.png"), "title": "a red thing"},
@@ -365,3 +370,20 @@ def test_caption_over_two_folders_of_one_name_and_an_early_failure(tmp_path):
     code, output = run_cli("caption", "--help")
     assert "--id-column" not in output and "--image-column" not in output
     assert output.index("PATHS") < output.index("Models:")  # the paths are input, not generation
+
+
+@pytest.mark.slow  # headless Chromium
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_a_three_prompt_caption_run_shows_one_card_per_image(tmp_path):
+    folder = _folder(tmp_path)
+    out = tmp_path / "captions.parquet"
+    prompts = ("-p", "What shape is this?", "-p", "What colour is the shape?", "-p", "Describe it.")
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *prompts, *QUIET)
+    assert code == 0, output
+    page = tmp_path / "gallery.html"
+    code, output = run_cli("report", str(out), "-o", str(page))
+    assert code == 0 and "4 cards" in output, output  # 3 pictures and a clip, 12 rows
+    attrs = _dom_counts(page, tmp_path)
+    assert attrs["data-cards"] == 4 and attrs["data-loaded"] == attrs["data-images"]
+    text = page.read_text()
+    assert "12 rows on 4 cards" in text and '"id": "photos/red_circle.png"' in text

@@ -13,6 +13,7 @@ from ..core.errors import BatchgenError, ConfigError, Interrupted
 from ..core.uris import is_uri
 from ..input.formats import FORMATS
 from ..tools.export import FORMATS as EXPORT_FORMATS
+from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, run_options
 from .process import ProgressDisplay, Signals
@@ -87,7 +88,7 @@ def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
             _fail(ConfigError("a job given as a URI needs -o (a file, DIR/ for shards, or a URI)"))
         job = Path(job_file.rstrip("/") or job_file)
         output = str(job.with_name(job.name.split(".")[0].rstrip("*") + ".results.parquet"))
-    _run(job_file, output, format=fmt, **flags)
+    sys.exit(_run(job_file, output, format=fmt, **flags))
 
 
 @main.command(cls=Sectioned)
@@ -97,10 +98,14 @@ def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
 @click.option(
     "--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones]."
 )
+@click.option("--write-captions", type=click.Choice(["txt", "imagefolder"]),
+              help="Then export: a .txt beside each image (prompts' answers joined by a space), or an "
+                   "imagefolder metadata.jsonl (see `export`).")  # fmt: skip
 @caption_options
 def caption(
-    paths: tuple[str, ...], output: Path, prompts: tuple[str, ...], extensions: tuple[str, ...], **flags
-):
+    paths: tuple[str, ...], output: Path, prompts: tuple[str, ...], extensions: tuple[str, ...],
+    write_captions: str | None, **flags,
+):  # fmt: skip
     """Caption image and video files: PATHS are files, folders (recursive) or globs; one row
     per file and prompt. A rerun skips files already captioned and takes new ones."""
     from ..tools.caption import write_caption_jobs
@@ -112,14 +117,18 @@ def caption(
     except BatchgenError as e:
         _fail(e)
     try:
-        _run(job_file, output, **flags)
+        code = _run(job_file, output, **flags)
     except SystemExit as e:
         if e.code == 2:  # stopped before any work: the jobs file it was to read goes too
             job_file.unlink(missing_ok=True)
         raise
+    if write_captions is not None:
+        _export(output, ExportOptions(write_captions, join=" " if len(prompts) > 1 else None))  # type: ignore[arg-type]
+    sys.exit(code)
 
 
-def _run(job_file: str | Path, output: str | Path, preset: str | None, output_format: str, **flags) -> None:
+def _run(job_file: str | Path, output: str | Path, preset: str | None, output_format: str, **flags) -> int:
+    """Run a job as the CLI does (progress, signals, the closing lines); the exit code."""
     from ..core.settings import GEN_FIELDS, build_config, read_json_settings
     from ..execution.runner import run as run_job
 
@@ -161,7 +170,7 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
     display.close()
     click.echo(summary.line(), err=True)
     click.echo(f"wrote {', '.join(str(p) for p in (output, openai_output) if p)}", err=True)
-    sys.exit(summary.exit_code)
+    return summary.exit_code
 
 
 def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | None]:
@@ -281,11 +290,14 @@ def inspect_results(results: Path, slowest: int) -> None:
               show_default=True, help="txt: what to do with a caption file already there.")  # fmt: skip
 def export(results: Path, fmt: str, to: Path | None, output: Path | None, **options) -> None:
     """Write a results file's answers where training tools read them, one caption per image."""
-    from ..tools.export import ExportOptions
+    _export(results, ExportOptions(fmt, to, output, **options))  # type: ignore[arg-type]
+
+
+def _export(results: Path, options: ExportOptions) -> None:
     from ..tools.export import export as run_export
 
     try:
-        summary = run_export(results, ExportOptions(fmt, to, output, **options))  # type: ignore[arg-type]
+        summary = run_export(results, options)
     except BatchgenError as e:
         _fail(e)
     counts = ((summary.skipped, "already there, kept"), (summary.failed, "failed"),

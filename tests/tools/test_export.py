@@ -158,3 +158,17 @@ def test_a_changed_prompt_reruns_only_its_rows_with_changed_redo(tmp_path):
             assert row["generated_text"].strip() in {"red", "blue", "yellow"}
     code, output = run_cli(*run, *changed)
     assert code == 0 and "(6 resumed)" in output  # nothing changed since
+
+
+def test_caption_writes_the_caption_files_at_the_end_of_its_run(tmp_path):
+    folder = tmp_path / "ds"
+    rng = random.Random(2)
+    for name, (shape, colour) in PICTURES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shapes.draw(shape, colour, rng).save(folder / name)
+    out = tmp_path / "captions.parquet"
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *PROMPTS, *QUIET,
+                           "--write-captions", "txt")  # fmt: skip
+    assert code == 0 and "wrote 3 (nothing left out)" in output, output
+    for name, (shape, colour) in PICTURES.items():
+        assert (folder / name).with_suffix(".txt").read_text() == f"{shape} {colour}\n"

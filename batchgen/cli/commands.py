@@ -107,13 +107,15 @@ def caption(
     write_captions: str | None, **flags,
 ):  # fmt: skip
     """Caption image and video files: PATHS are files, folders (recursive) or globs; one row
-    per file and prompt. A rerun skips files already captioned and takes new ones."""
-    from ..tools.caption import write_caption_jobs
+    per file and prompt. A rerun skips files already captioned and takes new ones. A
+    --prompt-template may name {caption_txt}: each image's caption file beside it ("" if none)."""
+    from ..tools.caption import SIDECAR_FIELD, write_caption_jobs
 
     if not prompts and not flags.get("prompt_template"):
         _fail(BatchgenError("give at least one --prompt (or a --prompt-template)"))
     try:
-        job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None)
+        sidecars = SIDECAR_FIELD in (flags.get("prompt_template") or "")
+        job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None, sidecars)
     except BatchgenError as e:
         _fail(e)
     try:

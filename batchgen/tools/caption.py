@@ -44,10 +44,29 @@ def find_media(paths: Iterable[str], extensions: Iterable[str]) -> list[tuple[st
     return sorted(((name, file) for file, name in found.items() if file.suffix.lower() in wanted))
 
 
+SIDECAR_FIELD = "caption_txt"  # a --prompt-template naming it gets each image's caption file
+_SIDECAR_CHARS = 65_536  # a caption is a line or a paragraph: more is no caption file
+
+
+def _sidecar(file: Path) -> str:
+    """The text of the caption file beside `file` (`x.png` → `x.txt`), or "" when there is none."""
+    path = file.with_suffix(".txt")
+    if not path.is_file():
+        return ""
+    with path.open("r", encoding="utf-8", errors="replace") as f:
+        return f.read(_SIDECAR_CHARS).strip()
+
+
 def write_caption_jobs(
-    paths: Iterable[str], prompts: Iterable[str], output: Path, extensions: Iterable[str] | None = None
+    paths: Iterable[str],
+    prompts: Iterable[str],
+    output: Path,
+    extensions: Iterable[str] | None = None,
+    sidecars: bool = False,
 ) -> Path:
-    """Write `<output>.jobs.jsonl`: one row per file and prompt, id `name#k` for prompt k."""
+    """Write `<output>.jobs.jsonl`: one row per file and prompt, id `name#k` for prompt k; with
+    `sidecars`, each row also carries its file's caption file as `caption_txt` (only then: a
+    caption file written after a run must not change the rows of runs that do not read it)."""
     extensions = extensions or IMAGE_EXTENSIONS + VIDEO_EXTENSIONS
     files = find_media(paths, extensions)
     if not files:
@@ -60,8 +79,9 @@ def write_caption_jobs(
         for name, file in files:
             kind = "video" if file.suffix.lower() in videos else "image"
             ref = os.path.relpath(file, job.parent)  # the job file travels with its folder
+            extra = {SIDECAR_FIELD: _sidecar(file)} if sidecars else {}
             for k, prompt in enumerate(prompts):
-                row = {"id": f"{name}#{k}", kind: ref, "file": name}
+                row = {"id": f"{name}#{k}", kind: ref, "file": name, **extra}
                 if prompt:
                     row["prompt"] = prompt
                 f.write(json.dumps(row) + "\n")

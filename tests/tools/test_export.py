@@ -172,3 +172,23 @@ def test_caption_writes_the_caption_files_at_the_end_of_its_run(tmp_path):
     assert code == 0 and "wrote 3 (nothing left out)" in output, output
     for name, (shape, colour) in PICTURES.items():
         assert (folder / name).with_suffix(".txt").read_text() == f"{shape} {colour}\n"
+
+
+def test_an_existing_caption_file_feeds_the_prompt_template(tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    shapes.draw("circle", "red", random.Random(1)).save(folder / "a.png")
+    shapes.draw("square", "blue", random.Random(2)).save(folder / "b.png")
+    (folder / "a.txt").write_text("a red thing\n")
+    out = tmp_path / "c.parquet"
+    template = "Improve this caption: {caption_txt}"
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, "--prompt-template",
+                           template, *QUIET)  # fmt: skip
+    assert code == 0, output
+    rows = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    a, b = rows["ds/a.png#0"], rows["ds/b.png#0"]
+    assert (a["caption_txt"], b["caption_txt"]) == ("a red thing", "")  # no caption file: empty
+    assert a["prompt_tokens"] > b["prompt_tokens"]  # the caption reached the prompt
+    code, output = run_cli("caption", str(folder), "-o", str(tmp_path / "d.parquet"), "--model", CAPTIONER,
+                           "-p", "What shape is this?", *QUIET)  # fmt: skip
+    assert code == 0 and "caption_txt" not in pq.read_table(tmp_path / "d.parquet").column_names

@@ -19,6 +19,8 @@ __all__ = [
     "Generation",
     "Result",
     "Finished",
+    "MediaStats",
+    "CacheStats",
 ]
 
 MediaKind = Literal["image", "video", "audio"]
@@ -183,3 +185,41 @@ class Finished:
     values: dict[str, Any]
     where: str
     result: Result
+
+
+@dataclass(slots=True)
+class MediaStats:
+    """The media work of a run: downloads and what reuse saved."""
+
+    downloads: int = 0
+    download_bytes: int = 0
+    download_retries: int = 0
+    url_reuses: int = 0  # rows whose URL was downloaded for an earlier row
+    media_cache_hits: int = 0  # URLs served from --media-cache
+    image_decodes: int = 0
+    image_decode_reuses: int = 0
+    video_decodes: int = 0
+    video_decode_reuses: int = 0
+
+    @classmethod
+    def added(cls, parts: list[MediaStats]) -> MediaStats:
+        return cls(*(sum(getattr(p, f) for p in parts) for f in cls.__slots__))  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class CacheStats:
+    """Prompt-prefix reuse over a run (or several executors' runs, added up)."""
+
+    prefix_hits: int = 0
+    prefix_misses: int = 0
+    prefix_hit_rate: float = 0.0  # hits / lookups
+    prefix_evictions: int = 0
+    prompt_tokens_saved: int = 0
+
+    @classmethod
+    def added(cls, parts: list[CacheStats]) -> CacheStats:
+        counts = ("prefix_hits", "prefix_misses", "prefix_evictions", "prompt_tokens_saved")
+        total = cls(**{name: sum(getattr(p, name) for p in parts) for name in counts})
+        lookups = total.prefix_hits + total.prefix_misses
+        total.prefix_hit_rate = round(total.prefix_hits / lookups, 4) if lookups else 0.0
+        return total

@@ -11,11 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.records import Finished
+from ..core.records import CacheStats, Finished, MediaStats
 from ..core.settings import RunConfig, WorkSettings
-from ..generate.prefix_cache import CacheStats
 from ..generate.router import Engines
-from ..media.resolve import MediaStats
 from ..output.resume import Pending
 
 __all__ = ["Executor", "ExecutorStats"]

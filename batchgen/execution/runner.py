@@ -15,10 +15,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError, FailFastError, Interrupted, JobFileError, StopRequested, short
-from ..core.records import TOTALS, Finished
+from ..core.records import TOTALS, CacheStats, Finished
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.stop import Stop
-from ..generate.prefix_cache import CacheStats
 from ..generate.router import Engines
 from ..input.parse import template_fields
 from ..input.read import JobIndex, scan

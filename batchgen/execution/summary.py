@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from ..core.errors import gist
-from ..generate.prefix_cache import CacheStats
-from ..media.resolve import MediaStats
+from ..core.records import CacheStats, MediaStats
 
 __all__ = ["RunSummary", "Progress", "finish", "progress"]
 

@@ -4,29 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PrefixCache", "CacheStats"]
+from ..core.records import CacheStats
 
-
-@dataclass(slots=True)
-class CacheStats:
-    """Prompt-prefix reuse over a run (or several executors' runs, added up)."""
-
-    prefix_hits: int = 0
-    prefix_misses: int = 0
-    prefix_hit_rate: float = 0.0  # hits / lookups
-    prefix_evictions: int = 0
-    prompt_tokens_saved: int = 0
-
-    @classmethod
-    def added(cls, parts: list[CacheStats]) -> CacheStats:
-        counts = ("prefix_hits", "prefix_misses", "prefix_evictions", "prompt_tokens_saved")
-        total = cls(**{name: sum(getattr(p, name) for p in parts) for name in counts})
-        lookups = total.prefix_hits + total.prefix_misses
-        total.prefix_hit_rate = round(total.prefix_hits / lookups, 4) if lookups else 0.0
-        return total
+__all__ = ["PrefixCache"]
 
 
 class PrefixCache:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.errors import RowError, describe, short
 from ..core.memo import Memo
-from ..core.records import Job, Media, MediaRef
+from ..core.records import Job, Media, MediaRef, MediaStats
 from ..core.settings import MediaConfig
 from .fetch import Fetched, Fetcher
 from .frames import extract_frames
@@ -38,25 +38,6 @@ class StageTimes:
     fetch_ms: float = 0.0
     decode_ms: float = 0.0
     frames_ms: float = 0.0
-
-
-@dataclass(slots=True)
-class MediaStats:
-    """The media work of a run: downloads and what reuse saved."""
-
-    downloads: int = 0
-    download_bytes: int = 0
-    download_retries: int = 0
-    url_reuses: int = 0  # rows whose URL was downloaded for an earlier row
-    media_cache_hits: int = 0  # URLs served from --media-cache
-    image_decodes: int = 0
-    image_decode_reuses: int = 0
-    video_decodes: int = 0
-    video_decode_reuses: int = 0
-
-    @classmethod
-    def added(cls, parts: list[MediaStats]) -> MediaStats:
-        return cls(*(sum(getattr(p, f) for p in parts) for f in cls.__slots__))  # type: ignore[attr-defined]
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError
 from ..output.store import atomic_write
 from ..output.write import MEDIA_BASE_KEY
-from .report import read_results, results_metadata
+from .results import read_results, results_metadata
 
 __all__ = ["ExportOptions", "ExportSummary", "export"]
 

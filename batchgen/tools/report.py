@@ -14,43 +14,16 @@ from typing import Any
 from urllib.parse import quote
 
 import jinja2
-import pyarrow.parquet as pq
 
-from ..core.errors import JobFileError, gist
+from ..core.errors import gist
 from ..media.images import IMAGE_FORMATS
 from ..output.write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
+from .results import read_results, results_metadata
 
-__all__ = ["summarize", "write_gallery", "read_results", "results_metadata"]
+__all__ = ["summarize", "write_gallery"]
 
 _THUMB = 160  # pixels on the long side: enough to recognise, small enough for 10,000 rows
 _PAGE_CARDS = 100  # cards per page
-
-
-_NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tokens", "completion_tokens")
-
-
-def read_results(path: Path) -> list[dict[str, Any]]:
-    return _table(path).to_pylist()
-
-
-def _table(path: Path):
-    try:
-        table = pq.read_table(path)
-    except (OSError, ValueError) as e:
-        raise JobFileError(f"{path}: not a batchgen results file ({e})") from e
-    missing = [c for c in _NEEDED if c not in table.column_names]
-    if missing:
-        raise JobFileError(
-            f"{path}: not a batchgen results file (no {', '.join(missing)} column); "
-            "give the output of `batchgen run`"
-        )
-    return table
-
-
-def results_metadata(path: Path) -> dict[bytes, bytes]:
-    """The output's own metadata (a shard folder: its first shard's)."""
-    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
-    return (pq.read_schema(files[0]).metadata or {}) if files else {}
 
 
 # Terminal controls (C0, DEL, C1) and bidirectional overrides: an id or an error message

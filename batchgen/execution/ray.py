@@ -40,7 +40,7 @@ from ..generate.router import Engines
 from ..input.read import Mark, RawRow, iter_rows
 from ..input.source import Source
 from ..output.resume import Pending
-from ..output.write import RESULT_SCHEMA
+from ..output.tables import RESULT_SCHEMA
 from .executor import Executor, ExecutorStats
 from .local import LocalExecutor
 

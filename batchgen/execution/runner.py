@@ -24,7 +24,8 @@ from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import write_batch_output
 from ..output.resume import Resume, settings_of
-from ..output.write import OutputLock, ResultWriter, WriteOptions, dropped_columns, partial_dir, stats_path
+from ..output.tables import dropped_columns
+from ..output.write import OutputLock, ResultWriter, WriteOptions, partial_dir, stats_path
 from .local import LocalExecutor
 from .ray import RayExecutor
 from .summary import Progress, RunSummary, finish

@@ -9,13 +9,11 @@ temporary file, renames it over `out.parquet` and removes the `.partial` folder.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import re
 import time
-import typing
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,31 +22,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
-from ..core.records import RESULT_COLUMNS, Result
+from ..core.records import Result
 from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
 from .store import OutputLock, Store, atomic_write
+from .tables import RESULT_SCHEMA, ROW_GROUP_ROWS, concat_tables, rows_to_table
 
 __all__ = [
-    "WriteOptions",
-    "Earlier",
-    "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir", "stats_path",
-    "dropped_columns", "RESULT_SCHEMA",
+    "WriteOptions", "Earlier", "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir",
+    "stats_path",
 ]  # fmt: skip
 
-_ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 _SHARD_NAME = re.compile(r"part-\d{6,}\.parquet")  # a shard's (and a part's) file name
 
 
-def _arrow_type(hint: Any) -> pa.DataType:
-    return {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}.get(hint, pa.string())
-
-
-# Our columns, in Result's order and typed by its annotations: a new metric is one field there.
-_HINTS = typing.get_type_hints(Result)
-RESULT_SCHEMA = pa.schema(
-    [(f.name, _arrow_type(_HINTS[f.name])) for f in dataclasses.fields(Result) if f.name != "id"]
-)
 SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
 MEDIA_BASE_KEY = b"batchgen.media_base"  # ... where the job's relative media paths start (for report)
 MEDIA_POLICY_KEY = b"batchgen.media_policy"  # ... which local media the run could read: report reads no other
@@ -68,95 +55,6 @@ def partial_dir(output: Path | str, sharded: bool = False) -> Path | str:
 def stats_path(output: Path | str, sharded: bool = False) -> Path | str:
     name = f"{output}/_stats.json" if sharded else f"{output}.stats.json"
     return name if is_uri(str(output)) else Path(name)
-
-
-def _jsonish(values: list[Any]) -> pa.Array:
-    """A column whose values Arrow cannot type as one (mixed types): keep it as JSON text."""
-    return pa.array(
-        [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values], pa.string()
-    )
-
-
-_MAX_DEPTH = 32  # Parquet levels a carried column may take; readers refuse schemas nested ~100 deep
-
-
-def _depth(type_: pa.DataType) -> int:
-    """Parquet nesting levels of a type (a list takes two); an empty struct, which Parquet
-    cannot store at all, counts as too deep."""
-    if pa.types.is_struct(type_):
-        if type_.num_fields == 0:
-            return _MAX_DEPTH + 1
-        return 1 + max(_depth(type_.field(i).type) for i in range(type_.num_fields))
-    if pa.types.is_map(type_):
-        return 3 + max(_depth(type_.key_type), _depth(type_.item_type))
-    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
-        return 2 + _depth(type_.value_type)
-    return 0
-
-
-def _column(values: list[Any], type_: pa.DataType | None) -> pa.Array:
-    """Typed as Arrow infers (or as the input schema says) when Parquet can store and read
-    that type back; otherwise the values are kept as JSON text."""
-    try:
-        array = pa.array(values, type=type_)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, RecursionError):
-        return _jsonish(values)
-    return array if _depth(array.type) <= _MAX_DEPTH else _jsonish(values)
-
-
-_OURS = set(RESULT_COLUMNS) - {"id"}
-
-
-def _output_name(name: str) -> str:
-    """An input column named like one of ours is kept under `input_<name>`; one already named
-    `input_<ours>` gains another prefix, so two input columns never meet under one name."""
-    bare = name
-    while bare.startswith("input_"):
-        bare = bare[len("input_") :]
-    return f"input_{name}" if bare in _OURS else name
-
-
-def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> set[str]:
-    """Input columns the output does not carry: those holding bytes (a dataset's images would
-    be copied into every output otherwise) unless kept, and those asked to be dropped."""
-    return (index.binary - set(keep)) | set(drop)
-
-
-def rows_to_table(
-    rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None, skip: set[str] = frozenset()
-) -> pa.Table:
-    """Input columns but `skip` (typed by the input schema when there is one), then our columns."""
-    input_names: dict[str, None] = {}
-    for raw, _ in rows:
-        input_names.update(dict.fromkeys(k for k in raw if k != "id" and k not in skip))
-    ids = [r.id for _, r in rows]
-    columns: dict[str, pa.Array] = {"id": _column(ids, None) if ids else pa.array([], pa.int64())}
-    for name in input_names:
-        type_ = schema.field(name).type if schema is not None and name in schema.names else None
-        columns[_output_name(name)] = _column([raw.get(name) for raw, _ in rows], type_)
-    results = [asdict(r) for _, r in rows]
-    for field in RESULT_SCHEMA:
-        columns[field.name] = pa.array([r[field.name] for r in results], field.type)
-    return pa.table(columns)
-
-
-def _concat(tables: list[pa.Table]) -> pa.Table:
-    try:
-        return pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
-        # Parts typed a column differently (e.g. int in one, text in another): text wins.
-        types: dict[str, set[pa.DataType]] = {}
-        for t in tables:
-            for f in t.schema:
-                types.setdefault(f.name, set()).add(f.type)
-        clash = {n for n, ts in types.items() if len({t for t in ts if t != pa.null()}) > 1}
-        fixed = []
-        for t in tables:
-            for name in clash & set(t.column_names):
-                i = t.column_names.index(name)
-                t = t.set_column(i, name, _jsonish(t.column(name).to_pylist()))
-            fixed.append(t)
-        return pa.concat_tables(fixed, promote_options="permissive")
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,12 +211,12 @@ class ResultWriter:
         self._pending_rows = 0
         if not parts:
             return
-        table = self._tidy(_concat([self.store.read_table(p) for p in parts]))
+        table = self._tidy(concat_tables([self.store.read_table(p) for p in parts]))
         numbers = sorted(map(_number, parts))
         meta = {**(table.schema.metadata or {}), PARTS_KEY: f"{numbers[0]}-{numbers[-1]}".encode()}
         shard = f"{self.output}/part-{numbers[0]:06d}.parquet"
         self.store.makedirs(str(self.output))
-        self.store.write_table(shard, table.replace_schema_metadata(meta), row_group_size=_ROW_GROUP_ROWS)
+        self.store.write_table(shard, table.replace_schema_metadata(meta), row_group_size=ROW_GROUP_ROWS)
         for part in parts:
             self.store.remove(part)
 
@@ -355,7 +253,7 @@ class ResultWriter:
                 self.store.remove_tree(str(self.partial))  # nothing new: leave the output byte for byte
                 return previous
         tables = [self.store.read_table(p) for p in self._sources()]
-        table = _concat(tables) if tables else rows_to_table([], self.index.schema)
+        table = concat_tables(tables) if tables else rows_to_table([], self.index.schema)
         position = {k: i for i, k in enumerate(keys)}
         latest: dict[str, int] = {}  # a later source (a retried row) wins
         for row, i in enumerate(table.column("id").to_pylist()):
@@ -366,7 +264,7 @@ class ResultWriter:
             table = table.take(pa.array(rows, pa.int64()))
         table = self._tidy(table)
         self.store.makedirs(os.path.dirname(output) or ".")
-        self.store.write_table(output, table, row_group_size=_ROW_GROUP_ROWS)
+        self.store.write_table(output, table, row_group_size=ROW_GROUP_ROWS)
         self.store.remove_tree(str(self.partial))
         return table
 
@@ -395,7 +293,7 @@ class ResultWriter:
                 continue
             keep = pa.array([j for j in range(tables[k].num_rows) if j not in drop], pa.int64())
             self.store.write_table(
-                shard, self.store.read_table(shard).take(keep), row_group_size=_ROW_GROUP_ROWS
+                shard, self.store.read_table(shard).take(keep), row_group_size=ROW_GROUP_ROWS
             )
             tables[k] = tables[k].take(keep)
         return tables
@@ -415,7 +313,7 @@ def merge_outputs(parts: list[Path], index: JobIndex, out: Path) -> tuple[int, l
             tables.append(pq.read_table(path))
         except (OSError, pa.ArrowException) as e:
             raise ConfigError(f"{path}: not a readable results file ({e})") from e
-    table = _concat(tables)
+    table = concat_tables(tables)
     position = {id_key(i): n for n, i in enumerate(index.ids)}
     first: dict[str, int] = {}
     duplicated = []
@@ -430,5 +328,5 @@ def merge_outputs(parts: list[Path], index: JobIndex, out: Path) -> tuple[int, l
     table = table.take(pa.array([first[k] for k in order], pa.int64()))
     meta = dict(tables[0].schema.metadata or {})
     table = table.replace_schema_metadata(meta)
-    atomic_write(out, lambda p: pq.write_table(table, p, row_group_size=_ROW_GROUP_ROWS))
+    atomic_write(out, lambda p: pq.write_table(table, p, row_group_size=ROW_GROUP_ROWS))
     return table.num_rows, missing, duplicated

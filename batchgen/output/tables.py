@@ -1,0 +1,122 @@
+"""Output rows as Arrow tables: the result columns' schema, input columns carried beside them
+(renamed where they clash, kept as JSON text where Parquet could not read them back), and
+tables of parts whose column types differ put together."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from dataclasses import asdict
+from typing import Any
+
+import pyarrow as pa
+
+from ..core.records import RESULT_COLUMNS, Result
+from ..input.read import JobIndex
+
+__all__ = ["RESULT_SCHEMA", "ROW_GROUP_ROWS", "rows_to_table", "concat_tables", "dropped_columns"]
+
+ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
+
+
+def _arrow_type(hint: Any) -> pa.DataType:
+    return {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}.get(hint, pa.string())
+
+
+# Our columns, in Result's order and typed by its annotations: a new metric is one field there.
+_HINTS = typing.get_type_hints(Result)
+
+
+RESULT_SCHEMA = pa.schema(
+    [(f.name, _arrow_type(_HINTS[f.name])) for f in dataclasses.fields(Result) if f.name != "id"]
+)
+
+
+def _jsonish(values: list[Any]) -> pa.Array:
+    """A column whose values Arrow cannot type as one (mixed types): keep it as JSON text."""
+    return pa.array(
+        [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values], pa.string()
+    )
+
+
+_MAX_DEPTH = 32  # Parquet levels a carried column may take; readers refuse schemas nested ~100 deep
+
+
+def _depth(type_: pa.DataType) -> int:
+    """Parquet nesting levels of a type (a list takes two); an empty struct, which Parquet
+    cannot store at all, counts as too deep."""
+    if pa.types.is_struct(type_):
+        if type_.num_fields == 0:
+            return _MAX_DEPTH + 1
+        return 1 + max(_depth(type_.field(i).type) for i in range(type_.num_fields))
+    if pa.types.is_map(type_):
+        return 3 + max(_depth(type_.key_type), _depth(type_.item_type))
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_):
+        return 2 + _depth(type_.value_type)
+    return 0
+
+
+def _column(values: list[Any], type_: pa.DataType | None) -> pa.Array:
+    """Typed as Arrow infers (or as the input schema says) when Parquet can store and read
+    that type back; otherwise the values are kept as JSON text."""
+    try:
+        array = pa.array(values, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError, RecursionError):
+        return _jsonish(values)
+    return array if _depth(array.type) <= _MAX_DEPTH else _jsonish(values)
+
+
+_OURS = set(RESULT_COLUMNS) - {"id"}
+
+
+def _output_name(name: str) -> str:
+    """An input column named like one of ours is kept under `input_<name>`; one already named
+    `input_<ours>` gains another prefix, so two input columns never meet under one name."""
+    bare = name
+    while bare.startswith("input_"):
+        bare = bare[len("input_") :]
+    return f"input_{name}" if bare in _OURS else name
+
+
+def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> set[str]:
+    """Input columns the output does not carry: those holding bytes (a dataset's images would
+    be copied into every output otherwise) unless kept, and those asked to be dropped."""
+    return (index.binary - set(keep)) | set(drop)
+
+
+def rows_to_table(
+    rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None, skip: set[str] = frozenset()
+) -> pa.Table:
+    """Input columns but `skip` (typed by the input schema when there is one), then our columns."""
+    input_names: dict[str, None] = {}
+    for raw, _ in rows:
+        input_names.update(dict.fromkeys(k for k in raw if k != "id" and k not in skip))
+    ids = [r.id for _, r in rows]
+    columns: dict[str, pa.Array] = {"id": _column(ids, None) if ids else pa.array([], pa.int64())}
+    for name in input_names:
+        type_ = schema.field(name).type if schema is not None and name in schema.names else None
+        columns[_output_name(name)] = _column([raw.get(name) for raw, _ in rows], type_)
+    results = [asdict(r) for _, r in rows]
+    for field in RESULT_SCHEMA:
+        columns[field.name] = pa.array([r[field.name] for r in results], field.type)
+    return pa.table(columns)
+
+
+def concat_tables(tables: list[pa.Table]) -> pa.Table:
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        # Parts typed a column differently (e.g. int in one, text in another): text wins.
+        types: dict[str, set[pa.DataType]] = {}
+        for t in tables:
+            for f in t.schema:
+                types.setdefault(f.name, set()).add(f.type)
+        clash = {n for n, ts in types.items() if len({t for t in ts if t != pa.null()}) > 1}
+        fixed = []
+        for t in tables:
+            for name in clash & set(t.column_names):
+                i = t.column_names.index(name)
+                t = t.set_column(i, name, _jsonish(t.column(name).to_pylist()))
+            fixed.append(t)
+        return pa.concat_tables(fixed, promote_options="permissive")

@@ -164,14 +164,13 @@ def _write_txt(items: list[_Item], columns: dict[str, list[int]], options: Expor
         if options.to is not None:
             target = _inside(options.to, target.relative_to(root))
         if target.exists():
-            old = target.read_text()
             if options.on_existing == "skip":
                 summary.skipped += 1
                 continue
             if options.on_existing == "append":
-                text = old.rstrip("\n") + options.separator + text
+                text = target.read_text().rstrip("\n") + options.separator + text
             elif options.on_existing == "prepend":
-                text = text + options.separator + old.strip("\n")
+                text = text + options.separator + target.read_text().strip("\n")
         target.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(target, lambda p, text=text: p.write_text(text + "\n"))
         summary.written += 1

@@ -23,15 +23,20 @@ PICTURES = {"red_circle.png": ("circle", "red"), "sub/blue_square.png": ("square
             "sub/deeper/yellow_star.png": ("star", "yellow")}  # fmt: skip
 
 
+def _draw(folder, seed):
+    """The PICTURES, drawn by the captioner's own training script, in a nested folder."""
+    rng = random.Random(seed)
+    for name, (shape, colour) in PICTURES.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        shapes.draw(shape, colour, rng).save(folder / name)
+
+
 @pytest.fixture(scope="module")
 def captioned(tmp_path_factory):
     """A nested folder captioned with two prompts, and a broken file among the images."""
     root = tmp_path_factory.mktemp("export")
     folder = root / "ds"
-    rng = random.Random(3)
-    for name, (shape, colour) in PICTURES.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        shapes.draw(shape, colour, rng).save(folder / name)
+    _draw(folder, seed=3)
     (folder / "broken.png").write_bytes(b"not a png")
     out = root / "captions.parquet"
     code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *PROMPTS, *QUIET)
@@ -128,10 +133,7 @@ def test_one_row_per_image_with_a_column_per_prompt(captioned, tmp_path):
 
 def test_a_changed_prompt_reruns_only_its_rows_with_changed_redo(tmp_path):
     folder = tmp_path / "ds"
-    rng = random.Random(4)
-    for name, (shape, colour) in PICTURES.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        shapes.draw(shape, colour, rng).save(folder / name)
+    _draw(folder, seed=4)
     out = tmp_path / "captions.parquet"
     run = ("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *QUIET)
     assert run_cli(*run, *PROMPTS)[0] == 0
@@ -162,10 +164,7 @@ def test_a_changed_prompt_reruns_only_its_rows_with_changed_redo(tmp_path):
 
 def test_caption_writes_the_caption_files_at_the_end_of_its_run(tmp_path):
     folder = tmp_path / "ds"
-    rng = random.Random(2)
-    for name, (shape, colour) in PICTURES.items():
-        (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        shapes.draw(shape, colour, rng).save(folder / name)
+    _draw(folder, seed=2)
     out = tmp_path / "captions.parquet"
     code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *PROMPTS, *QUIET,
                            "--write-captions", "txt")  # fmt: skip

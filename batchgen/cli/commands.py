@@ -284,6 +284,7 @@ def inspect_results(results: Path, slowest: int) -> None:
 )
 @click.option("--prompt", help="Only this prompt's answers (its number, from 0, or its text).")
 @click.option("--join", help="Every prompt's answers, in prompt order, joined by this.")
+@click.option("--field", help="A JSON-schema answer's field as the caption (a list of tags joined by ', ').")
 @click.option(
     "--prefix", default="", help="Written before every caption (trigger words; include a separator)."
 )

@@ -170,9 +170,12 @@ class Result:
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
     parsed: str | None = None  # a JSON-constrained row: its output, parsed and checked, as JSON text
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
+    # Not a column: the kinds of the row's answer fields (constraints.answer_kinds) as JSON,
+    # from which the writer makes the typed `answer.<field>` columns beside `parsed`.
+    answer_kinds: str | None = None
 
 
-RESULT_COLUMNS = tuple(Result.__slots__)
+RESULT_COLUMNS = tuple(name for name in Result.__slots__ if name != "answer_kinds")  # what the output holds
 # Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
 TOTALS = ("prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts", "mtp_accepted")
 

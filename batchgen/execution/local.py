@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..core.constraints import satisfied
+from ..core.constraints import answer_kinds, satisfied
 from ..core.errors import RowError, one_line
 from ..core.records import TOTALS, Finished, Generation, Job, Media, Result
 from ..core.settings import RunConfig, WorkSettings
@@ -39,6 +39,9 @@ def _result(
 ) -> Result:
     """One output row from a job, its media stage times and what generation made of it."""
     result = Result(id=job.id, model=model, generate_ms=generate_ms, input_hash=job.digest)
+    constraint = job.params.constraint
+    if constraint is not None and (kinds := answer_kinds(constraint)):  # failed rows too: the columns exist
+        result.answer_kinds = json.dumps(kinds)
     if prepared is not None:
         t = prepared.times
         result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
@@ -49,7 +52,6 @@ def _result(
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
         for name in TOTALS:
             setattr(result, name, getattr(outcome, name))
-        constraint = job.params.constraint
         if constraint is not None:  # never output that misses its constraint marked ok
             try:
                 result.parsed, why = satisfied(constraint, outcome.text)

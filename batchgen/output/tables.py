@@ -12,10 +12,14 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..core.constraints import MAX_ANSWER_FIELDS
 from ..core.records import RESULT_COLUMNS, Result
 from ..input.read import JobIndex
 
-__all__ = ["RESULT_SCHEMA", "ROW_GROUP_ROWS", "rows_to_table", "concat_tables", "dropped_columns"]
+__all__ = [
+    "RESULT_SCHEMA", "ROW_GROUP_ROWS", "ANSWER_PREFIX", "rows_to_table", "ordered", "concat_tables",
+    "dropped_columns",
+]  # fmt: skip
 
 ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
@@ -28,9 +32,44 @@ def _arrow_type(hint: Any) -> pa.DataType:
 _HINTS = typing.get_type_hints(Result)
 
 
-RESULT_SCHEMA = pa.schema(
+RESULT_SCHEMA = pa.schema(  # a Result as Arrow (how Ray's actors hand results back)
     [(f.name, _arrow_type(_HINTS[f.name])) for f in dataclasses.fields(Result) if f.name != "id"]
 )
+_WRITTEN = [f for f in RESULT_SCHEMA if f.name in RESULT_COLUMNS]
+
+
+ANSWER_PREFIX = "answer."  # a structured answer's top-level fields: `answer.caption`, `answer.tags`
+
+
+_SCALAR_TYPES = {"string": pa.string(), "integer": pa.int64(), "number": pa.float64(), "boolean": pa.bool_()}
+
+
+def _answer_type(kind: str) -> pa.DataType:
+    if kind.startswith("list<"):
+        return pa.list_(_SCALAR_TYPES[kind[5:-1]])
+    return _SCALAR_TYPES.get(kind, pa.string())  # "json": the value as JSON text
+
+
+def _answers(results: list[Result]) -> dict[str, pa.Array]:
+    """Typed columns of the answers' top-level fields, from each row's schema: the union over
+    the rows (a field whose kind differs between schemas is kept as JSON text), null where a
+    row's schema lacks the field, its output misses it or the row failed."""
+    kinds: dict[str, str] = {}
+    values: list[dict[str, Any]] = []
+    for r in results:
+        named = dict(json.loads(r.answer_kinds)) if r.answer_kinds else {}
+        for name, kind in named.items():
+            if len(kinds) < MAX_ANSWER_FIELDS or name in kinds:
+                kinds[name] = kind if kinds.setdefault(name, kind) == kind else "json"
+        answer = json.loads(r.parsed) if r.parsed and named else None
+        values.append({k: v for k, v in answer.items() if k in named} if isinstance(answer, dict) else {})
+    columns = {}
+    for name, kind in kinds.items():
+        cells = [v.get(name) for v in values]
+        if kind == "json":
+            cells = [None if c is None else json.dumps(c) for c in cells]
+        columns[ANSWER_PREFIX + name] = _column(cells, _answer_type(kind))
+    return columns
 
 
 def _jsonish(values: list[Any]) -> pa.Array:
@@ -71,12 +110,13 @@ _OURS = set(RESULT_COLUMNS) - {"id"}
 
 
 def _output_name(name: str) -> str:
-    """An input column named like one of ours is kept under `input_<name>`; one already named
-    `input_<ours>` gains another prefix, so two input columns never meet under one name."""
+    """An input column named like one of ours (or an answer's) is kept under `input_<name>`;
+    one already named `input_<ours>` gains another prefix, so two input columns never meet
+    under one name."""
     bare = name
     while bare.startswith("input_"):
         bare = bare[len("input_") :]
-    return f"input_{name}" if bare in _OURS else name
+    return f"input_{name}" if bare in _OURS or bare.startswith(ANSWER_PREFIX) else name
 
 
 def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> set[str]:
@@ -98,9 +138,20 @@ def rows_to_table(
         type_ = schema.field(name).type if schema is not None and name in schema.names else None
         columns[_output_name(name)] = _column([raw.get(name) for raw, _ in rows], type_)
     results = [asdict(r) for _, r in rows]
-    for field in RESULT_SCHEMA:
+    for field in _WRITTEN:
         columns[field.name] = pa.array([r[field.name] for r in results], field.type)
+    columns.update(_answers([r for _, r in rows]))
     return pa.table(columns)
+
+
+def ordered(names: list[str]) -> list[str]:
+    """An output's columns in their order: the id, the input columns, ours, with the answer
+    columns right after `parsed`."""
+    answers = [n for n in names if n.startswith(ANSWER_PREFIX)]
+    ours: list[str] = []
+    for name in RESULT_COLUMNS[1:]:
+        ours += [name, *answers] if name == "parsed" else [name]
+    return ["id", *[n for n in names if n not in ours and n not in answers and n != "id"], *ours]
 
 
 def concat_tables(tables: list[pa.Table]) -> pa.Table:

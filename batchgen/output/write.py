@@ -26,7 +26,7 @@ from ..core.records import Result
 from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
 from .store import OutputLock, Store, atomic_write
-from .tables import RESULT_SCHEMA, ROW_GROUP_ROWS, concat_tables, rows_to_table
+from .tables import ROW_GROUP_ROWS, concat_tables, ordered, rows_to_table
 
 __all__ = [
     "WriteOptions", "Earlier", "ResultWriter", "OutputLock", "merge_outputs", "atomic_write", "partial_dir",
@@ -222,8 +222,7 @@ class ResultWriter:
 
     def _tidy(self, table: pa.Table) -> pa.Table:
         """Our columns last, the run's settings in the metadata."""
-        ours = list(RESULT_SCHEMA.names)
-        table = table.select(["id", *[n for n in table.column_names if n not in ours and n != "id"], *ours])
+        table = table.select(ordered(table.column_names))
         meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True),
                 **self.about}  # fmt: skip
         return table.replace_schema_metadata(meta)

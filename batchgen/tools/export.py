@@ -22,8 +22,9 @@ import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
 from ..output.store import atomic_write
+from ..output.tables import ANSWER_PREFIX
 from ..output.write import MEDIA_BASE_KEY
-from .results import read_results, results_metadata
+from .results import read_results, results_schema
 
 __all__ = ["ExportOptions", "ExportSummary", "export"]
 
@@ -40,6 +41,7 @@ class ExportOptions:
     output: Path | None = None  # wide / jsonl: the file
     caption_extension: str = ".txt"  # kohya's --caption_extension default
     prompt: str | None = None  # one prompt's answers (its number or its text) as `text`
+    field: str | None = None  # a structured answer's field as the text (a list joined by ", ": tags)
     join: str | None = None  # every prompt's answers, in prompt order, joined by this
     prefix: str = ""  # trigger words, written as given (include your separator)
     suffix: str = ""
@@ -67,26 +69,48 @@ class _Item:
     ref: str | None
     path: Path | None
     answers: dict[int, str | None] = field(default_factory=dict)  # None: that row failed
+    fields: dict[int, dict[str, Any]] = field(default_factory=dict)  # a structured answer's fields
     errors: list[str] = field(default_factory=list)
 
 
 def export(results: Path, options: ExportOptions) -> ExportSummary:
     rows = read_results(results)
-    about = results_metadata(results)
+    schema = results_schema(results)
+    about = schema.metadata or {}
     base = Path(about[MEDIA_BASE_KEY].decode()) if MEDIA_BASE_KEY in about else results.parent
-    items, prompts = _grouped(rows, base)
+    types = {
+        n[len(ANSWER_PREFIX) :]: schema.field(n).type for n in schema.names if n.startswith(ANSWER_PREFIX)
+    }
+    if options.field is not None and options.field not in types:
+        have = ", ".join(types) or "none: no row had an object JSON schema"
+        raise ConfigError(f"--field {options.field!r:.60}: no such answer field (the results have {have})")
+    items, prompts = _grouped(rows, base, options.field, list(types))
     columns = _columns(prompts, options)
+    fields = _field_columns(columns, list(types))
     summary = ExportSummary()
     if options.format == "txt":
         _write_txt(items, columns, options, summary)
     elif options.format == "imagefolder":
-        _write_imagefolder(items, columns, options, summary)
+        _write_imagefolder(items, columns, fields, options, summary)
     else:
-        _write_table(items, columns, options, summary)
+        _write_table(
+            items, columns, {out: types[key] for out, (_, key) in fields.items()}, fields, options, summary
+        )
     return summary
 
 
-def _grouped(rows: list[dict[str, Any]], base: Path) -> tuple[list[_Item], list[str]]:
+def _as_text(value: Any) -> str | None:
+    """A field's value as caption text: a list of tags joined by ", " (kohya's tag format)."""
+    if value is None:
+        return None
+    if isinstance(value, list):
+        return ", ".join(v if isinstance(v, str) else json.dumps(v) for v in value)
+    return value.strip() if isinstance(value, str) else json.dumps(value)
+
+
+def _grouped(
+    rows: list[dict[str, Any]], base: Path, chosen: str | None, fields: list[str]
+) -> tuple[list[_Item], list[str]]:
     prompts: list[str] = []
     items: dict[str, _Item] = {}
     for r in rows:
@@ -99,8 +123,11 @@ def _grouped(rows: list[dict[str, Any]], base: Path) -> tuple[list[_Item], list[
         else:
             path = (Path(ref) if Path(ref).is_absolute() else base / ref).resolve()
             item = items.setdefault(f"file:{path}", _Item(str(r.get("file") or ref), ref, path))
-        ok = r["status"] == "ok"
-        item.answers[prompts.index(prompt)] = (r["generated_text"] or "").strip() if ok else None
+        ok, k = r["status"] == "ok", prompts.index(prompt)
+        item.answers[k] = (r["generated_text"] or "").strip() if ok else None
+        if ok and chosen is not None:  # a row whose answer lacks the field gives no caption
+            item.answers[k] = _as_text(r[ANSWER_PREFIX + chosen])
+        item.fields[k] = {f: r[ANSWER_PREFIX + f] for f in fields} if ok else {}
         if not ok:
             item.errors.append(f"{r.get('error_stage')}: {r.get('error')}")
     return list(items.values()), prompts
@@ -127,6 +154,24 @@ def _text(item: _Item, ks: list[int], options: ExportOptions) -> str | None:
     if any(a is None for a in answers):
         return None
     return options.prefix + (options.join or "").join(answers) + options.suffix  # type: ignore[arg-type]
+
+
+_TAKEN = ("file", "file_name", "media", "text", "status", "error")  # names export's own columns have
+
+
+def _field_columns(columns: dict[str, list[int]], fields: list[str]) -> dict[str, tuple[int, str]]:
+    """A structured answer's fields as columns of their own, each → (prompt number, field):
+    `caption`, `tags` for one prompt's answers, `text_0.caption` when several prompts each
+    make a column (a join of several has none)."""
+    out: dict[str, tuple[int, str]] = {}
+    for name, ks in columns.items():
+        for key in fields if len(ks) == 1 else []:
+            out[key if len(columns) == 1 and key not in _TAKEN else f"{name}.{key}"] = (ks[0], key)
+    return out
+
+
+def _fields(item: _Item, fields: dict[str, tuple[int, str]]) -> dict[str, Any]:
+    return {out: item.fields.get(k, {}).get(key) for out, (k, key) in fields.items()}
 
 
 def _common_root(items: list[_Item]) -> Path:
@@ -177,8 +222,8 @@ def _write_txt(items: list[_Item], columns: dict[str, list[int]], options: Expor
     summary.where = [str(options.to or root)]
 
 
-def _write_imagefolder(items: list[_Item], columns: dict[str, list[int]], options: ExportOptions,
-                       summary: ExportSummary) -> None:  # fmt: skip
+def _write_imagefolder(items: list[_Item], columns: dict[str, list[int]], fields: dict[str, tuple[int, str]],
+                       options: ExportOptions, summary: ExportSummary) -> None:  # fmt: skip
     media = [i for i in items if i.path is not None]
     summary.without_media = len(items) - len(media)
     root = _common_root(media)
@@ -201,14 +246,16 @@ def _write_imagefolder(items: list[_Item], columns: dict[str, list[int]], option
                     os.link(item.path, target)  # type: ignore[arg-type]
                 except OSError:  # another filesystem: a copy
                     shutil.copy2(item.path, target)  # type: ignore[arg-type]
-        lines.append(json.dumps({"file_name": rel.as_posix(), **texts}, ensure_ascii=False) + "\n")
+        record = {"file_name": rel.as_posix(), **texts, **_fields(item, fields)}
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
         summary.written += 1
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write(folder / "metadata.jsonl", lambda p: p.write_text("".join(lines)))
     summary.where = [str(folder / "metadata.jsonl")]
 
 
-def _write_table(items: list[_Item], columns: dict[str, list[int]], options: ExportOptions,
+def _write_table(items: list[_Item], columns: dict[str, list[int]], types: dict[str, pa.DataType],
+                 fields: dict[str, tuple[int, str]], options: ExportOptions,
                  summary: ExportSummary) -> None:  # fmt: skip
     if options.output is None:
         raise ConfigError(f"--format {options.format} writes a file: give -o FILE")
@@ -217,13 +264,15 @@ def _write_table(items: list[_Item], columns: dict[str, list[int]], options: Exp
         texts = {name: _text(item, ks, options) for name, ks in columns.items()}
         failed = bool(item.errors)
         summary.failed += failed
-        records.append({"file": item.key, "media": item.ref, **texts, "status": "error" if failed else "ok",
+        records.append({"file": item.key, "media": item.ref, **texts, **_fields(item, fields),
+                        "status": "error" if failed else "ok",
                         "error": item.errors[0] if item.errors else None})  # fmt: skip
     summary.written = len(records)
     out = options.output
     out.parent.mkdir(parents=True, exist_ok=True)
     if options.format == "wide":
-        table = pa.Table.from_pylist(records) if records else pa.table({"file": pa.array([], pa.string())})
+        names = ["file", "media", *columns, *fields, "status", "error"]
+        table = pa.Table.from_pylist(records, pa.schema([(n, types.get(n, pa.string())) for n in names]))
         atomic_write(out, lambda p: pq.write_table(table, p))
     else:
         atomic_write(

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import JobFileError
 
-__all__ = ["read_results", "results_metadata"]
+__all__ = ["read_results", "results_schema", "results_metadata"]
 
 _NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tokens", "completion_tokens")
 
@@ -33,7 +34,11 @@ def _table(path: Path):
     return table
 
 
-def results_metadata(path: Path) -> dict[bytes, bytes]:
-    """The output's own metadata (a shard folder: its first shard's)."""
+def results_schema(path: Path) -> pa.Schema:
+    """The output's columns and metadata (a shard folder: its first shard's)."""
     files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
-    return (pq.read_schema(files[0]).metadata or {}) if files else {}
+    return pq.read_schema(files[0]) if files else pa.schema([])
+
+
+def results_metadata(path: Path) -> dict[bytes, bytes]:
+    return results_schema(path).metadata or {}

@@ -191,3 +191,50 @@ def test_an_existing_caption_file_feeds_the_prompt_template(tmp_path):
     code, output = run_cli("caption", str(folder), "-o", str(tmp_path / "d.parquet"), "--model", CAPTIONER,
                            "-p", "What shape is this?", *QUIET)  # fmt: skip
     assert code == 0 and "caption_txt" not in pq.read_table(tmp_path / "d.parquet").column_names
+
+
+TAGS = ["circle", "square", "star", "red", "blue", "yellow"]
+CAPTION_AND_TAGS = {"type": "object", "properties": {
+    "caption": {"type": "string", "maxLength": 24},
+    "tags": {"type": "array", "items": {"enum": TAGS}, "minItems": 1, "maxItems": 2}},
+    "required": ["caption", "tags"]}  # fmt: skip
+
+
+def test_a_caption_and_tags_schema_gives_typed_columns_and_tag_files(tmp_path):
+    folder = tmp_path / "ds"
+    _draw(folder, seed=5)
+    (folder / "broken.png").write_bytes(b"not a png")
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps(CAPTION_AND_TAGS))
+    out = tmp_path / "captions.parquet"
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, "-p", "Describe it.",
+                           "--json-schema", str(schema), *QUIET[:2], "--max-tokens", "48", "-q")  # fmt: skip
+    assert code == 1, output  # the broken file
+    table = pq.read_table(out)
+    assert table.schema.field("answer.caption").type == "string"
+    assert str(table.schema.field("answer.tags").type) == "list<element: string>"
+    names = table.column_names
+    assert names.index("answer.caption") == names.index("parsed") + 1  # beside parsed
+    rows = {r["file"]: r for r in table.to_pylist()}
+    for name in PICTURES:
+        row = rows[f"ds/{name}"]
+        parsed = json.loads(row["parsed"])
+        assert (row["answer.caption"], row["answer.tags"]) == (parsed["caption"], parsed["tags"])
+        assert 1 <= len(row["answer.tags"]) <= 2 and set(row["answer.tags"]) <= set(TAGS)
+    broken = rows["ds/broken.png"]
+    assert broken["status"] == "error" and broken["answer.caption"] is None and broken["answer.tags"] is None
+
+    code, output = run_cli("export", str(out), "--format", "txt", "--field", "tags", "--prefix", "ohwx, ")
+    assert code == 0 and "wrote 3 (1 failed)" in output, output
+    for name in PICTURES:
+        tags = rows[f"ds/{name}"]["answer.tags"]
+        assert (folder / name).with_suffix(".txt").read_text() == "ohwx, " + ", ".join(tags) + "\n"
+    wide = tmp_path / "wide.parquet"
+    assert run_cli("export", str(out), "--format", "wide", "-o", str(wide))[0] == 0
+    exported = pq.read_table(wide)
+    assert str(exported.schema.field("tags").type) == "list<element: string>"
+    assert {r["file"]: r["tags"] for r in exported.to_pylist()} == {
+        k: r["answer.tags"] for k, r in rows.items()
+    }
+    code, output = run_cli("export", str(out), "--format", "txt", "--field", "colour")
+    assert code == 2 and "no such answer field (the results have caption, tags)" in output

@@ -50,7 +50,8 @@ _SECTIONS = {
     "Reuse and batching": ("batch_size", "continuous", "window", "cache", "row_timeout"),
     "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
     "Scale-out": ("engine", "ray_address", "workers"),
-    "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns", "overwrite",
+    "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns",
+                          "result_columns", "drop_result_columns", "overwrite",
                           "fail_fast", "max_attempts", "retry_failed", "changed", "quiet", "help"),
 }  # fmt: skip
 
@@ -129,6 +130,16 @@ def run_options(command, columns: bool = True):
         ),
         click.option(
             "--drop-columns", multiple=True, help="Do not carry these columns to the output (repeatable)."
+        ),
+        click.option(
+            "--result-columns",
+            type=click.Choice(["all", "slim"]),
+            help="slim: leave out how each row was made (token counts, timings, model) [all].",
+        ),
+        click.option(
+            "--drop-result-columns",
+            multiple=True,
+            help="Leave out these of batchgen's columns (repeatable; never id, status, error, resume's).",
         ),
         click.option(
             "--output-format",

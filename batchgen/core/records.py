@@ -9,6 +9,8 @@ __all__ = [
     "STAGES",
     "MEDIA_COLUMNS",
     "RESULT_COLUMNS",
+    "KEPT_COLUMNS",
+    "SLIM_DROPS",
     "TOTALS",
     "ByteCaps",
     "Constraint",
@@ -176,6 +178,12 @@ class Result:
 
 
 RESULT_COLUMNS = tuple(name for name in Result.__slots__ if name != "answer_kinds")  # what the output holds
+# Columns every output keeps, whatever it is told to leave out: what a rerun resumes from
+# (which rows are done, whether they changed, which failures to try again) and why a row failed.
+KEPT_COLUMNS = ("id", "status", "error", "error_stage", "input_hash", "attempts", "transient")
+# ... and those the `slim` output leaves out: how a row was made rather than what it says.
+SLIM_DROPS = ("finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts",
+              "mtp_accepted", "fetch_ms", "decode_ms", "frames_ms", "generate_ms", "model")  # fmt: skip
 # Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
 TOTALS = ("prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts", "mtp_accepted")
 

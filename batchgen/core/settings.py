@@ -15,7 +15,7 @@ import yaml
 from .constraints import CONSTRAINT_FIELDS, constraint_of
 from .errors import ConfigError, one_line
 from .params import check_params
-from .records import ByteCaps, GenParams
+from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams
 from .uris import checked_location, is_uri
 
 __all__ = [
@@ -98,6 +98,8 @@ class RunConfig:
     columns: Columns = field(default_factory=Columns)  # dataset columns taken as id, prompt, media
     keep_columns: tuple[str, ...] = ()  # carried to the output although binary (images as bytes)
     drop_columns: tuple[str, ...] = ()  # not carried to the output
+    result_columns: str = "all"  # all | slim: our columns but how each row was made (SLIM_DROPS)
+    drop_result_columns: tuple[str, ...] = ()  # more of our columns left out (never KEPT_COLUMNS)
     openai_output: Path | None = None  # also write an OpenAI Batch output file here
     defaults: GenParams = field(default_factory=GenParams)
     media: MediaConfig = field(default_factory=MediaConfig)
@@ -128,6 +130,13 @@ class RunConfig:
     row_timeout: float | None = None  # seconds a row may generate (from its prefill); None = no limit
     progress_seconds: float = 30.0  # without a terminal: a progress line this often (cron logs)
     quiet: bool = False
+
+    @property
+    def left_out(self) -> frozenset[str]:
+        """Our columns the output does not hold (the parts, which a kill leaves, hold them all)."""
+        return frozenset(self.drop_result_columns) | frozenset(
+            SLIM_DROPS if self.result_columns == "slim" else ()
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +267,9 @@ def _gen_params(values: dict[str, Any]) -> GenParams:
     return params
 
 
+_LISTS = ("keep_columns", "drop_columns", "drop_result_columns")  # a preset may give one name as text
+
+
 def build_config(
     input: str | Path,
     output: str | Path,
@@ -276,7 +288,7 @@ def build_config(
     med.update({k: v for k, v in (media or {}).items() if v is not None})
     mapping = build_columns(data.pop("columns", None) or {}, columns or {})
     constraint = _constraint(gen)
-    for key in ("keep_columns", "drop_columns"):
+    for key in _LISTS:
         if isinstance(data.get(key), str):
             data[key] = (data[key],)
         if overrides.get(key) == ():
@@ -328,7 +340,14 @@ def build_config(
         raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
     if mapping.prompt and data.get("prompt_template"):
         raise ConfigError("give --prompt-column or --prompt-template, not both")
-    data = {k: tuple(v) if k in ("keep_columns", "drop_columns") else v for k, v in data.items()}
+    if data.get("result_columns", "all") not in ("all", "slim"):
+        raise ConfigError(f"--result-columns {data['result_columns']!r}: expected all or slim")
+    for name in data.get("drop_result_columns") or ():
+        if name not in RESULT_COLUMNS or name in KEPT_COLUMNS:
+            why = "every output keeps it" if name in KEPT_COLUMNS else "not one of batchgen's columns"
+            droppable = ", ".join(c for c in RESULT_COLUMNS if c not in KEPT_COLUMNS)
+            raise ConfigError(f"--drop-result-columns {name!r:.60}: {why} (these can go: {droppable})")
+    data = {k: tuple(v) if k in _LISTS else v for k, v in data.items()}
     return RunConfig(
         input=str(input) if is_uri(str(input)) else Path(input),
         output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),

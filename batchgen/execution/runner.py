@@ -161,7 +161,7 @@ def _run(
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
     settings = settings_of(config)
     options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
-                           config.overwrite)  # fmt: skip
+                           config.overwrite, config.left_out)  # fmt: skip
     writer = ResultWriter(config.output, index, settings, options, skip=dropped, about=_about(config, index))
     resume = Resume(writer.open(), writer.store, index, settings, config.max_attempts, config.retry_failed,
                     config.changed)  # fmt: skip

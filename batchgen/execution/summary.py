@@ -111,9 +111,12 @@ def finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
     s.resumed = table.num_rows - s.generated
     failed = table.filter(pc.not_equal(table.column("status"), "ok")) if s.failed else table.slice(0, 0)
     errors: Counter[tuple[str, str]] = Counter()
-    for stage, message in zip(
-        failed.column("error_stage").to_pylist(), failed.column("error").to_pylist(), strict=True
-    ):
+    # An output written before these columns existed (or an earlier version's) may lack them.
+    stages, messages = (
+        failed.column(c).to_pylist() if c in failed.column_names else [None] * failed.num_rows
+        for c in ("error_stage", "error")
+    )
+    for stage, message in zip(stages, messages, strict=True):
         if stage:
             s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
             errors[(stage, gist(message or ""))] += 1

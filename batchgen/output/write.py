@@ -66,6 +66,7 @@ class WriteOptions:
     sharded: bool = False  # a folder of shards instead of one file
     shard_rows: int = 100_000  # rows per shard
     overwrite: bool = False  # earlier results are removed, not resumed
+    left_out: frozenset[str] = frozenset()  # our columns the output does not hold (never KEPT_COLUMNS)
 
 
 @dataclass(slots=True)
@@ -222,7 +223,7 @@ class ResultWriter:
 
     def _tidy(self, table: pa.Table) -> pa.Table:
         """Our columns last, the run's settings in the metadata."""
-        table = table.select(ordered(table.column_names))
+        table = table.select([n for n in ordered(table.column_names) if n not in self.options.left_out])
         meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True),
                 **self.about}  # fmt: skip
         return table.replace_schema_metadata(meta)
@@ -248,7 +249,8 @@ class ResultWriter:
         output = str(self.output)
         if not parts and self._earlier and self.store.exists(output):
             previous = self.store.read_table(output)
-            if [id_key(i) for i in previous.column("id").to_pylist()] == keys:
+            same = [id_key(i) for i in previous.column("id").to_pylist()] == keys
+            if same and not set(previous.column_names) & self.options.left_out:
                 self.store.remove_tree(str(self.partial))  # nothing new: leave the output byte for byte
                 return previous
         tables = [self.store.read_table(p) for p in self._sources()]

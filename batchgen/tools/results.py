@@ -10,14 +10,23 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import JobFileError
+from ..core.records import RESULT_COLUMNS
+from ..output.tables import RESULT_SCHEMA
 
 __all__ = ["read_results", "results_schema", "results_metadata"]
 
-_NEEDED = ("id", "status", "error", "error_stage", "generated_text", "prompt_tokens", "completion_tokens")
+_NEEDED = ("id", "status")  # an output told to leave out others (--result-columns slim) has these
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
-    return _table(path).to_pylist()
+    """The rows, with every column of ours (those the output left out: empty, or 0)."""
+    table = _table(path)
+    for name in RESULT_COLUMNS:
+        if name not in table.column_names:
+            type_ = RESULT_SCHEMA.field(name).type
+            empty = pa.scalar(0 if pa.types.is_integer(type_) or pa.types.is_floating(type_) else None, type_)
+            table = table.append_column(pa.field(name, type_), pa.repeat(empty, table.num_rows))
+    return table.to_pylist()
 
 
 def _table(path: Path):

@@ -589,3 +589,34 @@ def _fast_retries(folder):
     preset = folder / "fast.yaml"
     preset.write_text("media: {retries: 1}\n")  # one attempt a run: the test is about runs
     return preset
+
+
+def test_a_slim_output_leaves_out_how_rows_were_made_and_still_resumes(workdir, scripted):
+    rows = [
+        {"id": f"r{i}", "prompt": f"Item {i}.", **({"script": "fail"} if i == 3 else {})} for i in range(5)
+    ]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    code, output = batch(
+        job, out, "--limit", "4", "--result-columns", "slim", "--drop-result-columns", "choices"
+    )
+    assert code == 1, output  # r3 failed
+    names = pq.read_table(out).column_names
+    assert names == ["id", "prompt", "script", "status", "generated_text", "error", "error_stage", "attempts",
+                     "transient", "parsed", "input_hash"]  # fmt: skip
+    code, output = batch(
+        job, out, "--result-columns", "slim", "--drop-result-columns", "choices", "--retry-failed"
+    )
+    assert code == 1 and "5 rows: 4 ok, 1 failed (3 resumed)" in output, output
+    final = {r["id"]: r for r in read(out)}
+    assert final["r3"]["attempts"] == 2 and final["r4"]["generated_text"] == "scripted answer to r4"
+    assert pq.read_table(out).column_names == names
+    code, output = run_cli("export", str(out), "--format", "jsonl", "-o", str(workdir / "rows.jsonl"))
+    assert code == 0 and "wrote 5 (1 failed)" in output, output
+    assert "1 failed" in run_cli("inspect", str(out))[1]
+    code, output = batch(job, out, "--drop-result-columns", "input_hash")
+    assert code == 2 and "--drop-result-columns 'input_hash': every output keeps it" in output
+    code, output = batch(job, out, "--drop-result-columns", "nope")
+    assert (
+        code == 2 and "not one of batchgen's columns (these can go: generated_text, finish_reason" in output
+    )

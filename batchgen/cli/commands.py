@@ -316,12 +316,15 @@ def _export(results: Path, options: ExportOptions) -> None:
 )
 @click.option("--media-base", type=click.Path(path_type=Path, file_okay=False),
               help="Folder the job's relative media paths start from [as the run recorded].")  # fmt: skip
-def report(results: Path, output: Path, media_base: Path | None) -> None:
-    """Write a self-contained HTML gallery of a results file, one card per row."""
+@click.option("--media-column", multiple=True,
+              help="Also show the pictures in this column (paths, URLs or bytes; repeatable) "
+                   "[image, images, the run's --image-column].")  # fmt: skip
+def report(results: Path, output: Path, media_base: Path | None, media_column: tuple[str, ...]) -> None:
+    """Write a self-contained HTML gallery of a results file, one card per picture."""
     from ..tools.report import write_gallery
 
     try:
-        cards, missing, base = write_gallery(results, output, media_base)
+        cards, missing, base = write_gallery(results, output, media_base, media_column)
     except BatchgenError as e:
         _fail(e)
     if missing:

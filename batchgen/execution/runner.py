@@ -25,7 +25,17 @@ from ..input.source import Source, resolve
 from ..output.openai_batch import write_batch_output
 from ..output.resume import Resume, settings_of
 from ..output.tables import dropped_columns
-from ..output.write import OutputLock, ResultWriter, WriteOptions, partial_dir, stats_path
+from ..output.write import (
+    JOB_KEY,
+    MEDIA_BASE_KEY,
+    MEDIA_POLICY_KEY,
+    TEMPLATE_KEY,
+    OutputLock,
+    ResultWriter,
+    WriteOptions,
+    partial_dir,
+    stats_path,
+)
 from .local import LocalExecutor
 from .ray import RayExecutor
 from .summary import Progress, RunSummary, finish
@@ -160,11 +170,14 @@ def _run(
 ) -> RunSummary:
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
     settings = settings_of(config)
+    mirrored = index.source is not None and index.source.folder  # a folder of job files: a shard each
     options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
-                           config.overwrite, config.left_out)  # fmt: skip
+                           config.overwrite, config.left_out, mirrored)  # fmt: skip
     writer = ResultWriter(config.output, index, settings, options, skip=dropped, about=_about(config, index))
     resume = Resume(writer.open(), writer.store, index, settings, config.max_attempts, config.retry_failed,
                     config.changed)  # fmt: skip
+    if writer.mirrored:
+        writer.expect(resume.pending.keys())
     todo = resume.todo
     summary = RunSummary(
         output=str(config.output),
@@ -216,8 +229,6 @@ def _run(
 def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
     """What readers of the output need that its rows do not say: where the job's relative
     media paths start (report shows the pictures from any folder) and the prompt template."""
-    from ..output.write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
-
     about = {}
     base = index.source.base if index.source is not None else None
     if base is not None:
@@ -232,6 +243,15 @@ def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
     )
     if config.prompt_template is not None:
         about[TEMPLATE_KEY] = config.prompt_template
+    source = index.source
+    local = source is not None and base is not None
+    about[JOB_KEY] = json.dumps({  # the gallery shows pictures the output does not carry (bytes) from here
+        "path": str(Path(source.given).resolve()) if local else None,  # type: ignore[union-attr]
+        "format": source.format if source is not None else None,
+        "id_column": config.columns.id,
+        "image": list(config.columns.image),
+        "video": list(config.columns.video),
+    })  # fmt: skip
     return about
 
 

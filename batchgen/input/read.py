@@ -3,6 +3,7 @@ file or many shards, local or remote: source.py), never a whole file at once."""
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import tarfile
 from collections.abc import Iterator
@@ -46,6 +47,7 @@ class JobIndex:
 
     rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
     kept_ids: list[Any] | None = None  # ids the output keeps, in order (the shard's); None = ids
+    kept_rows: list[int] | None = None  # ... their row indices in the file
     marks: list[Mark] = field(default_factory=lambda: [START])  # where reading can start, by row index
 
     def __len__(self) -> int:
@@ -78,12 +80,19 @@ class JobIndex:
             i for i, row_id in enumerate(self.ids) if shard is None or shard_of(row_id, shard[1]) == shard[0]
         ]
         self.kept_ids = [self.ids[i] for i in keep]
+        self.kept_rows = [self.rows[i] for i in keep] if self.rows is not None else keep
         keep = keep[:limit] if limit is not None else keep
         self.rows = [self.rows[i] for i in keep] if self.rows is not None else keep
         self.ids = [self.ids[i] for i in keep]
         if self.digests is not None:
             d, n = self.digests, _DIGEST
             self.digests = bytearray(b"".join(d[i * n : (i + 1) * n] for i in keep))
+
+    def files_of_output(self) -> list[int]:
+        """Each output id's job file (its number in `source.shards`), in output order."""
+        starts, files = [m.index for m in self.marks], [m.shard for m in self.marks]
+        rows = self.kept_rows if self.kept_rows is not None else range(len(self.output_ids))
+        return [files[bisect.bisect_right(starts, r) - 1] for r in rows]
 
 
 def shard_of(row_id: Any, shards: int) -> int:

@@ -46,6 +46,7 @@ class Source:
     base: str | None  # where the rows' relative media paths start; None for a remote job
     caps: ByteCaps = ByteCaps()  # no binary cell or tar member over these is read into memory
     video_columns: tuple[str, ...] = ()  # columns mapped to video (--video-column): the video cap
+    folder: bool = False  # a folder or glob of shards (an output folder mirrors them), not one file
 
     @property
     def remote(self) -> bool:
@@ -119,7 +120,7 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
         raise JobFileError(f"{given}: shards of several formats ({found}); pass --format to choose one")
     ((kind, shards),) = kinds.items()
     return Source(given, kind, tuple(Shard(p, n, s) for p, n, s in sorted(shards, key=lambda e: e[1])),
-                  _base(given, is_dir=not _GLOB.search(given)))  # fmt: skip
+                  _base(given, is_dir=not _GLOB.search(given)), folder=True)  # fmt: skip
 
 
 def _base(given: str, is_dir: bool) -> str | None:

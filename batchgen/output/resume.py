@@ -131,6 +131,10 @@ class Pending:
             if id_key(row_id) not in self.done:
                 yield i
 
+    def keys(self) -> Iterator[str]:
+        """Their id keys."""
+        return (key for key in map(id_key, self.index.ids) if key not in self.done)
+
     def rows(self) -> Iterator[RawRow]:
         kept = set(self.index.rows) if self.index.rows is not None else None
         last = self.index.rows[-1] if self.index.rows else -1

@@ -13,8 +13,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pyarrow as pa
@@ -25,6 +26,7 @@ from ..core.errors import ConfigError
 from ..core.records import Result
 from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
+from ..input.source import Source
 from .store import OutputLock, Store, atomic_write
 from .tables import ROW_GROUP_ROWS, concat_tables, ordered, rows_to_table
 
@@ -40,9 +42,11 @@ SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made 
 MEDIA_BASE_KEY = b"batchgen.media_base"  # ... where the job's relative media paths start (for report)
 MEDIA_POLICY_KEY = b"batchgen.media_policy"  # ... which local media the run could read: report reads no other
 TEMPLATE_KEY = b"batchgen.prompt_template"  # ... the --prompt-template the prompts were made with
+JOB_KEY = b"batchgen.job"  # ... the job (a local one's path), its id column and mapped media columns
 
 
 PARTS_KEY = b"batchgen.parts"  # a shard's metadata: the part numbers it was made of
+INPUT_FILE_KEY = b"batchgen.input_file"  # a part's, in a mirrored output: the job file its rows come from
 
 
 def partial_dir(output: Path | str, sharded: bool = False) -> Path | str:
@@ -67,6 +71,7 @@ class WriteOptions:
     shard_rows: int = 100_000  # rows per shard
     overwrite: bool = False  # earlier results are removed, not resumed
     left_out: frozenset[str] = frozenset()  # our columns the output does not hold (never KEPT_COLUMNS)
+    mirrored: bool = False  # sharded: a shard per job file, named as it is (`00000.tar` → `00000.parquet`)
 
 
 @dataclass(slots=True)
@@ -107,6 +112,13 @@ class ResultWriter:
         self._manifest = {"settings": settings, "overwrite": options.overwrite}
         self._earlier: list[str] = []
         self._parts = 0
+        self.mirrored = options.sharded and options.mirrored and index.source is not None
+        if self.mirrored:
+            self._names = [f"{output}/{name}" for name in mirrored_names(index.source)]  # type: ignore[arg-type]
+            self._position = {id_key(i): n for n, i in enumerate(index.output_ids)}
+            self._file = index.files_of_output()  # by position
+            self._todo: dict[int, int] = {}  # rows each job file still waits for in this run
+            self._part_file: dict[str, int] = {}
 
     def open(self) -> Earlier:
         """Make the output ready for this run's rows, and say what earlier runs left: with
@@ -145,7 +157,7 @@ class ResultWriter:
         as results, or overwritten, so the run is refused before any work."""
         for path in self.store.listed(str(self.output), "", ".parquet"):
             name = path.rsplit("/", 1)[-1]
-            ours = _SHARD_NAME.fullmatch(name) is not None
+            ours = _SHARD_NAME.fullmatch(name) is not None or (self.mirrored and path in self._names)
             if ours:
                 try:
                     names = self.store.metadata_schema(path).names
@@ -162,7 +174,14 @@ class ResultWriter:
         return self.store.listed(str(self.partial), "part-", ".parquet")
 
     def _shards(self) -> list[str]:
-        return self.store.listed(str(self.output), "part-", ".parquet") if self.sharded else []
+        if not self.sharded:
+            return []
+        shards = self.store.listed(str(self.output), "part-", ".parquet")
+        if self.mirrored:
+            folders = {name.rsplit("/", 1)[0] for name in self._names}
+            there = {p for folder in folders for p in self.store.listed(folder, "", ".parquet")}
+            shards = [n for n in self._names if n in there] + shards
+        return shards
 
     def _finals(self) -> list[str]:
         """The finished output's files: its shards, or the one file."""
@@ -182,11 +201,23 @@ class ResultWriter:
     def _sources(self) -> list[str]:
         return self._earlier + self._part_files()
 
+    def expect(self, keys: Iterable[str]) -> None:
+        """The id keys this run will add: a mirrored output's shard is written as soon as its
+        job file's last row is in (otherwise when the run ends)."""
+        for key in keys:
+            k = self._file[self._position[key]]
+            self._todo[k] = self._todo.get(k, 0) + 1
+
     def add(self, raw: dict[str, Any], result: Result) -> None:
         self._buffer.append((raw, result))
         due = time.monotonic() - self._last_flush >= self.options.flush_seconds
         if len(self._buffer) >= self.options.flush_rows or due:
             self.flush()
+        if self.mirrored and (k := self._file[self._position[id_key(result.id)]]) in self._todo:
+            self._todo[k] -= 1
+            if not self._todo[k]:
+                self.flush()
+                self._make_mirrored(k)
 
     def flush(self) -> None:
         """Put the buffered rows on disk as one complete part file; a sharded output makes a
@@ -198,12 +229,20 @@ class ResultWriter:
         if not self.store.exists(f"{partial}/manifest.json"):  # made with the first rows
             self.store.makedirs(partial)
             self.store.write_text(f"{partial}/manifest.json", json.dumps(self._manifest, indent=2) + "\n")
-        table = rows_to_table(self._buffer, self.index.schema, self.skip)
-        self._parts += 1
-        self.store.write_table(f"{partial}/part-{self._parts:06d}.parquet", table)
+        groups = {None: self._buffer}
+        if self.mirrored:  # a part holds one job file's rows
+            groups = {}
+            for raw, result in self._buffer:
+                groups.setdefault(self._file[self._position[id_key(result.id)]], []).append((raw, result))
+        for k, rows in groups.items():
+            table = rows_to_table(rows, self.index.schema, self.skip)
+            if k is not None:
+                table = table.replace_schema_metadata({INPUT_FILE_KEY: str(k).encode()})
+            self._parts += 1
+            self.store.write_table(f"{partial}/part-{self._parts:06d}.parquet", table)
+            self._pending_rows += table.num_rows
         self._buffer.clear()
-        self._pending_rows += table.num_rows
-        if self.sharded and self._pending_rows >= self.shard_rows:
+        if self.sharded and not self.mirrored and self._pending_rows >= self.shard_rows:
             self._make_shard()
 
     def _make_shard(self) -> None:
@@ -221,6 +260,28 @@ class ResultWriter:
         for part in parts:
             self.store.remove(part)
 
+    def _make_mirrored(self, k: int) -> None:
+        """Job file k's output shard: what it held before and its parts, each id once (the
+        latest record), in job order. Its parts go once it is written; a kill in between
+        leaves parts that the next run merges again to the same shard."""
+        parts = [p for p in self._part_files() if self._file_of_part(p) == k]
+        target = self._names[k]
+        sources = ([target] if self.store.exists(target) else []) + parts
+        if not parts:
+            return
+        table = self._tidy(
+            _in_order(concat_tables([self.store.read_table(s) for s in sources]), self._position)
+        )
+        self.store.makedirs(target.rsplit("/", 1)[0])
+        self.store.write_table(target, table, row_group_size=ROW_GROUP_ROWS)
+        for part in parts:
+            self.store.remove(part)
+
+    def _file_of_part(self, part: str) -> int:
+        if part not in self._part_file:
+            self._part_file[part] = int(self.store.metadata(part).get(INPUT_FILE_KEY, b"-1"))
+        return self._part_file[part]
+
     def _tidy(self, table: pa.Table) -> pa.Table:
         """Our columns last, the run's settings in the metadata."""
         table = table.select([n for n in ordered(table.column_names) if n not in self.options.left_out])
@@ -233,6 +294,9 @@ class ResultWriter:
         merged in job order and written whole. Shards: the last parts made a shard; what is
         returned is then the shards' id, status and error columns only."""
         self.flush()
+        if self.mirrored:
+            for k in sorted({self._file_of_part(p) for p in self._part_files()}):
+                self._make_mirrored(k)
         if self.sharded:
             self._make_shard()
             self.store.remove_tree(str(self.partial))
@@ -255,15 +319,7 @@ class ResultWriter:
                 return previous
         tables = [self.store.read_table(p) for p in self._sources()]
         table = concat_tables(tables) if tables else rows_to_table([], self.index.schema)
-        position = {k: i for i, k in enumerate(keys)}
-        latest: dict[str, int] = {}  # a later source (a retried row) wins
-        for row, i in enumerate(table.column("id").to_pylist()):
-            if id_key(i) in position:
-                latest[id_key(i)] = row
-        rows = [latest[k] for k in sorted(latest, key=position.__getitem__)]
-        if rows != list(range(table.num_rows)):  # usually already in order: no copy then
-            table = table.take(pa.array(rows, pa.int64()))
-        table = self._tidy(table)
+        table = self._tidy(_in_order(table, {k: i for i, k in enumerate(keys)}))
         self.store.makedirs(os.path.dirname(output) or ".")
         self.store.write_table(output, table, row_group_size=ROW_GROUP_ROWS)
         self.store.remove_tree(str(self.partial))
@@ -298,6 +354,28 @@ class ResultWriter:
             )
             tables[k] = tables[k].take(keep)
         return tables
+
+
+def _in_order(table: pa.Table, position: dict[str, int]) -> pa.Table:
+    """The rows whose ids have a position, each id once (a later row, a retried one, wins), in
+    that order."""
+    latest: dict[str, int] = {}
+    for row, i in enumerate(table.column("id").to_pylist()):
+        if id_key(i) in position:
+            latest[id_key(i)] = row
+    rows = [latest[k] for k in sorted(latest, key=position.__getitem__)]
+    if rows != list(range(table.num_rows)):  # usually already in order: no copy then
+        table = table.take(pa.array(rows, pa.int64()))
+    return table
+
+
+def mirrored_names(source: Source) -> list[str]:
+    """Output shards named as the job's files, in their folders: `00000.tar` → `00000.parquet`
+    (`a.jsonl` and `a.csv` in one folder cannot both be shards of one job: one format)."""
+    names = [str(PurePosixPath(s.name).with_suffix(".parquet")) for s in source.shards]
+    if len(set(names)) < len(names) or any(".." in PurePosixPath(n).parts for n in names):
+        raise ConfigError(f"{source.given}: its files do not name distinct output shards; give -o a file")
+    return names
 
 
 def _number(path: str) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
 import os
@@ -15,9 +16,11 @@ from urllib.parse import quote
 
 import jinja2
 
-from ..core.errors import gist
+from ..core.errors import BatchgenError, gist
+from ..input.read import id_key, iter_rows
+from ..input.source import resolve
 from ..media.images import IMAGE_FORMATS
-from ..output.write import MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
+from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 from .results import read_results, results_metadata
 
 __all__ = ["summarize", "write_gallery"]
@@ -112,12 +115,20 @@ class _Policy:
         return path if path.is_file() else None  # never a FIFO or a device: opening one blocks
 
 
-def _media_thumbs(ref: str, kind: str, policy: _Policy, page_dir: Path) -> list[str]:
+def _media_thumbs(ref: Ref, kind: str, policy: _Policy, page_dir: Path) -> list[str]:
     """What a card shows: local images the browser can read are linked relative to the page
-    (loaded only when their page of cards is shown); data-URL images and a few frames of each
-    video are embedded as small thumbnails; remote URLs are linked as they are."""
+    (loaded only when their page of cards is shown); data-URL images, images given as bytes
+    and a few frames of each video are embedded as small thumbnails; remote URLs are linked
+    as they are."""
     from PIL import Image
 
+    if isinstance(ref, bytes):
+        if kind != "image":
+            return []
+        try:
+            return [_thumbnail(Image.open(io.BytesIO(ref), formats=IMAGE_FORMATS))]
+        except Exception:  # noqa: BLE001 - a broken picture is shown as missing
+            return []
     if ref.startswith(("http://", "https://")):
         return [ref] if kind == "image" else []
     try:
@@ -142,6 +153,39 @@ def _media_thumbs(ref: str, kind: str, policy: _Policy, page_dir: Path) -> list[
         return []
 
 
+def _bytes_key(data: bytes) -> str:
+    return "image:bytes " + hashlib.sha256(data).hexdigest()[:16]
+
+
+def _from_job(about: dict[bytes, bytes], wanted: set[str], columns: list[tuple[str, str]],
+              policy: _Policy) -> dict[str, list[tuple[str, list[str]]]]:  # fmt: skip
+    """Pictures the output does not carry (a dataset's image bytes: an img2dataset shard's
+    `jpg`), read again from the local job the run read, for the rows that show none: by id
+    key, each picture's key and thumbnail. Reading stops once every row is found or
+    _MAX_EMBEDDED pictures are made; a job gone or changed since shows nothing more."""
+    job = _job(about)
+    path = job.get("path")
+    if not wanted or policy.base is None or not isinstance(path, str) or not Path(path).exists():
+        return {}
+    images = [c for c, kind in columns if kind == "image"]
+    found: dict[str, list[tuple[str, list[str]]]] = {}
+    made = 0
+    try:
+        id_column = job.get("id_column") if isinstance(job.get("id_column"), str) else None
+        for raw in iter_rows(resolve(path, job.get("format")), id_column=id_column):
+            key = id_key(raw.id)
+            if key not in wanted or key in found or not isinstance(raw.value, dict):
+                continue
+            pictures = [r for c in images for r in _refs(raw.value.get(c)) if isinstance(r, bytes)]
+            found[key] = [(_bytes_key(p), _media_thumbs(p, "image", policy, Path("."))) for p in pictures]
+            made += len(pictures)
+            if len(found) == len(wanted) or made >= _MAX_EMBEDDED:
+                break
+    except (BatchgenError, OSError):  # the job moved or changed since the run
+        pass
+    return found
+
+
 def _policy(path: Path, about: dict[bytes, bytes], media_base: Path | None) -> _Policy:
     """The run's media policy as its output recorded it (outputs of earlier versions: paths
     start beside the output); `--media-base` moves where relative paths start."""
@@ -158,19 +202,56 @@ def _policy(path: Path, about: dict[bytes, bytes], media_base: Path | None) -> _
 _PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
 
 
-def _media_of(row: dict[str, Any]) -> list[tuple[str, str]]:
-    """A row's images and videos: its flat columns, then those inside its messages."""
-    refs = []
-    for column, kind in (("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")):
-        value = row.get(column)
-        if isinstance(value, str) and value.startswith("["):
-            try:
-                value = json.loads(value)
-            except json.JSONDecodeError:
-                pass
-        for ref in value if isinstance(value, list) else [value] if value else []:
-            if isinstance(ref, str):
-                refs.append((ref, kind))
+_URL_COLUMNS = ("url", "image_url")  # img2dataset's: the picture's source, when nothing else shows it
+
+
+_MAX_EMBEDDED = 2000  # thumbnails made from bytes (~5 KB each): the page stays ~10 MB at most
+
+
+Ref = str | bytes  # a path, URL or data URL; or an image's bytes
+
+
+def _media_columns(about: dict[bytes, bytes], extra: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(column, kind) where a row's media may be: batchgen's names, the run's --image-column /
+    --video-column (recorded in the output) and `report --media-column`."""
+    job = _job(about)
+    columns = [("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")]
+    columns += [(c, "image") for c in job.get("image") or [] if isinstance(c, str)]
+    columns += [(c, "video") for c in job.get("video") or [] if isinstance(c, str)]
+    columns += [(c, "image") for c in extra]
+    return list(dict.fromkeys(columns))
+
+
+def _job(about: dict[bytes, bytes]) -> dict[str, Any]:
+    try:
+        job = json.loads(about.get(JOB_KEY, b"{}") or b"{}")
+    except ValueError:
+        return {}
+    return job if isinstance(job, dict) else {}
+
+
+def _refs(value: Any) -> list[Ref]:
+    """What a media cell holds: a reference, bytes, a Hugging Face image ({bytes, path}), or a
+    list (or JSON text of a list) of those."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    out: list[Ref] = []
+    for ref in value if isinstance(value, list) else [value] if value else []:
+        if isinstance(ref, dict):
+            ref = ref.get("bytes") or ref.get("path")
+        if isinstance(ref, (str, bytes)) and ref:
+            out.append(ref)
+    return out
+
+
+def _media_of(row: dict[str, Any], columns: list[tuple[str, str]]) -> list[tuple[Ref, str]]:
+    """A row's images and videos: its media columns, then those inside its messages."""
+    refs: list[tuple[Ref, str]] = []
+    for column, kind in columns:
+        refs += [(ref, kind) for ref in _refs(row.get(column))]
     for message in _messages(row) or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
@@ -239,27 +320,42 @@ def _card_id(row_id: Any) -> str:
 
 
 def write_gallery(
-    path: Path, out: Path, media_base: Path | None = None
+    path: Path, out: Path, media_base: Path | None = None, media_columns: tuple[str, ...] = ()
 ) -> tuple[int, list[str], Path | None]:
     """One page, one card per picture with every question asked of it and its answer (a row
     without media gets a card of its own), paged in the browser (100 cards at a time) so 10,000 rows
     stay light: local images are linked, not copied, and each embedded thumbnail is stored
     once however many rows share it. Relative media paths start where the run recorded the
     job's (`--media-base` overrides), and only files the run's media policy let it read are
-    opened. Returns (cards, media not found, where paths started: None for a remote job)."""
+    opened. Pictures come from the media columns (bytes too), then from the job for a dataset
+    whose image bytes the output does not carry, then from a `url` column.
+    Returns (cards, media not found, where paths started: None for a remote job)."""
     rows = read_results(path)
     about = results_metadata(path)
     policy = _policy(path, about, media_base)
     template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
+    columns = _media_columns(about, media_columns)
+    media = [_media_of(r, columns) for r in rows]
+    from_job = _from_job(about, {id_key(r["id"]) for r, m in zip(rows, media, strict=True) if not m}, columns,
+                         policy)  # fmt: skip
     thumbs: dict[str, list[str]] = {}
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}
-    for r in rows:
+    embedded = 0
+    for r, refs in zip(rows, media, strict=True):
         keys = []
-        for ref, kind in _media_of(r):
-            key = f"{kind}:{ref}"
+        for key, shown in from_job.get(id_key(r["id"]), []) if not refs else []:
+            thumbs.setdefault(key, shown)
+            keys.append(key)
+        if not refs and not keys:
+            url = next((r[c] for c in _URL_COLUMNS if isinstance(r.get(c), str)), "")
+            refs = [(url, "image")] if url.startswith(("http://", "https://")) else []
+        for ref, kind in refs:
+            key = _bytes_key(ref) if isinstance(ref, bytes) else f"{kind}:{ref}"
             if key not in thumbs:
-                thumbs[key] = _media_thumbs(ref, kind, policy, out.parent)
+                embedded += isinstance(ref, bytes)
+                show = not isinstance(ref, bytes) or embedded <= _MAX_EMBEDDED
+                thumbs[key] = _media_thumbs(ref, kind, policy, out.parent) if show else []
             keys.append(key)
         card = by_media.get(tuple(keys)) if keys else None
         if card is None:  # one card per picture (or set of them); a row without media, its own

@@ -15,7 +15,7 @@ from ..output.tables import RESULT_SCHEMA
 
 __all__ = ["read_results", "results_schema", "results_metadata"]
 
-_NEEDED = ("id", "status")  # an output told to leave out others (--result-columns slim) has these
+_NEEDED = ("id", "status", "error", "error_stage")  # every output keeps these (KEPT_COLUMNS)
 
 
 def read_results(path: Path) -> list[dict[str, Any]]:
@@ -45,7 +45,12 @@ def _table(path: Path):
 
 def results_schema(path: Path) -> pa.Schema:
     """The output's columns and metadata (a shard folder: its first shard's)."""
-    files = sorted(path.glob("part-*.parquet")) if path.is_dir() else [path]
+    files = [path]
+    if path.is_dir():  # its shards, named `part-000001` or as the job's files; `_partial/` is not one
+        shards = (
+            p for p in path.rglob("*.parquet") if not p.relative_to(path).as_posix().startswith(("_", "."))
+        )
+        files = sorted(shards)
     return pq.read_schema(files[0]) if files else pa.schema([])
 
 

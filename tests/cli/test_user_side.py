@@ -387,3 +387,79 @@ def test_a_three_prompt_caption_run_shows_one_card_per_image(tmp_path):
     assert attrs["data-cards"] == 4 and attrs["data-loaded"] == attrs["data-images"]
     text = page.read_text()
     assert "12 rows on 4 cards" in text and '"id": "photos/red_circle.png"' in text
+
+
+def _img2dataset_shard(folder, pictures):
+    """An img2dataset Parquet shard: `key`, `url`, `caption` and the picture's bytes in `jpg`."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng, blobs = random.Random(8), []
+    for shape, colour in pictures:
+        buf = io.BytesIO()
+        shapes.draw(shape, colour, rng).save(buf, format="JPEG")
+        blobs.append(buf.getvalue())
+    keys = [f"{i:09d}" for i in range(len(pictures))]
+    pq.write_table(pa.table({"key": keys, "url": [f"http://127.0.0.1:9/{k}.jpg" for k in keys],
+                             "caption": [f"a {c} {s}" for s, c in pictures], "jpg": blobs}),
+                   folder / "00000.parquet")  # fmt: skip
+    return keys
+
+
+def _page_data(page) -> dict:
+    text = page.read_text()
+    start = text.index('<script id="data" type="application/json">') + len(
+        '<script id="data" type="application/json">'
+    )
+    return json.loads(text[start : text.index("</script>", start)])
+
+
+def test_an_img2dataset_jobs_gallery_shows_its_pictures_from_the_job_or_the_kept_bytes(tmp_path):
+    """The bytes are not copied to the output; the gallery reads them again from the job.
+    With --keep-columns jpg they come from the output; with the job gone, the `url` column."""
+    jobs = tmp_path / "shards"
+    keys = _img2dataset_shard(jobs, [("circle", "red"), ("square", "blue"), ("star", "yellow")])
+    out = tmp_path / "captions"
+    flags = ("--id-column", "key", "--image-column", "jpg", "--model", CAPTIONER, "--prompt-template",
+             "What shape is this?", *QUIET)  # fmt: skip
+    code, output = run_cli("run", str(jobs), "-o", f"{out}/", *flags)
+    assert code == 0 and "not copied to the output: jpg" in output, output
+    page = tmp_path / "gallery.html"
+    code, output = run_cli("report", str(out), "-o", str(page))
+    assert code == 0 and "3 cards" in output and "warning" not in output, output
+    data = _page_data(page)
+    assert [c["id"] for c in data["cards"]] == keys
+    for card in data["cards"]:
+        (key,) = card["media"]
+        assert key.startswith("image:bytes ") and data["thumbs"][key][0].startswith("data:image/jpeg;base64,")
+    assert len(data["thumbs"]) == 3  # three different pictures
+
+    kept = tmp_path / "kept.parquet"
+    assert run_cli("run", str(jobs), "-o", str(kept), *flags, "--keep-columns", "jpg")[0] == 0
+    shutil.rmtree(jobs)  # the output carries the bytes itself
+    code, output = run_cli("report", str(kept), "-o", str(tmp_path / "kept.html"))
+    assert code == 0 and "3 cards" in output
+    assert _page_data(tmp_path / "kept.html")["thumbs"] == data["thumbs"]  # the same thumbnails
+
+    code, output = run_cli("report", str(out), "-o", str(tmp_path / "urls.html"))  # the job is gone
+    assert code == 0, output
+    urls = _page_data(tmp_path / "urls.html")["thumbs"]
+    assert sorted(urls.values()) == [[f"http://127.0.0.1:9/{k}.jpg"] for k in keys]
+
+
+@pytest.mark.slow  # headless Chromium
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_an_img2dataset_jobs_gallery_shows_its_pictures_in_chromium(tmp_path):
+    jobs = tmp_path / "shards"
+    _img2dataset_shard(jobs, [("circle", "red"), ("square", "blue")])
+    out = tmp_path / "captions.parquet"
+    flags = ("--id-column", "key", "--image-column", "jpg", "--prompt-template", "What shape is this?")
+    code, output = run_cli("run", str(jobs), "-o", str(out), *flags, "--model", CAPTIONER, *QUIET)
+    assert code == 0, output
+    page = tmp_path / "gallery.html"
+    assert run_cli("report", str(out), "-o", str(page))[0] == 0
+    attrs = _dom_counts(page, tmp_path)
+    assert attrs["data-cards"] == 2 and attrs["data-images"] == 2 and attrs["data-loaded"] == 2

@@ -104,12 +104,12 @@ def test_a_job_on_s3_runs_into_shards_on_s3_and_resumes_after_kill_9(tmp_path, s
     def shards():
         fs.invalidate_cache()
         return (
-            [p for p in fs.ls("bucket/out", detail=False) if p.rsplit("/", 1)[-1].startswith("part-")]
+            [p for p in fs.ls("bucket/out", detail=False) if p.endswith(".parquet")]  # a shard per job file
             if fs.exists("bucket/out")
             else []
         )
 
-    _kill_when(proc, lambda: len(shards()) >= 2)
+    _kill_when(proc, lambda: len(shards()) >= 1)  # 00000.parquet is written, 00001's rows in parts
     first = len(shards())
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=environ)
     assert done.returncode == 0, done.stderr
@@ -117,7 +117,10 @@ def test_a_job_on_s3_runs_into_shards_on_s3_and_resumes_after_kill_9(tmp_path, s
     fs.invalidate_cache()
     tables = [pq.read_table(fs.open(p, "rb")) for p in sorted(shards())]
     table = pa.concat_tables(tables)
-    assert len(tables) > first
+    assert len(tables) > first and [p.rsplit("/", 1)[-1] for p in sorted(shards())] == [
+        "00000.parquet",
+        "00001.parquet",
+    ]
     assert sorted(table.column("id").to_pylist()) == sorted(f"s{k}-{i}" for k in range(2) for i in range(30))
     assert set(table.column("status").to_pylist()) == {"ok"} and "n" in table.column_names
     stats = json.loads(fs.cat("bucket/out/_stats.json"))
@@ -131,3 +134,54 @@ def test_unreachable_or_unknown_uris_exit_2(tmp_path, s3):
     assert code == 2 and "-o nosuchscheme://x/out.parquet" in output
     code, output = run_cli("run", "s3://bucket/missing/", "-o", str(tmp_path / "o.parquet"), *QUICK)
     assert code == 2 and "s3://bucket/missing/" in output
+
+
+def test_a_folder_of_job_files_gives_an_output_shard_each_named_as_it_is(tmp_path, scripted):
+    """img2dataset and NeMo Curator users join by shard: `00000.parquet` in, `00000.parquet` out."""
+    import pandas as pd
+
+    jobs = tmp_path / "jobs"
+    (jobs / "more").mkdir(parents=True)
+    files = {"00000.parquet": 5, "00001.parquet": 3, "more/00002.parquet": 4}
+    for name, n in files.items():
+        rows = {
+            "key": [f"{name[-13:-8]}{i:04d}" for i in range(n)],
+            "caption": [f"Row {i}." for i in range(n)],
+        }
+        pq.write_table(pa.table(rows), jobs / name)
+    out = tmp_path / "out"
+    flags = ("--id-column", "key", "--prompt-column", "caption", "--config", _preset(tmp_path, flush_rows=2))
+    code, output = run_cli("run", str(jobs), "-o", f"{out}/", *flags, "--limit", "7", *QUICK)
+    assert code == 0, output
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.parquet")) == [
+        "00000.parquet",
+        "00001.parquet",
+    ]
+    assert pq.read_table(out / "00001.parquet").column("key").to_pylist() == [
+        "000010000",
+        "000010001",
+    ]  # 2 of 3
+
+    # A kill after a shard was written and before its parts went: the parts are still there.
+    shard = pq.read_table(out / "00000.parquet")
+    (out / "_partial").mkdir()
+    settings = json.loads(shard.schema.metadata[b"batchgen.settings"])
+    (out / "_partial" / "manifest.json").write_text(json.dumps({"settings": settings, "overwrite": False}))
+    pq.write_table(
+        shard.replace_schema_metadata({b"batchgen.input_file": b"0"}),
+        out / "_partial" / "part-000001.parquet",
+    )
+    code, output = run_cli("run", str(jobs), "-o", f"{out}/", *flags, *QUICK)
+    assert code == 0 and "12 rows: 12 ok, 0 failed (7 resumed)" in output, output
+    names = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.parquet"))
+    assert names == sorted(files) and not (out / "_partial").exists()
+    for name, n in files.items():
+        keys = pq.read_table(out / name).column("key").to_pylist()
+        assert keys == [f"{name[-13:-8]}{i:04d}" for i in range(n)], (
+            name
+        )  # each row once, in its file's order
+    assert len(pd.read_parquet(out)) == 12
+    code, summary = run_cli("inspect", str(out))
+    assert code == 0 and "12 rows, 12 ok" in summary
+    code, again = run_cli("run", str(jobs), "-o", f"{out}/", *flags, *QUICK)
+    assert code == 0 and "(12 resumed)" in again

@@ -321,7 +321,7 @@ def _export(results: Path, options: ExportOptions) -> None:
                    "[image, images, the run's --image-column].")  # fmt: skip
 def report(results: Path, output: Path, media_base: Path | None, media_column: tuple[str, ...]) -> None:
     """Write a self-contained HTML gallery of a results file, one card per picture."""
-    from ..tools.report import write_gallery
+    from ..tools.gallery import write_gallery
 
     try:
         cards, missing, base = write_gallery(results, output, media_base, media_column)
@@ -345,7 +345,7 @@ def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None
     """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing
     or duplicated."""
     from ..input.read import scan
-    from ..output.write import merge_outputs
+    from ..output.merge import merge_outputs
 
     try:
         rows, missing, duplicated = merge_outputs(list(parts), scan(job_file, fmt), output)

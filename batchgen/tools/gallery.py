@@ -1,0 +1,384 @@
+"""`report`: a results file as one self-contained HTML page, one card per picture with every
+question asked of it, its pictures found wherever the run's rows had them."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import jinja2
+
+from ..core.errors import BatchgenError
+from ..input.read import id_key, iter_rows
+from ..input.source import resolve
+from ..media.images import IMAGE_FORMATS
+from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
+from .results import read_results, results_metadata
+
+__all__ = ["write_gallery"]
+
+_THUMB = 160  # pixels on the long side: enough to recognise, small enough for 10,000 rows
+_PAGE_CARDS = 100  # cards per page
+
+
+def _thumbnail(img) -> str:
+    img = img.convert("RGB")
+    img.thumbnail((_THUMB, _THUMB))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=80)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+_BROWSER_IMAGES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp"}
+
+
+@dataclass(frozen=True, slots=True)
+class _Policy:
+    """Which local media the gallery may open: those the run could read (output metadata)."""
+
+    base: Path | None  # where relative paths start; None: no local path at all (a remote job)
+    root: Path | None = None  # --media-root: nothing outside it
+
+    def path(self, ref: str) -> Path | None:
+        """The regular file a reference names, if the run's policy let it be read."""
+        if self.base is None:
+            return None
+        path = Path(ref).expanduser()
+        path = (path if path.is_absolute() else self.base / path).resolve()
+        if self.root is not None and not path.is_relative_to(self.root):
+            return None
+        return path if path.is_file() else None  # never a FIFO or a device: opening one blocks
+
+
+def _media_thumbs(ref: Ref, kind: str, policy: _Policy, page_dir: Path) -> list[str]:
+    """What a card shows: local images the browser can read are linked relative to the page
+    (loaded only when their page of cards is shown); data-URL images, images given as bytes
+    and a few frames of each video are embedded as small thumbnails; remote URLs are linked
+    as they are."""
+    from PIL import Image
+
+    if isinstance(ref, bytes):
+        if kind != "image":
+            return []
+        try:
+            return [_thumbnail(Image.open(io.BytesIO(ref), formats=IMAGE_FORMATS))]
+        except Exception:  # noqa: BLE001 - a broken picture is shown as missing
+            return []
+    if ref.startswith(("http://", "https://")):
+        return [ref] if kind == "image" else []
+    try:
+        if ref.startswith("data:"):
+            data = base64.b64decode(ref.split(",", 1)[1])
+            return (
+                [_thumbnail(Image.open(io.BytesIO(data), formats=IMAGE_FORMATS))] if kind == "image" else []
+            )
+        path = policy.path(ref)
+        if path is None:
+            return []
+        if kind == "image":
+            with Image.open(path, formats=IMAGE_FORMATS) as img:  # the header only: is it an image?
+                if path.suffix.lower() in _BROWSER_IMAGES:
+                    return [quote(Path(os.path.relpath(path, page_dir.resolve())).as_posix())]
+                return [_thumbnail(img)]
+        from ..media.frames import extract_frames
+
+        frames = extract_frames(path, 1.0, 2, 4, max_pixels=160 * 160)
+        return [_thumbnail(Image.fromarray(f)) for f in frames[:: max(1, len(frames) // 3)][:3]]
+    except Exception:  # a broken file is shown as missing, as its row says
+        return []
+
+
+def _bytes_key(data: bytes) -> str:
+    return "image:bytes " + hashlib.sha256(data).hexdigest()[:16]
+
+
+def _from_job(about: dict[bytes, bytes], wanted: set[str], columns: list[tuple[str, str]],
+              policy: _Policy) -> dict[str, list[tuple[str, list[str]]]]:  # fmt: skip
+    """Pictures the output does not carry (a dataset's image bytes: an img2dataset shard's
+    `jpg`), read again from the local job the run read, for the rows that show none: by id
+    key, each picture's key and thumbnail. Reading stops once every row is found or
+    _MAX_EMBEDDED pictures are made; a job gone or changed since shows nothing more."""
+    job = _job(about)
+    path = job.get("path")
+    if not wanted or policy.base is None or not isinstance(path, str) or not Path(path).exists():
+        return {}
+    images = [c for c, kind in columns if kind == "image"]
+    found: dict[str, list[tuple[str, list[str]]]] = {}
+    made = 0
+    try:
+        id_column = job.get("id_column") if isinstance(job.get("id_column"), str) else None
+        for raw in iter_rows(resolve(path, job.get("format")), id_column=id_column):
+            key = id_key(raw.id)
+            if key not in wanted or key in found or not isinstance(raw.value, dict):
+                continue
+            pictures = [r for c in images for r in _refs(raw.value.get(c)) if isinstance(r, bytes)]
+            found[key] = [(_bytes_key(p), _media_thumbs(p, "image", policy, Path("."))) for p in pictures]
+            made += len(pictures)
+            if len(found) == len(wanted) or made >= _MAX_EMBEDDED:
+                break
+    except (BatchgenError, OSError):  # the job moved or changed since the run
+        pass
+    return found
+
+
+def _policy(path: Path, about: dict[bytes, bytes], media_base: Path | None) -> _Policy:
+    """The run's media policy as its output recorded it (outputs of earlier versions: paths
+    start beside the output); `--media-base` moves where relative paths start."""
+    recorded = json.loads(about.get(MEDIA_POLICY_KEY, b"{}") or b"{}")
+    root = Path(recorded["media_root"]) if recorded.get("media_root") else None
+    if recorded.get("local_paths") is False and media_base is None:
+        return _Policy(None, root)
+    base = about.get(MEDIA_BASE_KEY)
+    return _Policy(
+        media_base or (Path(base.decode()) if base else path.parent if path.is_file() else path), root
+    )
+
+
+_PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
+
+
+_URL_COLUMNS = ("url", "image_url")  # img2dataset's: the picture's source, when nothing else shows it
+
+
+_MAX_EMBEDDED = 2000  # thumbnails made from bytes (~5 KB each): the page stays ~10 MB at most
+
+
+Ref = str | bytes  # a path, URL or data URL; or an image's bytes
+
+
+def _media_columns(about: dict[bytes, bytes], extra: tuple[str, ...]) -> list[tuple[str, str]]:
+    """(column, kind) where a row's media may be: batchgen's names, the run's --image-column /
+    --video-column (recorded in the output) and `report --media-column`."""
+    job = _job(about)
+    columns = [("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")]
+    columns += [(c, "image") for c in job.get("image") or [] if isinstance(c, str)]
+    columns += [(c, "video") for c in job.get("video") or [] if isinstance(c, str)]
+    columns += [(c, "image") for c in extra]
+    return list(dict.fromkeys(columns))
+
+
+def _job(about: dict[bytes, bytes]) -> dict[str, Any]:
+    try:
+        job = json.loads(about.get(JOB_KEY, b"{}") or b"{}")
+    except ValueError:
+        return {}
+    return job if isinstance(job, dict) else {}
+
+
+def _refs(value: Any) -> list[Ref]:
+    """What a media cell holds: a reference, bytes, a Hugging Face image ({bytes, path}), or a
+    list (or JSON text of a list) of those."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    out: list[Ref] = []
+    for ref in value if isinstance(value, list) else [value] if value else []:
+        if isinstance(ref, dict):
+            ref = ref.get("bytes") or ref.get("path")
+        if isinstance(ref, (str, bytes)) and ref:
+            out.append(ref)
+    return out
+
+
+def _media_of(row: dict[str, Any], columns: list[tuple[str, str]]) -> list[tuple[Ref, str]]:
+    """A row's images and videos: its media columns, then those inside its messages."""
+    refs: list[tuple[Ref, str]] = []
+    for column, kind in columns:
+        refs += [(ref, kind) for ref in _refs(row.get(column))]
+    for message in _messages(row) or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            kind = _PARTS.get(part.get("type")) if isinstance(part, dict) else None
+            ref = part.get(part["type"]) if kind else None
+            ref = ref.get("url") if isinstance(ref, dict) else ref
+            if kind and isinstance(ref, str):
+                refs.append((ref, kind))
+    return refs
+
+
+def _messages(row: dict[str, Any]) -> list[Any] | None:
+    """The row's messages (a list, or JSON text of one); None for text that is not JSON."""
+    messages = row.get("messages")
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError:
+            return None
+    return messages if isinstance(messages, list) else []
+
+
+class _Blank(dict):
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
+def _question(row: dict[str, Any], template: str | None = None) -> str:
+    """What the row asked: its prompt, its messages' text, or its --prompt-template filled in."""
+    if row.get("prompt"):
+        return str(row["prompt"])
+    if template is not None and row.get("messages") is None:
+        try:
+            return template.format_map(_Blank({k: "" if v is None else v for k, v in row.items()}))
+        except (ValueError, IndexError, AttributeError):
+            return template
+    messages = _messages(row)
+    if messages is None:  # not JSON: shown as written
+        return row["messages"]
+    texts = []
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            texts.append(content)
+        elif isinstance(content, list):
+            texts += [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
+    return " ".join(texts)
+
+
+def _metrics(r: dict[str, Any]) -> str:
+    """Tokens and time for a row that ran; for a failed one, the stages it spent time in."""
+    if r["status"] == "ok":
+        return (
+            f"{r['prompt_tokens']}+{r['completion_tokens']} tokens, {r.get('cached_tokens') or 0} cached, "
+            f"{r.get('generate_ms') or 0:.0f} ms"
+        )
+    stages = [(k[:-3], r.get(k) or 0) for k in ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")]
+    return ", ".join(f"{name} {ms:.0f} ms" for name, ms in stages if ms) or ""
+
+
+def _card_id(row_id: Any) -> str:
+    """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
+    text = str(row_id)
+    head, sep, tail = text.rpartition("#")
+    return head if sep and tail.isdigit() else text
+
+
+def write_gallery(
+    path: Path, out: Path, media_base: Path | None = None, media_columns: tuple[str, ...] = ()
+) -> tuple[int, list[str], Path | None]:
+    """One page, one card per picture with every question asked of it and its answer (a row
+    without media gets a card of its own), paged in the browser (100 cards at a time) so 10,000 rows
+    stay light: local images are linked, not copied, and each embedded thumbnail is stored
+    once however many rows share it. Relative media paths start where the run recorded the
+    job's (`--media-base` overrides), and only files the run's media policy let it read are
+    opened. Pictures come from the media columns (bytes too), then from the job for a dataset
+    whose image bytes the output does not carry, then from a `url` column.
+    Returns (cards, media not found, where paths started: None for a remote job)."""
+    rows = read_results(path)
+    about = results_metadata(path)
+    policy = _policy(path, about, media_base)
+    template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
+    columns = _media_columns(about, media_columns)
+    media = [_media_of(r, columns) for r in rows]
+    from_job = _from_job(about, {id_key(r["id"]) for r, m in zip(rows, media, strict=True) if not m}, columns,
+                         policy)  # fmt: skip
+    thumbs: dict[str, list[str]] = {}
+    cards: list[dict[str, Any]] = []
+    by_media: dict[tuple[str, ...], dict[str, Any]] = {}
+    embedded = 0
+    for r, refs in zip(rows, media, strict=True):
+        keys = []
+        for key, shown in from_job.get(id_key(r["id"]), []) if not refs else []:
+            thumbs.setdefault(key, shown)
+            keys.append(key)
+        if not refs and not keys:
+            url = next((r[c] for c in _URL_COLUMNS if isinstance(r.get(c), str)), "")
+            refs = [(url, "image")] if url.startswith(("http://", "https://")) else []
+        for ref, kind in refs:
+            key = _bytes_key(ref) if isinstance(ref, bytes) else f"{kind}:{ref}"
+            if key not in thumbs:
+                embedded += isinstance(ref, bytes)
+                show = not isinstance(ref, bytes) or embedded <= _MAX_EMBEDDED
+                thumbs[key] = _media_thumbs(ref, kind, policy, out.parent) if show else []
+            keys.append(key)
+        card = by_media.get(tuple(keys)) if keys else None
+        if card is None:  # one card per picture (or set of them); a row without media, its own
+            card = {"id": _card_id(r["id"]), "media": keys, "entries": []}
+            cards.append(card)
+            if keys:
+                by_media[tuple(keys)] = card
+        card["entries"].append(
+            {
+                "id": str(r["id"]),
+                "status": r["status"],
+                "question": _question(r, template),
+                "text": r["generated_text"] or "",
+                "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
+                "expected": str(r["expected"]) if r.get("expected") is not None else None,
+                "metrics": _metrics(r),
+            }
+        )
+    for card in cards:
+        card["status"] = "ok" if all(e["status"] == "ok" for e in card["entries"]) else "error"
+    missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
+    ok = sum(r["status"] == "ok" for r in rows)
+    page = _PAGE.render(
+        title=path.name,
+        counts=f"{len(rows)} rows on {len(cards)} cards · {ok} ok · {len(rows) - ok} failed",
+        data={"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS},
+    )
+    out.write_text(page)
+    return len(cards), missing, policy.base
+
+
+_PAGE = jinja2.Environment(autoescape=True).from_string("""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>batchgen · {{ title }}</title>
+<style>
+body{font:14px system-ui,sans-serif;margin:1.5em;background:#fafafa;color:#222}
+header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1em}
+#cards{display:grid;grid-template-columns:repeat(auto-fill,minmax(260px,1fr));gap:12px}
+.card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px}
+.card.error{border:2px solid #c62828;background:#fff5f5}
+.card img{max-width:160px;max-height:160px;margin:0 4px 4px 0;border-radius:4px}
+.card div{overflow-wrap:anywhere}.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
+.err{color:#c62828}.m{color:#888;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
+</style></head><body>
+<header><h2 style="margin:0">{{ title }}</h2><span>{{ counts }}</span>
+<label><input type="checkbox" id="failed"> failed rows only</label>
+<span><button id="prev">&lsaquo;</button> <span id="pos"></span> <button id="next">&rsaquo;</button></span></header>
+<div id="cards"></div>
+<script id="data" type="application/json">{{ data|tojson }}</script>
+<script>
+const D = JSON.parse(document.getElementById("data").textContent);
+let page = 0;
+function rows() { return document.getElementById("failed").checked ? D.cards.filter(c => c.status !== "ok") : D.cards; }
+function el(tag, cls, text) { const e = document.createElement(tag); if (cls) e.className = cls; if (text) e.textContent = text; return e; }
+function render() {
+  const list = rows(), pages = Math.max(1, Math.ceil(list.length / D.page));
+  page = Math.min(page, pages - 1);
+  const box = document.getElementById("cards"); box.replaceChildren();
+  for (const c of list.slice(page * D.page, (page + 1) * D.page)) {
+    const card = el("div", "card" + (c.status === "ok" ? "" : " error")); card.dataset.status = c.status;
+    for (const key of c.media) for (const src of D.thumbs[key] || []) { const img = el("img"); img.src = src; img.alt = key; card.append(img); }
+    card.append(el("div", "id", c.id));
+    for (const e of c.entries) {
+      card.append(el("div", "q", e.question));
+      if (e.status === "ok") card.append(el("div", "a", e.text)); else card.append(el("div", "err", e.error));
+      if (e.expected !== null) { const ok = e.text.trim() === e.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + e.expected)); }
+      card.append(el("div", "m", e.metrics));
+    }
+    box.append(card);
+  }
+  document.getElementById("pos").textContent = `page ${page + 1} / ${pages}`;
+  const imgs = [...box.querySelectorAll("img")];
+  Promise.all(imgs.map(i => i.complete ? 0 : new Promise(r => { i.onload = i.onerror = r; }))).then(() => {
+    document.body.dataset.cards = box.children.length;
+    document.body.dataset.images = imgs.length;
+    document.body.dataset.loaded = imgs.filter(i => i.naturalWidth > 0).length;
+    document.body.dataset.failed = box.querySelectorAll(".card.error").length;
+  });
+}
+document.getElementById("failed").onchange = () => { page = 0; render(); };
+document.getElementById("prev").onclick = () => { page = Math.max(0, page - 1); render(); };
+document.getElementById("next").onclick = () => { page += 1; render(); };
+render();
+</script></body></html>
+""")

@@ -260,14 +260,14 @@ def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, star
     table = writer.finalize()
     if config.openai_output is not None:
         write_batch_output(table, config.openai_output)
-    finish(summary, table, time.perf_counter() - started)
+    finish(summary, table, len(writer.index.output_ids), time.perf_counter() - started)
     path = str(stats_path(config.output, config.output_shards))
     figures = asdict(summary)
     if not summary.generated and writer.store.exists(path):
         # Nothing to do (a cron rerun): the last real run's figures stay, the no-op is noted.
         try:
             previous = json.loads(writer.store.read_text(path))
-            now = {"rows": summary.rows, "ok": summary.ok, "failed": summary.failed}
+            now = {k: figures[k] for k in ("rows", "ok", "failed", "job_rows", "pending", "complete")}
             figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         except (OSError, ValueError):
             pass  # an unreadable stats file is replaced

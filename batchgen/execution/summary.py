@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..core.errors import gist
 from ..core.records import CacheStats, MediaStats
@@ -19,7 +20,10 @@ class RunSummary:
     """The figures printed at the end and saved as `<output>.stats.json`."""
 
     output: str
-    rows: int = 0
+    rows: int = 0  # rows the output holds
+    job_rows: int = 0  # rows of the job it is the output of (its --shard's)
+    pending: int = 0  # ... not in it yet (a --limit, or a job grown since): a rerun does them
+    complete: bool = True  # pending == 0: a reader may take the output as the whole job
     ok: int = 0
     failed: int = 0
     resumed: int = 0  # rows taken from an earlier run instead of generated again
@@ -75,6 +79,11 @@ class RunSummary:
             )
         if self.commonest_errors:
             capped += f" · commonest errors: {'; '.join(self.commonest_errors)}"
+        if not self.complete:
+            capped = (
+                f" · incomplete: {self.rows:,} of {self.job_rows:,} rows, {self.pending:,} pending "
+                f"(rerun without --limit to finish){capped}"
+            )
         return (
             f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
@@ -101,11 +110,11 @@ class Progress:
         return progress(self.summary, self.cache, self.elapsed)
 
 
-def finish(s: RunSummary, table: pa.Table, wall: float) -> RunSummary:
+def finish(s: RunSummary, table: pa.Table, job_rows: int, wall: float) -> RunSummary:
     """Row counts come from the final table, token counts from this run's rows."""
-    import pyarrow.compute as pc
-
-    s.rows = table.num_rows
+    s.rows, s.job_rows = table.num_rows, job_rows
+    s.pending = max(job_rows - table.num_rows, 0)
+    s.complete = not s.pending
     s.ok = pc.sum(pc.equal(table.column("status"), "ok")).as_py() or 0  # counted in Arrow: no row objects
     s.failed = s.rows - s.ok
     s.resumed = table.num_rows - s.generated

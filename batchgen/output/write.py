@@ -42,6 +42,7 @@ MEDIA_BASE_KEY = b"batchgen.media_base"  # ... where the job's relative media pa
 MEDIA_POLICY_KEY = b"batchgen.media_policy"  # ... which local media the run could read: report reads no other
 TEMPLATE_KEY = b"batchgen.prompt_template"  # ... the --prompt-template the prompts were made with
 JOB_KEY = b"batchgen.job"  # ... the job (a local one's path), its id column and mapped media columns
+COMPLETE_KEY = b"batchgen.complete"  # ... whether it holds every row of its job, and how many are pending
 
 
 PARTS_KEY = b"batchgen.parts"  # a shard's metadata: the part numbers it was made of
@@ -319,6 +320,9 @@ class ResultWriter:
         tables = [self.store.read_table(p) for p in self._sources()]
         table = concat_tables(tables) if tables else rows_to_table([], self.index.schema)
         table = self._tidy(_in_order(table, {k: i for i, k in enumerate(keys)}))
+        pending = len(keys) - table.num_rows  # a --limit: a reader must not take it for the whole job
+        done = json.dumps({"complete": not pending, "pending": pending, "job_rows": len(keys)})
+        table = table.replace_schema_metadata({**table.schema.metadata, COMPLETE_KEY: done.encode()})
         self.store.makedirs(os.path.dirname(output) or ".")
         self.store.write_table(output, table, row_group_size=ROW_GROUP_ROWS)
         self.store.remove_tree(str(self.partial))

@@ -8,7 +8,8 @@ from collections import Counter
 from pathlib import Path
 
 from ..core.errors import gist
-from .results import read_results
+from ..output.write import COMPLETE_KEY
+from .results import read_results, results_metadata
 
 __all__ = ["summarize"]
 
@@ -41,7 +42,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
     prompt = sum(r["prompt_tokens"] or 0 for r in rows)
     completion = sum(r["completion_tokens"] or 0 for r in rows)
     stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
-    speed = ""
+    speed, stats = "", {}
     if stats_file.exists():
         stats = json.loads(stats_file.read_text())
         speed = (
@@ -49,6 +50,14 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f" over {stats['wall_s']:.1f} s"
         )
     lines.append(f"tokens: {prompt} prompt, {completion} completion{speed}")
+    try:
+        done = json.loads(results_metadata(path).get(COMPLETE_KEY, b"{}") or b"{}")
+    except ValueError:
+        done = {}
+    done = done if isinstance(done, dict) and done else stats  # a shard folder says it in _stats.json
+    if done.get("complete") is False:
+        lines.insert(1, f"incomplete: {len(rows):,} of {done.get('job_rows', 0):,} rows, "
+                        f"{done.get('pending', 0):,} pending (rerun without --limit to finish)")  # fmt: skip
     cached = [r["cached_tokens"] or 0 for r in rows if r["status"] == "ok"]
     reused = sum(c > 0 for c in cached)
     if cached:

@@ -620,3 +620,25 @@ def test_a_slim_output_leaves_out_how_rows_were_made_and_still_resumes(workdir, 
     assert (
         code == 2 and "not one of batchgen's columns (these can go: generated_text, finish_reason" in output
     )
+
+
+def test_a_limited_run_says_it_is_incomplete_everywhere(workdir, scripted):
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Item {i}."} for i in range(6)])
+    out = workdir / "out.parquet"
+    code, output = batch(job, out, "--limit", "2")
+    assert code == 0 and "incomplete: 2 of 6 rows, 4 pending (rerun without --limit to finish)" in output
+    stats = json.loads((workdir / "out.parquet.stats.json").read_text())
+    assert (stats["complete"], stats["pending"], stats["job_rows"]) == (False, 4, 6)
+    meta = json.loads(pq.read_schema(out).metadata[b"batchgen.complete"])
+    assert meta == {"complete": False, "pending": 4, "job_rows": 6}
+    assert "incomplete: 2 of 6 rows, 4 pending" in run_cli("inspect", str(out))[1]
+    code, output = batch(job, out)
+    assert code == 0 and "incomplete" not in output
+    assert json.loads(pq.read_schema(out).metadata[b"batchgen.complete"])["complete"] is True
+    assert json.loads((workdir / "out.parquet.stats.json").read_text())["complete"] is True
+    assert "incomplete" not in run_cli("inspect", str(out))[1]
+
+    folder = workdir / "shards"  # a shard folder says it in its _stats.json
+    code, output = batch(job, folder, "--output-shards", "--limit", "3")
+    assert code == 0 and "incomplete: 3 of 6 rows, 3 pending" in output
+    assert "incomplete: 3 of 6 rows" in run_cli("inspect", str(folder))[1]

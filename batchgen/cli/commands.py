@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from ..tools.export import FORMATS as EXPORT_FORMATS
 from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, run_options
-from .process import ProgressDisplay, Signals
+from .process import ProgressDisplay, Signals, configure_logging
 
 __all__ = ["main"]
 
@@ -50,18 +49,20 @@ def _crashed(e: Exception) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "BATCHGEN"})
 @click.version_option(package_name="batchgen")
-@click.option("-v", "--verbose", count=True, help="More log lines (-vv: debug).")
 @click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Log level [warning]."
+    "-v", "--verbose", count=True, help="More log lines: -v a line per window and lane, -vv per row."
 )
+@click.option(
+    "--log-level", type=click.Choice(["trace", "debug", "info", "warning", "error"]),
+    help="batchgen's log level [info; -v debug, -vv trace]; other libraries log warnings.",
+)  # fmt: skip
 def main(verbose: int, log_level: str | None) -> None:
     """Batch generation with MLX: a job in (JSONL, Parquet, CSV, an OpenAI Batch file, or a
     folder, glob or URI of such shards or of WebDataset tars), a Parquet of results out.
 
     Every option can also be set from the environment: BATCHGEN_<COMMAND>_<OPTION>, e.g.
     BATCHGEN_RUN_MAX_TOKENS=64 or BATCHGEN_LOG_LEVEL=info."""
-    level = log_level.upper() if log_level else ("WARNING", "INFO", "DEBUG")[min(verbose, 2)]
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    configure_logging(log_level.upper() if log_level else ("INFO", "DEBUG", "TRACE")[min(verbose, 2)])
 
 
 @main.command(cls=Sectioned)
@@ -155,7 +156,7 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
         )
     except BatchgenError as e:
         _fail(e)
-    display = ProgressDisplay(config.quiet, config.progress_seconds)
+    display = ProgressDisplay(config, config.quiet, config.progress_seconds)
     try:
         with Signals() as signals:
             summary = run_job(config, progress=display, stop=signals.stop)

@@ -1,8 +1,10 @@
-"""What the command line owns while a run goes: SIGINT/SIGTERM, and what a person sees
-(a progress bar on a terminal, a progress line every so often in a cron log)."""
+"""What the command line owns while a run goes: SIGINT/SIGTERM, the log, and what a person
+sees (a start line, a progress bar on a terminal, a progress line every so often in a cron
+log, each with its time)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -12,10 +14,23 @@ from typing import Any
 
 from tqdm import tqdm
 
+from ..core.settings import RunConfig
 from ..core.stop import Stop
-from ..execution.summary import Progress
+from ..execution.summary import TRACE, Progress
 
-__all__ = ["Signals", "ProgressDisplay"]
+__all__ = ["Signals", "ProgressDisplay", "configure_logging"]
+
+log = logging.getLogger("batchgen.progress")
+
+
+def configure_logging(level: str) -> None:
+    """batchgen's lines at `level` (INFO: the start, resume and progress lines; DEBUG: a line
+    per window and lane; TRACE: per row), other libraries' from WARNING; without a terminal
+    (cron, a log file) every line starts with its date and time."""
+    stamped = not sys.stderr.isatty()
+    fmt = "%(asctime)s %(levelname)s %(message)s" if stamped else "%(message)s"
+    logging.basicConfig(level=logging.WARNING, format=fmt, datefmt="%Y-%m-%d %H:%M:%S", force=True)
+    logging.getLogger("batchgen").setLevel(TRACE if level == "TRACE" else level)
 
 
 class Signals:
@@ -61,8 +76,10 @@ class ProgressDisplay:
     """The run's progress callback: what resumes and the URL policy at the start, then a bar
     on a terminal, or without one (cron, a log file) a line every `every` seconds."""
 
-    def __init__(self, quiet: bool, every: float):
-        self.quiet, self.every = quiet, every
+    def __init__(self, config: RunConfig, quiet: bool, every: float):
+        self.config, self.quiet, self.every = config, quiet, every
+        if quiet:  # -q: errors, warnings and the closing line only
+            logging.getLogger("batchgen").setLevel(max(logging.getLogger("batchgen").level, logging.WARNING))
         self.bar: tqdm | None = None
         self.last: Progress | None = None
         self._started = time.perf_counter()
@@ -80,13 +97,20 @@ class ProgressDisplay:
         self.bar.set_postfix_str(report.tail, refresh=False)
 
     def _start(self, report: Progress) -> None:
+        c = self.config
+        models = c.model + (
+            f" (text rows: {c.text_model})" if c.text_model and c.text_model != c.model else ""
+        )
+        engine = f"ray, {c.workers} workers" if c.engine == "ray" else "local"
+        log.info("start: %s → %s · %s rows, %s to do · model %s · engine %s", c.input, c.output,
+                 f"{report.summary.job_rows:,}", f"{report.total:,}", models, engine)  # fmt: skip
         if report.done_before and report.total:
             again = f", {report.retried:,} failed rows tried again" if report.retried else ""
             again += f", {report.redone:,} changed rows generated again" if report.redone else ""
             whole = report.done_before + report.total
-            print(f"resuming: {report.done_before:,} of {whole:,} rows done{again}", file=sys.stderr)
+            log.info("resuming: %s of %s rows done%s", f"{report.done_before:,}", f"{whole:,}", again)
         if report.summary.private_urls_allowed:
-            print("warning: private and loopback URLs are allowed for this run's media", file=sys.stderr)
+            log.warning("warning: private and loopback URLs are allowed for this run's media")
         self._started = time.perf_counter() - report.elapsed
         self.bar = tqdm(total=report.total, unit="row", file=sys.stderr, disable=None, dynamic_ncols=True)
         if not sys.stderr.isatty() and self.every > 0:
@@ -95,7 +119,7 @@ class ProgressDisplay:
 
     def _heartbeat(self) -> None:
         while not self._beat.wait(self.every):
-            print(self.line(), file=sys.stderr, flush=True)
+            log.info(self.line())
 
     def line(self) -> str:
         report = self.last

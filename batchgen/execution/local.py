@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -28,6 +29,8 @@ from ..output.resume import Pending
 from .executor import Executor, ExecutorStats
 
 __all__ = ["LocalExecutor", "generate_window"]
+
+log = logging.getLogger(__name__)
 
 
 def _result(
@@ -125,7 +128,8 @@ def generate_window(
     for run in schedule(plans, None if continuous else batch_size):
         members = [plans[i] for i in run]
         done: list[tuple[Job, Result]] = []
-        last = time.perf_counter()
+        last = started = time.perf_counter()
+        tokens = 0
         for i, outcome in engines.run(members, batch_size):
             now, w = time.perf_counter(), owners[run[i]]
             got = outcomes.setdefault(w, [])
@@ -138,11 +142,16 @@ def generate_window(
             outcome, choices = _combined([o for _, o in sorted(got, key=lambda x: x[0])])
             result = _result(job, prepared, outcome, engines.model_for(job), spent.pop(w))
             result.choices = choices
+            tokens += result.completion_tokens
             done.append((job, result))
             del outcomes[w]
             if len(done) >= batch_size:
                 yield done
                 done = []
+        if log.isEnabledFor(logging.DEBUG):
+            lane = members[0].lane.name if members else "-"
+            log.debug("lane %s: %d rows, %d completion tokens in %.1f s", lane, len(members), tokens,
+                      time.perf_counter() - started)  # fmt: skip
         if done:
             yield done
 
@@ -183,6 +192,9 @@ class LocalExecutor(Executor):
         least = max(1, c.batch_size // 4)  # the first batch starts early, then fills up
         while not self.stop.is_set() and (window := prefetcher.take(c.window, least)):
             least = c.batch_size
+            log.debug("window: %d rows (%d with media, %d failed before generation)", len(window),
+                      sum(bool(job.media) for job, _ in window),
+                      sum(bool(job.error or (p is not None and p.error)) for job, p in window))  # fmt: skip
             for done in generate_window(window, self.engines, c.batch_size, c.continuous):
                 yield [Finished(job.raw, job.where, result) for job, result in done]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -38,9 +39,11 @@ from ..output.write import (
 )
 from .local import LocalExecutor
 from .ray import RayExecutor
-from .summary import Progress, RunSummary, finish
+from .summary import TRACE, Progress, RunSummary, finish
 
 __all__ = ["run", "check_paths", "check_columns", "record_row"]
+
+log = logging.getLogger(__name__)
 
 
 def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config: RunConfig) -> None:
@@ -53,6 +56,10 @@ def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config
             f"finished rows kept in {writer.partial}, rerun to resume)"
         )
     writer.add(done.values, result)
+    if log.isEnabledFor(TRACE):
+        what = f"{result.completion_tokens} tokens, {result.finish_reason}" if result.status == "ok" else (
+            f"{result.error_stage}: {result.error}")  # fmt: skip
+        log.log(TRACE, "row %s: %s, %s (%.0f ms)", done.where, result.status, what, result.generate_ms)
     summary.generated += 1
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
     for name in TOTALS:
@@ -181,6 +188,7 @@ def _run(
     todo = resume.todo
     summary = RunSummary(
         output=str(config.output),
+        job_rows=len(index.output_ids),
         dropped_columns=sorted(dropped),
         private_urls_allowed=config.media.allow_private_urls,
     )

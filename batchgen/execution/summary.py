@@ -3,6 +3,7 @@ runs (the progress bar's tail)."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -12,7 +13,10 @@ import pyarrow.compute as pc
 from ..core.errors import gist
 from ..core.records import CacheStats, MediaStats
 
-__all__ = ["RunSummary", "Progress", "finish", "progress"]
+__all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE"]
+
+TRACE = 5  # the log level of a line per row (`-vv`); DEBUG is a line per window and lane (`-v`)
+logging.addLevelName(TRACE, "TRACE")
 
 
 @dataclass(slots=True)

@@ -463,3 +463,26 @@ def test_an_img2dataset_jobs_gallery_shows_its_pictures_in_chromium(tmp_path):
     assert run_cli("report", str(out), "-o", str(page))[0] == 0
     attrs = _dom_counts(page, tmp_path)
     assert attrs["data-cards"] == 2 and attrs["data-images"] == 2 and attrs["data-loaded"] == 2
+
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+
+
+def test_a_cron_log_has_times_a_start_line_and_as_much_detail_as_asked(tmp_path, scripted):
+    job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Item {i}."} for i in range(5)])
+    out = tmp_path / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", CAPTIONER, "--limit", "2")
+    assert code == 0, output
+    where = f"{re.escape(str(job))} → {re.escape(str(out))}"
+    start = re.search(rf"^{STAMP} INFO start: {where} · 5 rows, 2 to do · model {re.escape(CAPTIONER)} · "
+                      "engine local$", output, re.M)  # fmt: skip
+    assert start, output
+    assert "DEBUG" not in output and "TRACE" not in output
+    code, output = run_cli("-v", "run", str(job), "-o", str(out), "--model", CAPTIONER)
+    assert re.search(rf"^{STAMP} INFO resuming: 2 of 5 rows done$", output, re.M), output
+    assert re.search(rf"^{STAMP} DEBUG window: 3 rows \(0 with media", output, re.M)
+    assert re.search(rf"^{STAMP} DEBUG lane scripted: 3 rows", output, re.M) and "TRACE" not in output
+    code, output = run_cli("-vv", "run", str(job), "-o", str(out), "--model", CAPTIONER, "--overwrite")
+    assert len(re.findall(rf"^{STAMP} TRACE row line \d \(id 'r\d'\): ok, ", output, re.M)) == 5, output
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", CAPTIONER, "--overwrite", "-q")
+    assert code == 0 and "INFO" not in output and "5 rows: 5 ok" in output

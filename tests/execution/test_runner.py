@@ -477,10 +477,10 @@ def test_without_a_terminal_progress_lines_come_at_a_steady_pace(workdir, monkey
                            str(ROOT / "sample_data/models/tiny-vlm"), "--text-model",
                            str(ROOT / "sample_data/models/tiny-lm"), "--batch-size", "1")  # fmt: skip
     assert code == 0, output
-    lines = [line for line in output.splitlines() if line.startswith("progress: ")]
+    lines = [line for line in output.splitlines() if " INFO progress: " in line]
     assert len(lines) >= 2, output
     pattern = (
-        r"progress: \d+/24 rows \(\d+\.\d%\), \d+\.\d\d rows/s, \d+ tok/s, (cache \d+%, )?0 failed, ETA \S+"
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO progress: \d+/24 rows \(\d+\.\d%\), \d+\.\d\d rows/s, \d+ tok/s, (cache \d+%, )?0 failed, ETA \S+"
     )
     assert all(re.fullmatch(pattern, line) for line in lines), lines
     assert {r["completion_tokens"] for r in read(out)} <= set(range(1, 13)) and max(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from ..input.formats import FORMATS
 from ..tools.export import FORMATS as EXPORT_FORMATS
 from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS
-from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, run_options
+from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, option, run_options, variables
 from .process import ProgressDisplay, Signals, configure_logging
 
 __all__ = ["main"]
@@ -49,10 +50,8 @@ def _crashed(e: Exception) -> None:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "BATCHGEN"})
 @click.version_option(package_name="batchgen")
-@click.option(
-    "-v", "--verbose", count=True, help="More log lines: -v a line per window and lane, -vv per row."
-)
-@click.option(
+@option("-v", "--verbose", count=True, help="More log lines: -v a line per window and lane, -vv per row.")
+@option(
     "--log-level", type=click.Choice(["trace", "debug", "info", "warning", "error"]),
     help="batchgen's log level [info; -v debug, -vv trace]; other libraries log warnings.",
 )  # fmt: skip
@@ -60,23 +59,31 @@ def main(verbose: int, log_level: str | None) -> None:
     """Batch generation with MLX: a job in (JSONL, Parquet, CSV, an OpenAI Batch file, or a
     folder, glob or URI of such shards or of WebDataset tars), a Parquet of results out.
 
-    Every option can also be set from the environment: BATCHGEN_<COMMAND>_<OPTION>, e.g.
-    BATCHGEN_RUN_MAX_TOKENS=64 or BATCHGEN_LOG_LEVEL=info."""
+    Every option can also be set from the environment: BATCHGEN_<COMMAND>_<FLAG>, e.g.
+    BATCHGEN_RUN_MAX_TOKENS=64, BATCHGEN_CAPTION_PROMPT or BATCHGEN_LOG_LEVEL=info; a repeatable
+    option takes one value per line."""
     configure_logging(log_level.upper() if log_level else ("INFO", "DEBUG", "TRACE")[min(verbose, 2)])
+    known = variables(main)
+    for name in sorted(n for n in os.environ if n.startswith("BATCHGEN_") and n not in known):
+        near = difflib.get_close_matches(name, known, 1, 0.8)
+        hint = (
+            f"; did you mean {near[0]}?"
+            if near
+            else " (BATCHGEN_<COMMAND>_<FLAG>, e.g. BATCHGEN_RUN_MAX_TOKENS)"
+        )
+        click.echo(f"warning: {name} is not a batchgen variable and is ignored{hint}", err=True)
 
 
 @main.command(cls=Sectioned)
 @click.argument("job_file")
-@click.option(
-    "-o", "--output", help="Result Parquet, or DIR/ for a folder of shards [JOB_FILE.results.parquet]."
-)
-@click.option(
+@option("-o", "--output", help="Result Parquet, or DIR/ for a folder of shards [JOB_FILE.results.parquet].")
+@option(
     "--format",
     "fmt",
     type=click.Choice(list(FORMATS)),
     help="Job format [by extension; .tar: webdataset].",
 )
-@click.option("--limit", type=int, help="Only the first N rows of the job file.")
+@option("--limit", type=int, help="Only the first N rows of the job file.")
 @run_options
 def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
     """Generate for every row of JOB_FILE; rerun the same command to resume.
@@ -94,12 +101,10 @@ def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
 
 @main.command(cls=Sectioned)
 @click.argument("paths", nargs=-1, required=True)
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Result Parquet.")
-@click.option("-p", "--prompt", "prompts", multiple=True, help="A question for every file (repeatable).")
-@click.option(
-    "--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones]."
-)
-@click.option("--write-captions", type=click.Choice(["txt", "imagefolder"]),
+@option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Result Parquet.")
+@option("-p", "--prompt", "prompts", multiple=True, help="A question for every file (repeatable).")
+@option("--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones].")
+@option("--write-captions", type=click.Choice(["txt", "imagefolder"]),
               help="Then export: a .txt beside each image (prompts' answers joined by a space), or an "
                    "imagefolder metadata.jsonl (see `export`).")  # fmt: skip
 @caption_options
@@ -193,18 +198,18 @@ def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | 
 
 @main.command()
 @click.argument("job_file")
-@click.option(
+@option(
     "--format",
     "fmt",
     type=click.Choice(list(FORMATS)),
     help="Job format [by extension; .tar: webdataset].",
 )
-@click.option("--id-column", **COLUMN)
-@click.option("--prompt-column", **COLUMN)
-@click.option("--system-column", **COLUMN)
-@click.option("--image-column", multiple=True, **COLUMN)
-@click.option("--video-column", multiple=True, **COLUMN)
-@click.option("--prompt-template", help="As for run.")
+@option("--id-column", **COLUMN)
+@option("--prompt-column", **COLUMN)
+@option("--system-column", **COLUMN)
+@option("--image-column", multiple=True, **COLUMN)
+@option("--video-column", multiple=True, **COLUMN)
+@option("--prompt-template", help="As for run.")
 def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flags) -> None:
     """Check every row of JOB_FILE as `run` would read it (with the same column mapping and
     prompt template); print each problem with its line; exit 1 if any."""
@@ -227,15 +232,15 @@ def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flag
 
 @main.command("make-tiny-model")
 @click.argument("out_dir", type=click.Path(path_type=Path))
-@click.option(
+@option(
     "--kind",
     type=click.Choice(KINDS),
     default="vlm",
     show_default=True,
 )
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--sensitive", is_flag=True, help="Outputs that vary with every input (for tests).")
-@click.option("--bits", type=click.Choice(["4", "8"]), help="Quantize the language model (vision kinds).")
+@option("--seed", type=int, default=0, show_default=True)
+@option("--sensitive", is_flag=True, help="Outputs that vary with every input (for tests).")
+@option("--bits", type=click.Choice(["4", "8"]), help="Quantize the language model (vision kinds).")
 def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: str | None) -> None:
     """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
 
@@ -252,9 +257,7 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
 
 @main.command("inspect")
 @click.argument("results", type=click.Path(path_type=Path, exists=True))
-@click.option(
-    "--slowest", type=int, default=5, show_default=True, help="How many of the slowest rows to list."
-)
+@option("--slowest", type=int, default=5, show_default=True, help="How many of the slowest rows to list.")
 def inspect_results(results: Path, slowest: int) -> None:
     """Summarize a results file: statuses, errors by stage, tokens, reuse, drafts, slowest rows."""
     from ..tools.report import summarize
@@ -267,30 +270,26 @@ def inspect_results(results: Path, slowest: int) -> None:
 
 @main.command()
 @click.argument("results", type=click.Path(path_type=Path, exists=True))
-@click.option(
+@option(
     "--format",
     "fmt",
     type=click.Choice(EXPORT_FORMATS),
     required=True,
     help="txt: a caption file beside each image; imagefolder: metadata.jsonl; wide/jsonl: a row per image.",
 )
-@click.option(
+@option(
     "--to",
     type=click.Path(path_type=Path, file_okay=False),
     help="txt: mirror the caption files under this folder; imagefolder: a new dataset folder.",
 )
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="wide / jsonl: the file to write.")
-@click.option(
-    "--caption-extension", default=".txt", show_default=True, help="txt: the caption files' extension."
-)
-@click.option("--prompt", help="Only this prompt's answers (its number, from 0, or its text).")
-@click.option("--join", help="Every prompt's answers, in prompt order, joined by this.")
-@click.option("--field", help="A JSON-schema answer's field as the caption (a list of tags joined by ', ').")
-@click.option(
-    "--prefix", default="", help="Written before every caption (trigger words; include a separator)."
-)
-@click.option("--suffix", default="", help="Written after every caption.")
-@click.option("--on-existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
+@option("-o", "--output", type=click.Path(path_type=Path), help="wide / jsonl: the file to write.")
+@option("--caption-extension", default=".txt", show_default=True, help="txt: the caption files' extension.")
+@option("--prompt", help="Only this prompt's answers (its number, from 0, or its text).")
+@option("--join", help="Every prompt's answers, in prompt order, joined by this.")
+@option("--field", help="A JSON-schema answer's field as the caption (a list of tags joined by ', ').")
+@option("--prefix", default="", help="Written before every caption (trigger words; include a separator).")
+@option("--suffix", default="", help="Written after every caption.")
+@option("--on-existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
               show_default=True, help="txt: what to do with a caption file already there.")  # fmt: skip
 def export(results: Path, fmt: str, to: Path | None, output: Path | None, **options) -> None:
     """Write a results file's answers where training tools read them, one caption per image."""
@@ -312,12 +311,10 @@ def _export(results: Path, options: ExportOptions) -> None:
 
 @main.command()
 @click.argument("results", type=click.Path(path_type=Path, exists=True))
-@click.option(
-    "-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML page to write."
-)
-@click.option("--media-base", type=click.Path(path_type=Path, file_okay=False),
+@option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML page to write.")
+@option("--media-base", type=click.Path(path_type=Path, file_okay=False),
               help="Folder the job's relative media paths start from [as the run recorded].")  # fmt: skip
-@click.option("--media-column", multiple=True,
+@option("--media-column", multiple=True,
               help="Also show the pictures in this column (paths, URLs or bytes; repeatable) "
                    "[image, images, the run's --image-column].")  # fmt: skip
 def report(results: Path, output: Path, media_base: Path | None, media_column: tuple[str, ...]) -> None:
@@ -338,10 +335,10 @@ def report(results: Path, output: Path, media_base: Path | None, media_column: t
 
 @main.command()
 @click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True))
-@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
-@click.option("--job", "job_file", type=click.Path(path_type=Path), required=True,
+@option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
+@option("--job", "job_file", type=click.Path(path_type=Path), required=True,
               help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip
-@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), help="Job file format.")
+@option("--format", "fmt", type=click.Choice(list(FORMATS)), help="Job file format.")
 def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None) -> None:
     """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing
     or duplicated."""

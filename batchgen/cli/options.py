@@ -3,13 +3,24 @@ sections (input, models, generation, media, reuse, drafts, scale-out, output and
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ..core.errors import BatchgenError
 
-__all__ = ["run_options", "caption_options", "Sectioned", "COLUMN", "COLUMN_FLAGS"]
+__all__ = [
+    "run_options",
+    "caption_options",
+    "Sectioned",
+    "EnvOption",
+    "option",
+    "variables",
+    "COLUMN",
+    "COLUMN_FLAGS",
+]
 
 
 def _generation_options() -> list:
@@ -30,7 +41,7 @@ def _generation_options() -> list:
         shown = "none" if default in (None, ()) else default
         origin = " from the default preset" if p.name in preset else ""
         options.append(
-            click.option(
+            option(
                 f"--{p.name.replace('_', '-')}",
                 type=p.cli,
                 multiple=p.name == "stop",
@@ -56,6 +67,42 @@ _SECTIONS = {
 }  # fmt: skip
 
 
+class EnvOption(click.Option):
+    """An option whose environment variable is named after its flag — `--prompt` reads
+    BATCHGEN_CAPTION_PROMPT, whatever the parameter is called — and whose repeatable values
+    come one per line (a prompt or a stop string holds spaces)."""
+
+    def envvar_name(self, prefix: str | None) -> str | None:
+        if prefix is None:
+            return None
+        flag = max((o for o in self.opts if o.startswith("--")), key=len, default=f"--{self.name}")
+        return f"{prefix}_{flag[2:].upper().replace('-', '_')}"
+
+    def resolve_envvar_value(self, ctx: click.Context) -> str | None:
+        name = self.envvar_name(ctx.auto_envvar_prefix) if self.allow_from_autoenv else None
+        return (os.environ.get(name) or None) if name else None
+
+    def value_from_envvar(self, ctx: click.Context) -> Any:
+        if self.multiple or self.nargs != 1:
+            value = self.resolve_envvar_value(ctx)
+            return None if value is None else [line for line in value.splitlines() if line.strip()]
+        return super().value_from_envvar(ctx)
+
+
+def option(*decls: str, **attrs: Any):
+    """click.option, with the variable named after the flag (EnvOption)."""
+    return click.option(*decls, cls=EnvOption, **attrs)
+
+
+def variables(group: click.Group) -> set[str]:
+    """Every environment variable the command line reads: its own options' and each command's."""
+    names = {p.envvar_name("BATCHGEN") for p in group.params if isinstance(p, EnvOption)}
+    for name, command in group.commands.items():
+        prefix = f"BATCHGEN_{name.upper().replace('-', '_')}"
+        names |= {p.envvar_name(prefix) for p in command.params if isinstance(p, EnvOption)}
+    return {n for n in names if n}
+
+
 class Sectioned(click.Command):
     """A command whose --help lists its options in sections (input, models, generation, …),
     and whose bad option values name the environment variable they came from, if one did."""
@@ -70,7 +117,11 @@ class Sectioned(click.Command):
                 and param.name
                 and (ctx.get_parameter_source(param.name) is click.core.ParameterSource.ENVIRONMENT)
             ):
-                variable = param.envvar or f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+                variable = (
+                    param.envvar_name(ctx.auto_envvar_prefix)
+                    if isinstance(param, EnvOption)
+                    else param.envvar
+                )
                 e.message = f"{e.message} (from the environment variable {variable})"
             raise
 
@@ -97,16 +148,16 @@ COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "
 def _column_options() -> list:
     """--id-column and the other mappings of a job file's columns onto a row's parts."""
     return [
-        click.option("--id-column", help="Column holding each row's id [id].", **COLUMN),
-        click.option("--prompt-column", help="Column holding the prompt [prompt].", **COLUMN),
-        click.option("--system-column", help="Column holding the system prompt [system].", **COLUMN),
-        click.option(
+        option("--id-column", help="Column holding each row's id [id].", **COLUMN),
+        option("--prompt-column", help="Column holding the prompt [prompt].", **COLUMN),
+        option("--system-column", help="Column holding the system prompt [system].", **COLUMN),
+        option(
             "--image-column",
             multiple=True,
             help="Column holding images (repeatable) [image, images].",
             **COLUMN,
         ),
-        click.option(
+        option(
             "--video-column",
             multiple=True,
             help="Column holding videos (repeatable) [video, videos].",
@@ -118,111 +169,99 @@ def _column_options() -> list:
 def run_options(command, columns: bool = True):
     """The options `run` and `caption` share: models, presets, generation, media, output."""
     options = [
-        click.option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
-        click.option("--text-model", help="Model for rows without media [--model]."),
-        click.option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
-        click.option(
-            "--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'
-        ),
+        option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
+        option("--text-model", help="Model for rows without media [--model]."),
+        option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
+        option("--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'),
         *(_column_options() if columns else []),
-        click.option(
+        option(
             "--keep-columns", multiple=True, help="Carry these binary columns to the output too (repeatable)."
         ),
-        click.option(
+        option(
             "--drop-columns", multiple=True, help="Do not carry these columns to the output (repeatable)."
         ),
-        click.option(
+        option(
             "--result-columns",
             type=click.Choice(["all", "slim"]),
             help="slim: leave out how each row was made (token counts, timings, model) [all].",
         ),
-        click.option(
+        option(
             "--drop-result-columns",
             multiple=True,
             help="Leave out these of batchgen's columns (repeatable; never id, status, error, resume's).",
         ),
-        click.option(
+        option(
             "--output-format",
             type=click.Choice(["parquet", "openai", "both"]),
             default="parquet",
             show_default=True,
             help="openai: -o is an OpenAI Batch JSONL, Parquet beside; both: Parquet at -o, JSONL beside.",
         ),
-        click.option("--overwrite", is_flag=True, help="Start over instead of resuming."),
-        click.option(
+        option("--overwrite", is_flag=True, help="Start over instead of resuming."),
+        option(
             "--output-shards",
             is_flag=True,
             default=None,
             help="-o is a folder of Parquet shards (as -o DIR/ is), read with pandas.read_parquet(DIR).",
         ),  # fmt: skip
-        click.option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
-        click.option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
-        click.option("--workers", type=int, help="Ray actors, one model load each [1]."),
-        click.option(
-            "--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."
-        ),
-        click.option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
-        click.option(
+        option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
+        option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
+        option("--workers", type=int, help="Ray actors, one model load each [1]."),
+        option("--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."),
+        option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
+        option(
             "--max-attempts",
             type=int,
             help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
         ),  # fmt: skip
-        click.option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
-        click.option(
+        option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
+        option(
             "--changed",
             type=click.Choice(["refuse", "redo", "keep"]),
             help="Rows changed since their results were written: refuse the run, generate them "
             "again, or keep their results [refuse].",
         ),  # fmt: skip
         *_generation_options(),
-        click.option(
+        option(
             "--json-schema",
             "json_schema_file",
             type=click.Path(exists=True, dir_okay=False, path_type=Path),
             help="Every row answers JSON matching this schema file (a row's own constraint wins).",
         ),
-        click.option("--guided-choice", multiple=True, help="Every row answers one of these (repeatable)."),
-        click.option("--guided-regex", help="Every row answers text matching this regular expression."),
-        click.option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
-        click.option("--video-max-frames", type=int, help="Most frames per video [128]."),
-        click.option(
-            "--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts."
-        ),
-        click.option(
-            "--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs."
-        ),
-        click.option(
+        option("--guided-choice", multiple=True, help="Every row answers one of these (repeatable)."),
+        option("--guided-regex", help="Every row answers text matching this regular expression."),
+        option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
+        option("--video-max-frames", type=int, help="Most frames per video [128]."),
+        option("--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts."),
+        option("--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs."),
+        option(
             "--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it."
         ),
-        click.option("--fetch-workers", type=int, help="Downloads in flight [16]."),
-        click.option("--decode-workers", type=int, help="Image/video decodes at once [2]."),
-        click.option(
-            "--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding."
-        ),
-        click.option("--num-draft-tokens", type=int, help="Text drafts per round [3]."),
-        click.option(
+        option("--fetch-workers", type=int, help="Downloads in flight [16]."),
+        option("--decode-workers", type=int, help="Image/video decodes at once [2]."),
+        option("--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding."),
+        option("--num-draft-tokens", type=int, help="Text drafts per round [3]."),
+        option(
             "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
         ),
-        click.option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
-        click.option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
-        click.option(
+        option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
+        option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
+        option(
             "--static-batches",
             "continuous",
             flag_value=False,
             default=None,
             help="Run batches to their end (no refilling of finished rows' slots), to compare.",
         ),  # fmt: skip
-        click.option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
-        click.option(
-            "--row-timeout", type=float, help="Seconds a row may generate; past it, a row error [none]."
-        ),
-        click.option(
+        option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
+        option("--row-timeout", type=float, help="Seconds a row may generate; past it, a row error [none]."),
+        option(
             "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
         ),
-        click.option("-q", "--quiet", is_flag=True, default=None, help="No progress bar."),
+        option("-q", "--quiet", is_flag=True, default=None, help="No progress bar."),
     ]
-    for option in reversed(options):
-        command = option(command)
+    for decorate in reversed(options):
+        command = decorate(command)
     return command
 
 

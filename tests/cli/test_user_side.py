@@ -486,3 +486,25 @@ def test_a_cron_log_has_times_a_start_line_and_as_much_detail_as_asked(tmp_path,
     assert len(re.findall(rf"^{STAMP} TRACE row line \d \(id 'r\d'\): ok, ", output, re.M)) == 5, output
     code, output = run_cli("run", str(job), "-o", str(out), "--model", CAPTIONER, "--overwrite", "-q")
     assert code == 0 and "INFO" not in output and "5 rows: 5 ok" in output
+
+
+def test_environment_variables_are_named_after_the_flags_and_a_typo_is_named(tmp_path, monkeypatch):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    shapes.draw("circle", "red", random.Random(1)).save(folder / "a.png")
+    out = tmp_path / "c.parquet"
+    monkeypatch.setenv("BATCHGEN_CAPTION_PROMPT", "What shape is this?")  # one prompt, spaces and all
+    monkeypatch.setenv("BATCHGEN_RUN_TEMPRATURE", "0")
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *QUIET)
+    assert code == 0, output
+    assert [r["prompt"] for r in read(out)] == ["What shape is this?"]
+    assert ("warning: BATCHGEN_RUN_TEMPRATURE is not a batchgen variable and is ignored; did you mean "
+            "BATCHGEN_RUN_TEMPERATURE?") in output  # fmt: skip
+    monkeypatch.delenv("BATCHGEN_RUN_TEMPRATURE")
+    monkeypatch.setenv("BATCHGEN_CAPTION_PROMPT", "What shape is this?\nWhat colour is the shape?\n")
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, *QUIET)
+    assert code == 0 and "warning" not in output, output
+    assert sorted(r["prompt"] for r in read(out)) == ["What colour is the shape?", "What shape is this?"]
+    monkeypatch.setenv("BATCHGEN_CAPTION_MAX_TOKENS", "many")
+    code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, "-q")
+    assert code == 2 and "(from the environment variable BATCHGEN_CAPTION_MAX_TOKENS)" in output

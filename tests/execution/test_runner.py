@@ -479,8 +479,10 @@ def test_without_a_terminal_progress_lines_come_at_a_steady_pace(workdir, monkey
     assert code == 0, output
     lines = [line for line in output.splitlines() if " INFO progress: " in line]
     assert len(lines) >= 2, output
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO "
     pattern = (
-        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d INFO progress: \d+/24 rows \(\d+\.\d%\), \d+\.\d\d rows/s, \d+ tok/s, (cache \d+%, )?0 failed, ETA \S+"
+        stamp
+        + r"progress: \d+/24 rows \(\d+\.\d%\), \d+\.\d\d rows/s, \d+ tok/s, (cache \d+%, )?0 failed, ETA \S+"
     )
     assert all(re.fullmatch(pattern, line) for line in lines), lines
     assert {r["completion_tokens"] for r in read(out)} <= set(range(1, 13)) and max(

@@ -256,7 +256,16 @@ def test_every_hostile_row_is_a_clear_row_error_and_the_run_goes_on(workdir, net
         f"case-{next(i for i, c in enumerate(corpus) if isinstance(c[0], dict) and 'deep_list' in c[0])}"
     ]
     assert json.loads(deep["deep_list"]) == _nested(50, 1)  # kept, as JSON text Parquet can hold
-    # validate runs the reader's checks: it names exactly the rows that fail in `read`.
+    # validate runs the reader's checks: it names exactly the rows that fail in `read`, and
+    # those whose local media is no file there (they fail in `fetch`).
     code, report = run_cli("validate", str(job))
     named = {int(line.split(":")[1]) for line in report.splitlines() if line.startswith(str(job))}
-    assert named == {n for n, r in enumerate(rows, start=1) if r["error_stage"] == "read"}
+    paths = ("no such file", "not a regular file", "cannot use this path")
+    absent = {
+        n
+        for n, r in enumerate(rows, start=1)
+        if r["error_stage"] == "fetch" and any(p in r["error"] for p in paths)
+    }
+    assert named == {n for n, r in enumerate(rows, start=1) if r["error_stage"] == "read"} | absent, [
+        (n, rows[n - 1]["error"]) for n in named ^ absent if rows[n - 1]["error_stage"] != "read"
+    ]

@@ -219,9 +219,9 @@ def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flag
     count = 0
     try:
         columns = build_columns({}, {key: flags[flag] for flag, key in COLUMN_FLAGS.items()})
-        for problem in validate_file(job_file, fmt, columns, prompt_template):
-            click.echo(problem)
-            count += 1
+        for finding in validate_file(job_file, fmt, columns, prompt_template):
+            click.echo(finding.line())
+            count += 0 if finding.warning else finding.rows
     except BatchgenError as e:
         _fail(e)
     if count:

@@ -111,6 +111,7 @@ class Job:
     digest: str | None = None  # fingerprint of the input row (RawRow.digest)
     error: str | None = None
     unused_media: tuple[str, ...] = ()  # a row without media: its columns that look like media
+    near_misses: tuple[str, ...] = ()  # its fields one slip from a field batchgen reads (`max_token`)
 
     @property
     def where(self) -> str:

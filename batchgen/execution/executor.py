@@ -37,6 +37,7 @@ class ExecutorStats:
     max_tokens_capped: int = 0
     one_at_a_time: dict[str, int] = field(default_factory=dict)
     unused_media: dict[str, int] = field(default_factory=dict)
+    near_misses: dict[str, int] = field(default_factory=dict)  # rows with a field one slip from ours
 
     @classmethod
     def added(cls, parts: list[ExecutorStats]) -> ExecutorStats:
@@ -48,6 +49,7 @@ class ExecutorStats:
             sum(p.max_tokens_capped for p in parts),
             _add([p.one_at_a_time for p in parts]),
             _add([p.unused_media for p in parts]),
+            _add([p.near_misses for p in parts]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -57,7 +59,8 @@ class ExecutorStats:
     def from_json(cls, value: dict[str, Any]) -> ExecutorStats:
         cache = value.get("cache")
         return cls(MediaStats(**value["media"]), CacheStats(**cache) if cache else None,
-                   value["max_tokens_capped"], value["one_at_a_time"], value["unused_media"])  # fmt: skip
+                   value["max_tokens_capped"], value["one_at_a_time"], value["unused_media"],
+                   value.get("near_misses", {}))  # fmt: skip
 
 
 class Executor(ABC):

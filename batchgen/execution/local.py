@@ -22,7 +22,7 @@ from ..core.settings import RunConfig, WorkSettings
 from ..generate.lanes import completions
 from ..generate.router import Engines, Plan
 from ..generate.schedule import schedule
-from ..input.parse import parse_row
+from ..input.parse import near_miss, parse_row
 from ..input.read import RawRow
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.resume import Pending
@@ -171,10 +171,16 @@ class LocalExecutor(Executor):
         engines.stop = stop
         engines.load_drafter()  # a drafter that cannot pair with its target stops the run before any row
         self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
+        self.near_misses: dict[str, int] = {}  # rows with a field one slip from a field of ours
 
     def _counted(self, job: Job) -> Job:
         for name in job.unused_media:
             self.unused_media[name] = self.unused_media.get(name, 0) + 1
+        for name in job.near_misses:
+            if name not in self.near_misses:  # the first row with it: said at once, counted at the end
+                log.warning("%s: field %r is not one batchgen reads; did you mean %r? (kept as data)",
+                            job.where, name, near_miss(name))  # fmt: skip
+            self.near_misses[name] = self.near_misses.get(name, 0) + 1
         return job
 
     def run(self, todo: Pending) -> Iterator[list[Finished]]:
@@ -202,7 +208,7 @@ class LocalExecutor(Executor):
         prefixes = self.engines.prefixes
         return ExecutorStats(
             self.stage.stats(), prefixes.stats() if prefixes else None, self.engines.capped,
-            dict(self.engines.one_at_a_time), dict(self.unused_media),
+            dict(self.engines.one_at_a_time), dict(self.unused_media), dict(self.near_misses),
         )  # fmt: skip
 
     def close(self) -> None:

@@ -20,7 +20,7 @@ from ..core.records import TOTALS, CacheStats, Finished
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.stop import Stop
 from ..generate.router import Engines
-from ..input.parse import template_fields
+from ..input.parse import near_miss, template_fields
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import write_batch_output
@@ -231,6 +231,7 @@ def _run(
         summary.media, summary.cache = stats.media, stats.cache
         summary.max_tokens_capped = stats.max_tokens_capped
         summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
+        summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
         return _conclude(config, writer, summary, started)
 
 

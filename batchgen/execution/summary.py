@@ -41,6 +41,7 @@ class RunSummary:
     max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
     one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
     unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
+    near_misses: dict[str, tuple[int, str]] = field(default_factory=dict)  # field → (rows, the field meant)
     dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
     private_urls_allowed: bool = False  # the URL policy was off: loopback and private hosts reachable
     wall_s: float = 0.0
@@ -72,6 +73,11 @@ class RunSummary:
             f" · warning: {n} rows without media beside column {name!r}, which looks like media "
             f"(--image-column {name} or --video-column {name} to use it)"
             for name, n in self.unused_media.items()
+        )
+        capped += "".join(
+            f" · warning: {n} rows have field {name!r}, which batchgen does not read (did you mean "
+            f"{meant!r}?)"
+            for name, (n, meant) in self.near_misses.items()
         )
         if self.dropped_columns:
             names = ", ".join(self.dropped_columns)

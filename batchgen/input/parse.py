@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import re
 import string
 from typing import Any
 
-from ..core.constraints import constraint_of
+from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, short
-from ..core.params import Problem, check_params, is_int, is_number
+from ..core.params import OPENAI_FIELDS, PARAMS, Problem, check_params, is_int, is_number
 from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef
 from ..core.settings import Columns
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
 
-__all__ = ["parse_row", "media_like", "template_fields"]
+__all__ = ["parse_row", "media_like", "template_fields", "near_miss", "FIELDS"]
 
 # OpenAI content-part types and (kind, key holding the reference).
 _PART_TYPES = {
@@ -33,6 +35,21 @@ _ROLES = {"system", "user", "assistant", "tool", "developer"}
 # without media beside one of them is probably a mapping the user forgot.
 _MEDIA_NAMES = {"jpg", "jpeg", "png", "webp", "img", "image_url", "image_path", "image_bytes", "url", "mp4",
                 "video_url", "picture", "photo"}  # fmt: skip
+
+
+# Every field a row's value can give batchgen: its parts, its parameters, its constraint.
+FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p in PARAMS), *OPENAI_FIELDS,
+                    *CONSTRAINT_FIELDS, "video_fps", "video_max_frames"})  # fmt: skip
+
+
+@functools.lru_cache(maxsize=4096)  # a job has a few column names; a hostile one's many stay bounded
+def near_miss(name: str) -> str | None:
+    """The field batchgen reads that `name` is one slip away from (`max_token` → `max_tokens`,
+    `imgae` → `image`), if any: such a column is carried as data, so the run says so."""
+    if name in FIELDS or not 3 <= len(name) <= 40:
+        return None
+    near = difflib.get_close_matches(name.lower(), FIELDS, 1, 0.8)
+    return near[0] if near and near[0] != name else None
 
 
 def media_like(name: str, value: Any) -> bool:
@@ -281,9 +298,10 @@ def _parse_row(
     if flat and job.messages:
         _attach_flat_media(job.messages, flat, media)
     job.media = _in_slot_order(job.messages, media)
+    mapped = {c for _, c in columns.named()} | set(_fields_of(template))
     if not job.media:
-        mapped = {c for _, c in columns.named()}
         job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
+    job.near_misses = tuple(k for k in job.raw if isinstance(k, str) and k not in mapped and near_miss(k))
 
     system = job.params.system
     if system and job.messages and job.messages[0]["role"] != "system":
@@ -291,6 +309,14 @@ def _parse_row(
     if problems:
         job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
     return job, problems
+
+
+@functools.lru_cache(maxsize=64)
+def _fields_of(template: str | None) -> tuple[str, ...]:
+    try:
+        return tuple(template_fields(template)) if template else ()
+    except ConfigError:
+        return ()
 
 
 def template_fields(template: str) -> list[str]:

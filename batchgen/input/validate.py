@@ -1,26 +1,71 @@
-"""`batchgen validate`: every problem of every row, found without loading a model."""
+"""`batchgen validate`: every problem of every row, found without loading a model — a problem
+repeated over rows said once with its count, local media checked to exist, fields one slip
+from a field batchgen reads warned about once per file."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..core.errors import ConfigError, JobFileError
-from ..core.records import GenParams
+from ..core.records import GenParams, Job
 from ..core.settings import Columns
-from .parse import parse_row, template_fields
+from .parse import near_miss, parse_row, template_fields
 from .read import id_key, iter_rows
 from .source import resolve
 
-__all__ = ["validate_file"]
+__all__ = ["Finding", "validate_file"]
+
+_SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
+_GROUPS = 10_000  # distinct problems held per file to count repeats; more are said as they come
+
+
+@dataclass(slots=True)
+class Finding:
+    """One line of `validate`: a problem of one row (or of `rows` rows alike, the first named),
+    or a warning that does not fail the file."""
+
+    where: str  # `FILE:LINE` or `FILE: row N` (N counted in that file, from 0)
+    field: str
+    message: str
+    rows: int = 1
+    warning: bool = False
+    more: list[str] = field(default_factory=list)  # a few of the other rows it is in (`line 7`, `row 3`)
+
+    def line(self) -> str:
+        if self.warning:
+            return f"{self.where}: warning: {self.field}: {self.message}"
+        also = ""
+        if self.rows > 1:
+            shown = ", ".join(self.more) + (" …" if self.rows - 1 > len(self.more) else "")
+            also = f" ({self.rows} rows alike; also {shown})"
+        return f"{self.where}: {self.field}: {self.message}{also}"
+
+
+def _missing_media(job: Job, base: str | None) -> Iterator[tuple[str, str]]:
+    """Local media paths that name no regular file (as `run` resolves them, from the job's folder)."""
+    for ref in job.media if base is not None else []:
+        source = ref.source
+        if not isinstance(source, str) or source.startswith("data:") or _SCHEME.match(source):
+            continue  # a URL: `run` fetches it (or names its scheme)
+        try:
+            path = Path(source).expanduser()
+            path = path if path.is_absolute() else Path(base) / path
+            there = path.is_file()
+        except (OSError, ValueError, RuntimeError):
+            there = False
+        if not there:
+            yield ref.kind, f"no such file {source!r:.80}"
 
 
 def validate_file(
     path: Path, fmt: str | None = None, columns: Columns | None = None, template: str | None = None
-) -> Iterator[str]:
-    """Yield one line per problem: `FILE:LINE: field: message` (or `FILE: row N: ...`), the
-    rows read as `run` reads them with this column mapping and prompt template. Columns the
-    mapping names that the file lacks are a ConfigError, as in `run`."""
+) -> Iterator[Finding]:
+    """Each problem of each row read as `run` reads it with this column mapping and prompt
+    template, a file at a time. Columns the mapping names that the file lacks are a
+    ConfigError, as in `run`."""
     source = resolve(path, fmt)
     columns = columns or Columns()
     if columns.prompt and template:
@@ -29,21 +74,41 @@ def validate_file(
     seen: dict[str, str] = {}
     present: set[str] = set()
     rows = parsed = 0
+    groups: dict[tuple[str, str], Finding] = {}
+    slips: dict[str, int] = {}
+    file, first = None, 0
     for raw in iter_rows(source, id_column=columns.id):
+        name = raw.file or str(path)
+        if name != file:
+            yield from _said(file, groups, slips)
+            file, first = name, raw.index
         rows += 1
         if isinstance(raw.value, dict):
             present.update(raw.value)
-        file = raw.file or path
-        where = f"{file}:{raw.line}" if raw.line is not None else f"{file}: row {raw.index}"
+        place = f"line {raw.line}" if raw.line is not None else f"row {raw.index - first}"
+        where = f"{name}:{raw.line}" if raw.line is not None else f"{name}: {place}"
         job, problems = parse_row(raw, GenParams(), template, columns)
         parsed += raw.error is None
-        for field, message in problems:
-            yield f"{where}: {field}: {message}"
+        if not problems:
+            problems = list(_missing_media(job, source.base))
+        for slip in job.near_misses:
+            slips[slip] = slips.get(slip, 0) + 1
+        for field_name, message in problems:
+            found = groups.get((field_name, message))
+            if found is not None:
+                found.rows += 1
+                if len(found.more) < 3:
+                    found.more.append(place)
+            elif len(groups) < _GROUPS:
+                groups[(field_name, message)] = Finding(where, field_name, message)
+            else:
+                yield Finding(where, field_name, message)
         key = id_key(job.id)
         if key in seen:
-            yield f"{where}: id: duplicate id {job.id!r:.80} (first at {seen[key]})"
+            yield Finding(where, "id", f"duplicate id {job.id!r:.80} (first at {seen[key]})")
         else:
             seen[key] = raw.where
+    yield from _said(file, groups, slips)
     if rows and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
     missing = [f"{flag} {name!r}" for flag, name in named if rows and name not in present]
@@ -51,3 +116,16 @@ def validate_file(
         raise ConfigError(
             f"{path}: no column {', '.join(missing)}; its columns: {', '.join(sorted(present))}"
         )
+
+
+def _said(
+    file: str | None, groups: dict[tuple[str, str], Finding], slips: dict[str, int]
+) -> Iterator[Finding]:
+    """A file's problems, each once with its count, then its near-miss fields; both emptied."""
+    yield from groups.values()
+    for name, n in slips.items():
+        meant = near_miss(name)
+        yield Finding(str(file), f"field {name!r}", f"in {n} row(s), not one batchgen reads (did you mean "
+                      f"{meant!r}? it is kept as data)", warning=True)  # fmt: skip
+    groups.clear()
+    slips.clear()

@@ -42,3 +42,45 @@ def test_validate_unreadable_file_exits_2(tmp_path):
     assert code == 2 and "not a readable Parquet file" in output
     code, output = run_cli("validate", str(tmp_path / "missing.jsonl"))
     assert code == 2 and "no such job file" in output
+
+
+def test_validate_counts_repeats_checks_media_numbers_rows_per_file_and_warns_of_slips(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    (shards / "there.png").write_bytes(b"")
+    pq.write_table(pa.table({"id": ["a", "b"], "prompt": ["x", "y"]}), shards / "00000.parquet")
+    rows = {"id": ["c", "d", "e", "f", "g"], "prompt": ["x", None, None, None, "y"],
+            "image": ["there.png", None, None, None, "nope.png"], "max_token": [5, 5, 5, 5, 5]}  # fmt: skip
+    pq.write_table(pa.table(rows), shards / "00001.parquet")
+    code, output = run_cli("validate", str(shards))
+    assert code == 1, output
+    lines = output.splitlines()
+    f1 = "00001.parquet"  # as the folder names it
+    assert (f"{f1}: row 1: prompt: missing: a row needs 'prompt' or 'messages' (3 rows alike; also "
+            "row 2, row 3)") in lines  # fmt: skip
+    assert f"{f1}: row 4: image: no such file 'nope.png'" in lines  # the first file's rows count from 0
+    assert (f"{f1}: warning: field 'max_token': in 5 row(s), not one batchgen reads (did you mean "
+            "'max_tokens'? it is kept as data)") in lines  # fmt: skip
+    assert not any("there.png" in line or "00000.parquet" in line for line in lines)
+    assert "4 problem(s)" in output
+
+
+def test_a_run_warns_once_of_a_field_one_slip_from_one_it_reads(tmp_path, scripted):
+    rows = [
+        {"id": f"r{i}", "prompt": "x", "max_token": 5, "imgae": "x.png", "caption": "kept"} for i in range(3)
+    ]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    code, output = run_cli("run", str(job), "-o", str(tmp_path / "o.parquet"), "--model", "m")
+    assert code == 0, output
+    assert output.count("field 'max_token' is not one batchgen reads; did you mean 'max_tokens'?") == 1
+    assert output.count("field 'imgae' is not one batchgen reads; did you mean 'image'?") == 1
+    assert (
+        "3 rows have field 'max_token', which batchgen does not read (did you mean 'max_tokens'?)" in output
+    )
+    assert "3 rows have field 'imgae'" in output and "'caption'" not in output
+    code, output = run_cli("run", str(job), "-o", str(tmp_path / "p.parquet"), "--model", "m",
+                           "--prompt-template", "{imgae}")  # fmt: skip
+    assert code == 0 and "imgae" not in output.replace("{imgae}", "")  # a template's field is meant

@@ -249,11 +249,16 @@ def load_preset(path: Path | None) -> dict[str, Any]:
         raise ConfigError(f"cannot read config {path}: {one_line(str(e))}") from e
     if not isinstance(data, dict):
         raise ConfigError(f"config {path}: expected a mapping at the top level")
-    # Model paths in a preset are relative to the preset, so it works from any folder.
+    # Model paths in a preset are relative to the preset, so it works from any folder. The
+    # default preset's sample models are in a checkout only: installed from a wheel, it names none.
     for key in ("model", "text_model"):
         value = data.get(key)
         if isinstance(value, str) and value.startswith("."):
-            data[key] = os.path.relpath((path.parent / value).resolve())
+            local = (path.parent / value).resolve()
+            if path.name == "default.yaml" and not local.exists():
+                data.pop(key)
+            else:
+                data[key] = os.path.relpath(local)
     return data
 
 
@@ -297,7 +302,11 @@ def build_config(
         data.pop("text_model", None)  # --model alone means that model for every row
     data.update({k: v for k, v in overrides.items() if v is not None})
     if not data.get("model"):
-        raise ConfigError("no model: pass --model PATH_OR_ID or set `model` in a config")
+        raise ConfigError(
+            "no model: pass --model PATH_OR_ID (e.g. mlx-community/Qwen2.5-VL-3B-Instruct-4bit) or a preset, "
+            "--config qwen2.5-vl-captioning, qwen3-vl-video or olmocr-documents (the bundled sample models "
+            "come with a checkout of the repository, not with the package)"
+        )
     allowed = {f.name for f in dataclasses.fields(RunConfig)} - {"input", "output", "defaults", "media"}
     allowed.discard("columns")
     unknown = set(data) - allowed

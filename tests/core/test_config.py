@@ -87,3 +87,51 @@ def test_a_wheel_installed_outside_the_checkout_finds_its_presets(tmp_path):
     assert module.startswith(str(target)) and preset.startswith(str(target))
     assert preset.endswith("batchgen/configs/qwen2.5-vl-captioning.yaml")
     assert (model, batch_size) == ("mlx-community/Qwen2.5-VL-3B-Instruct-4bit", "16")
+    # The README's first command from the wheel, with no sample models beside it: one line of advice.
+    (tmp_path / "jobs.jsonl").write_text('{"id": 1, "prompt": "Hi."}\n')
+    first = (
+        f"import sys; sys.path[:0] = [{str(target)!r}, *{site.getsitepackages()!r}]\n"
+        "from batchgen.cli import main\n"
+        "main(['run', 'jobs.jsonl', '-o', 'results.parquet'])\n"
+    )
+    done = subprocess.run([sys.executable, "-S", "-c", first], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert (
+        "error: no model: pass --model PATH_OR_ID" in done.stderr
+        and "--config qwen2.5-vl-captioning" in done.stderr
+    )
+
+
+# Each real-model preset and the tiny checkpoint of its model's family (families-notes.md):
+# the preset's settings run a row on that family offline. A new preset names its stand-in here.
+STAND_INS = {"qwen2.5-vl-captioning": "qwen2_5_vl", "qwen3-vl-video": "qwen3_vl", "olmocr-documents": "vlm"}
+
+
+@pytest.mark.slow  # builds a tiny checkpoint per family
+@pytest.mark.parametrize("preset", sorted(STAND_INS))
+def test_each_real_model_preset_runs_on_a_tiny_stand_in_of_its_family(tmp_path, preset):
+    import json
+
+    from conftest import MEDIA, read, run_cli
+
+    from batchgen.tools.tiny.builder import make_tiny_model
+
+    presets = {p.stem for p in (ROOT / "configs").glob("*.yaml")} - {"default"}
+    assert presets == set(STAND_INS)  # every preset has its stand-in
+    config = build_config("j.jsonl", "o.parquet", preset)
+    assert config.model.startswith("mlx-community/")
+    model = make_tiny_model(tmp_path / "model", STAND_INS[preset])
+    assert json.loads((model / "config.json").read_text())["model_type"] in {
+        "qwen2_vl",
+        "qwen2_5_vl",
+        "qwen3_vl",
+    }
+    job = tmp_path / "jobs.jsonl"
+    rows = [{"id": "img", "image": str(MEDIA / "red_circle.png"), "prompt": "Describe it."},
+            {"id": "clip", "video": str(MEDIA / "moving_dot.mp4"), "prompt": "What moves?"}]  # fmt: skip
+    job.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--config", preset, "--model", str(model),
+                           "--max-tokens", "4", "-q")  # fmt: skip
+    assert code == 0, output
+    assert [r["status"] for r in read(out)] == ["ok", "ok"]

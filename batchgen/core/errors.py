@@ -38,9 +38,11 @@ def describe(source: str | bytes, width: int = 80) -> str:
     return one_line(source)
 
 
-def gist(message: str) -> str:
-    """An error without the parts that differ from row to row (the reference before ': ')."""
-    return message.split(": ", 1)[-1][:120]
+def gist(message: str, stage: str | None = None) -> str:
+    """An error without the parts that differ from row to row: a media stage's reference
+    before ': ' (`https://x/a.png: HTTP 404` → `HTTP 404`); a `read` error keeps its field
+    (`stop: True is not supported`)."""
+    return (message if stage == "read" else message.split(": ", 1)[-1])[:120]
 
 
 def short(e: BaseException, width: int = 200) -> str:

@@ -112,6 +112,7 @@ class Job:
     error: str | None = None
     unused_media: tuple[str, ...] = ()  # a row without media: its columns that look like media
     near_misses: tuple[str, ...] = ()  # its fields one slip from a field batchgen reads (`max_token`)
+    asked_model: str | None = None  # an OpenAI Batch line's body.model: not used, said once
 
     @property
     def where(self) -> str:

@@ -258,7 +258,7 @@ def load_preset(path: Path | None) -> dict[str, Any]:
             if path.name == "default.yaml" and not local.exists():
                 data.pop(key)
             else:
-                data[key] = os.path.relpath(local)
+                data[key] = str(local)  # absolute: the output's `model` reads the same from any folder
     return data
 
 

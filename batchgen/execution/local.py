@@ -172,10 +172,15 @@ class LocalExecutor(Executor):
         engines.load_drafter()  # a drafter that cannot pair with its target stops the run before any row
         self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
         self.near_misses: dict[str, int] = {}  # rows with a field one slip from a field of ours
+        self.said_model = False  # an OpenAI Batch file's body.model, said once
 
     def _counted(self, job: Job) -> Job:
         for name in job.unused_media:
             self.unused_media[name] = self.unused_media.get(name, 0) + 1
+        if job.asked_model and not self.said_model:
+            self.said_model = True
+            log.warning("%s: body.model %r is not used: the rows run on %s", job.where, job.asked_model[:80],
+                        self.engines.model_for(job))  # fmt: skip
         for name in job.near_misses:
             if name not in self.near_misses:  # the first row with it: said at once, counted at the end
                 log.warning("%s: field %r is not one batchgen reads; did you mean %r? (kept as data)",

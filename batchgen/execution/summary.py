@@ -61,7 +61,8 @@ class RunSummary:
         if self.cache:
             c = self.cache
             cache = (
-                f" · cache {c.prefix_hits} hits / {c.prefix_misses} misses ({c.prefix_hit_rate:.0%}), "
+                f" · prefix cache {c.prefix_hits} hits / {c.prefix_misses} misses "
+                f"({c.prefix_hit_rate:.0%} of lookups), "
                 f"{c.prompt_tokens_saved} prompt tokens saved"
             )
         drafts = ""
@@ -94,8 +95,11 @@ class RunSummary:
                 f" · incomplete: {self.rows:,} of {self.job_rows:,} rows, {self.pending:,} pending "
                 f"(rerun without --limit to finish){capped}"
             )
+        counts = f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped}"
+        if not self.generated:  # a cron rerun with nothing left: no speed to speak of
+            return f"{counts} · nothing to do"
         return (
-            f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped} · "
+            f"{counts} · "
             f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
             f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
@@ -138,7 +142,7 @@ def finish(s: RunSummary, table: pa.Table, job_rows: int, wall: float) -> RunSum
     for stage, message in zip(stages, messages, strict=True):
         if stage:
             s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
-            errors[(stage, gist(message or ""))] += 1
+            errors[(stage, gist(message or "", stage))] += 1
     s.commonest_errors = [f"{n}× {stage}: {message}" for (stage, message), n in errors.most_common(3)]
     s.acceptance_rate = round(s.mtp_accepted / s.mtp_drafts, 4) if s.mtp_drafts else 0.0
     s.wall_s = round(wall, 3)
@@ -151,6 +155,6 @@ def progress(s: RunSummary, cache: CacheStats | None, elapsed: float) -> str:
     """The bar's tail: tokens/s, cache hit rate, failed rows (tqdm shows rows/s itself)."""
     parts = [f"{s.completion_tokens / max(elapsed, 1e-9):.0f} tok/s"]
     if cache is not None and cache.prefix_hits + cache.prefix_misses:
-        parts.append(f"cache {cache.prefix_hit_rate:.0%}")
+        parts.append(f"prefix hits {cache.prefix_hit_rate:.0%}")
     parts.append(f"{s.failed} failed")
     return ", ".join(parts)

@@ -257,6 +257,8 @@ def _parse_row(
             job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
             return job, problems
         value = request
+        body_model = job.raw["body"].get("model")
+        job.asked_model = body_model if isinstance(body_model, str) else None
     if columns.named():
         value = _mapped(value, columns, problems)
     if template is not None:
@@ -299,7 +301,7 @@ def _parse_row(
         _attach_flat_media(job.messages, flat, media)
     job.media = _in_slot_order(job.messages, media)
     mapped = {c for _, c in columns.named()} | set(_fields_of(template))
-    if not job.media:
+    if not job.media and not is_batch_request(job.raw):  # a Batch line's `url` is its endpoint
         job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
     job.near_misses = tuple(k for k in job.raw if isinstance(k, str) and k not in mapped and near_miss(k))
 

@@ -55,9 +55,25 @@ def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[s
         previous["generation"] = {**defaults, **previous["generation"]}
     if previous is None or previous == settings:
         return
-    keys = sorted(k for k in {*previous, *settings} if previous.get(k) != settings.get(k))
-    changes = ", ".join(f"{k}: {previous.get(k)!r} then, {settings.get(k)!r} now" for k in keys)
+    changes = ", ".join(f"{k}: {then!r} then, {now!r} now" for k, then, now in _changed(previous, settings))
     raise ConfigError(f"{where} were made with other settings ({changes}); pass --overwrite to start over")
+
+
+def _changed(
+    previous: dict[str, Any], settings: dict[str, Any], prefix: str = ""
+) -> list[tuple[str, Any, Any]]:
+    """(key, then, now) of each setting that differs; within a mapping (the generation
+    parameters), only the entries that differ: `generation.max_tokens: 48 then, 5 now`."""
+    out = []
+    for k in sorted({*previous, *settings}):
+        then, now = previous.get(k), settings.get(k)
+        if then == now:
+            continue
+        if isinstance(then, dict) and isinstance(now, dict):
+            out += _changed(then, now, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", then, now))
+    return out
 
 
 def finished(sources: Iterable[Path | str], store: Any = None) -> dict[str, str | None]:

@@ -33,7 +33,9 @@ def summarize(path: Path, slowest: int = 5) -> str:
     by_stage: dict[str, Counter[str]] = {}
     for r in rows:
         if r["status"] != "ok":
-            by_stage.setdefault(r["error_stage"] or "?", Counter())[gist(r["error"] or "")] += 1
+            by_stage.setdefault(r["error_stage"] or "?", Counter())[
+                gist(r["error"] or "", r["error_stage"])
+            ] += 1
     if by_stage:
         lines.append("errors by stage:")
         for stage, messages in sorted(by_stage.items(), key=lambda kv: -sum(kv[1].values())):
@@ -62,7 +64,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
     reused = sum(c > 0 for c in cached)
     if cached:
         lines.append(
-            f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%}), "
+            f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%} of rows), "
             f"{sum(cached)} prompt tokens saved"
         )
     drafted = sum(r.get("mtp_drafts") or 0 for r in rows)

@@ -132,6 +132,8 @@ def test_openai_batch_round_trip(tmp_path):
     code, output = run_cli("run", str(job), "-o", str(out), "--output-format", "openai", "--model", CAPTIONER,
                            "--text-model", str(MODELS / "tiny-lm"), "-q")  # fmt: skip
     assert code == 1, output
+    assert output.count("body.model 'gpt-4o-mini' is not used: the rows run on") == 1, output
+    assert "looks like media" not in output  # a Batch line's `url` is its endpoint
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [line["custom_id"] for line in lines] == ["req-1", "req-2", "req-3"]
     for line in lines[:2]:
@@ -239,7 +241,7 @@ def test_inspect_counts(tmp_path):
     assert re.search(r"\n  fetch +2\n +2 × HTTP 404 Not Found\n", text)
     assert re.search(r"\n  decode +1\n +1 × corrupt image\n", text)
     assert "tokens: 20 prompt, 8 completion" in text
-    assert "cache: 1 of 2 rows reused a prefix (50%), 6 prompt tokens saved" in text
+    assert "cache: 1 of 2 rows reused a prefix (50% of rows), 6 prompt tokens saved" in text
     assert "drafts: 6/8 accepted (75%)" in text
     assert text.index("  b: 900 ms") < text.index("  a: 50 ms")
 
@@ -508,3 +510,17 @@ def test_environment_variables_are_named_after_the_flags_and_a_typo_is_named(tmp
     monkeypatch.setenv("BATCHGEN_CAPTION_MAX_TOKENS", "many")
     code, output = run_cli("caption", str(folder), "-o", str(out), "--model", CAPTIONER, "-q")
     assert code == 2 and "(from the environment variable BATCHGEN_CAPTION_MAX_TOKENS)" in output
+
+
+def test_env_says_the_backend_the_versions_and_the_blas(monkeypatch):
+    import importlib.metadata
+
+    code, output = run_cli("env")
+    assert code == 0, output
+    assert re.search(r"^mlx backend: (cpu|metal|cuda), default device Device\(", output, re.M)
+    assert f"\nmlx: {importlib.metadata.version('mlx')}\n" in output
+    assert f"\nmlx-vlm: {importlib.metadata.version('mlx-vlm')}\n" in output
+    if sys.platform.startswith("linux") and "backend: cpu" in output:
+        assert re.search(r"^blas: .*blas", output, re.M)
+        if "(the reference BLAS" in output and "faster blas installed" in output:
+            assert "LD_PRELOAD=" in output and "OPENBLAS_NUM_THREADS=1" in output

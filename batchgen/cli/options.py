@@ -40,12 +40,13 @@ def _generation_options() -> list:
         default = preset.get(p.name, p.default)
         shown = "none" if default in (None, ()) else default
         origin = " from the default preset" if p.name in preset else ""
+        kind = {"is_flag": True, "default": None} if p.cli is bool else {"type": p.cli}
         options.append(
             option(
                 f"--{p.name.replace('_', '-')}",
-                type=p.cli,
                 multiple=p.name == "stop",
                 help=f"{p.help} [{shown}{origin}].",
+                **kind,
             )  # fmt: skip
         )
     return options

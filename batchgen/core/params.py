@@ -39,6 +39,7 @@ def _stop(v: Any) -> tuple[Any, str | None]:
 
 
 _MOST_CHOICES = 16  # completions per row: each is a row's worth of decoding
+_MOST_TOP = 20  # top_logprobs per token: OpenAI's bound
 
 
 def _logit_bias(v: Any) -> tuple[Any, str | None]:
@@ -96,6 +97,10 @@ PARAMS = (
     Param("system", _rule(lambda v: isinstance(v, str), "a string"), "System prompt", str),
     Param("chat_template_kwargs", _rule(lambda v: isinstance(v, dict), "an object", dict),
           "Chat template keywords", None, ("chat_template_kwargs",)),
+    Param("logprobs", _rule(lambda v: isinstance(v, bool), "true or false"),
+          "Record each generated token's log-probability (a logprobs column)", bool, ("logprobs",)),
+    Param("top_logprobs", _rule(lambda v: is_int(v) and 0 <= v <= _MOST_TOP, f"an integer in [0, {_MOST_TOP}]"),  # noqa: E501
+          "... and its k likeliest alternatives", int, ("top_logprobs",)),
 )  # fmt: skip
 
 NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells

@@ -66,6 +66,12 @@ class GenParams:
     seed: int | None = None
     system: str | None = None
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    logprobs: bool = False  # record each generated token's log-probability
+    top_logprobs: int = 0  # ... and its k likeliest alternatives (asks for logprobs too)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
 
 
 @dataclass(slots=True, frozen=True)
@@ -147,6 +153,8 @@ class Generation:
     mtp_drafts: int = 0
     mtp_accepted: int = 0
     capped: bool = False  # max_tokens was lowered to what the model's context leaves
+    # with logprobs: per generated token {token, id, logprob, top_logprobs: [{token, id, logprob}]}
+    logprobs: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)
@@ -173,6 +181,7 @@ class Result:
     transient: bool = False  # the failure may not happen again (a server down, a timeout): retried
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
     parsed: str | None = None  # a JSON-constrained row: its output, parsed and checked, as JSON text
+    logprobs: list[dict[str, Any]] | None = None  # with logprobs: Generation.logprobs
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
     # Not a column: the kinds of the row's answer fields (constraints.answer_kinds) as JSON,
     # from which the writer makes the typed `answer.<field>` columns beside `parsed`.

@@ -53,6 +53,7 @@ def _result(
         result.transient = outcome.transient
     else:
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
+        result.logprobs = outcome.logprobs
         for name in TOTALS:
             setattr(result, name, getattr(outcome, name))
         if constraint is not None:  # never output that misses its constraint marked ok
@@ -89,8 +90,8 @@ def _combined(outcomes: list[Generation | RowError]) -> tuple[Generation | RowEr
         mtp_drafts=sum(g.mtp_drafts for g in gens), mtp_accepted=sum(g.mtp_accepted for g in gens),
         capped=any(g.capped for g in gens),
     )  # fmt: skip
-    choices = [{"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens}
-               for g in gens]  # fmt: skip
+    choices = [{"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens,
+                **({"logprobs": g.logprobs} if g.logprobs is not None else {})} for g in gens]  # fmt: skip
     return first, json.dumps(choices)
 
 

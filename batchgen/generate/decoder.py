@@ -23,7 +23,7 @@ import mlx.core as mx
 from ..core.errors import StopRequested
 from ..core.records import GenParams
 from .prefix_cache import PrefixCache
-from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for
+from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
 
 __all__ = [
     "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter",
@@ -51,6 +51,9 @@ class Sequence:
     finish_reason: str = "length"
     cached_tokens: int = 0
     text: str = ""
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(
+        default_factory=list
+    )  # with params.logprobs
 
 
 @dataclass(slots=True)
@@ -342,9 +345,15 @@ class DecodeBatch:
         """Sample each row's next token and return the rows still running."""
         seqs = self.seqs
         if all(self.samplers[i] is None and not self.processors[i] for i in rows):
-            picked = mx.argmax(logits, axis=-1).tolist()
+            picked, shaped = mx.argmax(logits, axis=-1).tolist(), None
         else:
-            picked = self._sampled(rows, logits)
+            picked, shaped = self._sampled(rows, logits)
+        want = [j for j, i in enumerate(rows) if seqs[i].params.wants_logprobs]
+        if want:
+            rows_lp = logits[mx.array(want)] if shaped is None else mx.concatenate([shaped[j] for j in want])
+            ks = [seqs[rows[j]].params.top_logprobs for j in want]
+            for j, record in zip(want, token_logprobs(rows_lp, [picked[j] for j in want], ks), strict=True):
+                seqs[rows[j]].logprobs.append(record)
         now = time.monotonic()
         running = []
         for i, token in zip(rows, picked, strict=True):
@@ -364,8 +373,9 @@ class DecodeBatch:
             seq.text = final_text(seq.tokens, self.eos, seq.params.stop, self.decode)
         return running
 
-    def _sampled(self, rows: list[int], logits: mx.array) -> list[int]:
-        """Each row's processors on its own logits, then one evaluation for the greedy rows."""
+    def _sampled(self, rows: list[int], logits: mx.array) -> tuple[list[int], list[mx.array]]:
+        """Each row's processors on its own logits, then one evaluation for the greedy rows;
+        the picks and the logits they were picked from."""
         shaped = []
         for j, i in enumerate(rows):
             row = logits[j : j + 1]
@@ -385,7 +395,7 @@ class DecodeBatch:
             if sampler is not None:
                 row = shaped[j]
                 picked[j] = sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).item()
-        return picked
+        return picked, shaped
 
 
 def _merge(caches: list[list[Any]]) -> list[Any]:

@@ -27,6 +27,7 @@ from .models import ModelInfo
 from .one_row import generate_draft_lm, generate_vlm
 from .prefix_cache import PrefixCache
 from .prompts import apply_template, check_length, message_bounds, text_only
+from .sampling import logprob_records
 
 __all__ = [
     "Plan",
@@ -112,7 +113,8 @@ class BatchedLane(Lane):
                 finished.add(i)
                 s = seqs[i]
                 tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
-                yield i, Generation(s.text, s.finish_reason, *tokens, capped=s.capped)
+                logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
+                yield i, Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs)
         except Exception as e:  # an engine error fails these rows, not the run
             if len(plans) == 1:
                 yield 0, row_error(e)
@@ -176,7 +178,8 @@ class SingleLane(_OneByOne):
 
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
         model, processor = self.models.vlm()
-        vision_drafter = self.models.drafter_lane == "vlm" and plan.job.params.constraint is None
+        p = plan.job.params
+        vision_drafter = self.models.drafter_lane == "vlm" and p.constraint is None and not p.wants_logprobs
         drafter = self.models.drafter if vision_drafter else None
         if drafter is not None:
             self.models.load_drafter()

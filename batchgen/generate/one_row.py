@@ -7,12 +7,22 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import mlx.core as mx
+
 from ..core.records import Generation, GenParams, Job, Media
 from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
 from .prompts import apply_template, template_parts, text_only
-from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for
+from .sampling import (
+    HISTORY,
+    final_text,
+    hit_stop,
+    logits_processors_for,
+    logprob_records,
+    sampler_for,
+    token_logprobs,
+)
 
 __all__ = ["collect", "generate_vlm", "generate_draft_lm"]
 
@@ -27,6 +37,7 @@ def collect(
     watch = watch or Watch()
     deadline = watch.deadline(time.monotonic())
     tokens: list[int] = []
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = []
     last = None
     stopped = capped = timed_out = False
     for last in stream:
@@ -38,6 +49,9 @@ def collect(
         if last.token is None:
             continue
         tokens.append(int(last.token.item() if hasattr(last.token, "item") else last.token))
+        if p.wants_logprobs and getattr(last, "logprobs", None) is not None:  # the engine's, as the decoder's
+            row = mx.array(last.logprobs).reshape(1, -1)
+            logprobs += token_logprobs(row, [tokens[-1]], [p.top_logprobs])
         if p.stop and hit_stop(tokens, p.stop, tokenizer.decode):
             stopped = True
             break
@@ -58,6 +72,9 @@ def collect(
         completion_tokens=completion,
         cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),
         capped=capped,
+        logprobs=logprob_records(tokens[: len(logprobs)], logprobs[: len(tokens)], tokenizer.decode)
+        if p.wants_logprobs
+        else None,
     )
 
 
@@ -65,7 +82,6 @@ def generate_draft_lm(
     model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter, watch: Watch | None = None
 ) -> Generation:
     """mlx-lm's speculative loop with a text draft model; draft counts replayed from its flags."""
-    import mlx.core as mx
     from mlx_lm import stream_generate
 
     if p.seed is not None:
@@ -105,8 +121,6 @@ def _seeing_the_prompt(processors: list[Callable], prompt: list[int]) -> list[Ca
     and then the generated tokens, as in mlx-lm and the batched lanes. mlx-vlm hands them its
     own history (the last prompt token, or the whole prompt unchunked, then each generated
     token): only its generated tail, as many tokens as calls so far, is taken from it."""
-    import mlx.core as mx
-
     head = mx.array(prompt[-HISTORY:])
     calls = [0]
 
@@ -148,8 +162,6 @@ def generate_vlm(
         images += [Image.fromarray(f) for v in videos for f in v]
         videos = []
     if p.seed is not None:
-        import mlx.core as mx
-
         mx.random.seed(p.seed)
     processors = logits_processors_for(p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))
     if processors:

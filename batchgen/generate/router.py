@@ -84,7 +84,8 @@ class Engines:
         """The lane of a row: text rows on mlx-lm (speculative with a text drafter), media rows
         (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
         else one at a time through mlx-vlm."""
-        constrained = job.params.constraint is not None  # a drafter's guesses would skip the mask
+        # A drafter's guesses would skip the mask, and mlx-vlm's drafters report no logprobs.
+        constrained = job.params.constraint is not None or job.params.wants_logprobs
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             return self.draft if self.models.drafter_lane == "lm" and not constrained else self.text
         model = self.models.vlm()[0]

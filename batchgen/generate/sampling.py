@@ -11,7 +11,15 @@ import mlx.core as mx
 
 from ..core.records import GenParams
 
-__all__ = ["HISTORY", "sampler_for", "logits_processors_for", "hit_stop", "final_text"]
+__all__ = [
+    "HISTORY",
+    "sampler_for",
+    "logits_processors_for",
+    "hit_stop",
+    "final_text",
+    "token_logprobs",
+    "logprob_records",
+]
 
 # Logits processors (penalties) see the prompt and then the generated tokens, on every lane
 # (mlx-lm's rule; one_row.py brings mlx-vlm's generate to it): its last HISTORY tokens, more
@@ -43,6 +51,43 @@ def logits_processors_for(p: GenParams, tokenizer: Any = None, eos: set[int] | N
 
         processors.append(processor(p.constraint, tokenizer, sorted(eos or ())))
     return processors
+
+
+def token_logprobs(
+    shaped: mx.array, picked: list[int], ks: list[int]
+) -> list[tuple[float, list[tuple[int, float]]]]:
+    """Each row's chosen token's log-probability and its k likeliest tokens (id, logprob),
+    likeliest first, from the logits a row's token was picked from: after its penalties,
+    biases and constraint mask, before temperature (mlx-lm's and OpenAI's rule: the model's
+    distribution over what the row may say, whatever sampler then draws from it). Computed in
+    float32; one evaluation for all rows."""
+    lp = shaped.astype(mx.float32)
+    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(lp, mx.array(picked)[:, None], axis=-1)[:, 0]
+    k = max(ks)
+    if k:
+        top = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
+        values = mx.take_along_axis(lp, top, axis=-1)
+        mx.eval(chosen, top, values)
+        rows = zip(top.tolist(), values.tolist(), ks, strict=True)
+        tops = [sorted(zip(t, v, strict=True), key=lambda x: -x[1])[:n] for t, v, n in rows]
+    else:
+        mx.eval(chosen)
+        tops = [[] for _ in picked]
+    return list(zip(chosen.tolist(), tops, strict=True))
+
+
+def logprob_records(
+    tokens: list[int],
+    logprobs: list[tuple[float, list[tuple[int, float]]]],
+    decode: Callable[[list[int]], str],
+) -> list[dict[str, Any]]:
+    """The `logprobs` column of a row: per generated token its text, id, logprob and top alternatives."""
+    return [
+        {"token": decode([t]), "id": t, "logprob": lp,
+         "top_logprobs": [{"token": decode([u]), "id": u, "logprob": v} for u, v in top]}
+        for t, (lp, top) in zip(tokens, logprobs, strict=True)
+    ]  # fmt: skip
 
 
 def hit_stop(tokens: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> bool:

@@ -27,8 +27,7 @@ def row_id(value: dict[str, Any]) -> Any:
 # Body fields that do not change the answer: taken and left alone.
 _HARMLESS = {"model", "user", "metadata", "store", "service_tier", "messages"}
 # Fields whose default (or these values) asks nothing of the engine; any other value is refused.
-_ONLY_DEFAULT = {"stream": (False,), "logprobs": (False,), "top_logprobs": (0,),
-                 "parallel_tool_calls": (True, False)}  # fmt: skip
+_ONLY_DEFAULT = {"stream": (False,), "parallel_tool_calls": (True, False)}  # fmt: skip
 _TAKEN = {"response_format"}  # carried to the row as they are (parse.constraint_of reads it)
 
 

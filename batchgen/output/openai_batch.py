@@ -20,7 +20,26 @@ def _choices(row: dict[str, Any]) -> list[dict[str, Any]]:
     """A row's completions: all n of them (`choices`), or its one."""
     if row.get("choices"):
         return json.loads(row["choices"])
-    return [{"text": row["generated_text"], "finish_reason": row["finish_reason"]}]
+    return [
+        {
+            "text": row["generated_text"],
+            "finish_reason": row["finish_reason"],
+            "logprobs": row.get("logprobs"),
+        }
+    ]
+
+
+def _token(record: dict[str, Any]) -> dict[str, Any]:
+    return {"token": record["token"], "logprob": record["logprob"], "bytes": list(record["token"].encode())}
+
+
+def _logprobs(records: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The API's `choices[].logprobs`: per token its text, logprob, UTF-8 bytes and the top
+    alternatives alike (a token that is part of a character decodes to U+FFFD: its bytes are those)."""
+    if records is None:
+        return None
+    return {"content": [{**_token(r), "top_logprobs": [_token(t) for t in r["top_logprobs"] or []]}
+                        for r in records], "refusal": None}  # fmt: skip
 
 
 def _request_id(custom_id: Any) -> str:
@@ -60,6 +79,7 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
                             "index": k,
                             "message": {"role": "assistant", "content": c["text"]},
                             "finish_reason": c["finish_reason"],
+                            "logprobs": _logprobs(c.get("logprobs")),
                         }
                         for k, c in enumerate(_choices(row))
                     ],

@@ -32,8 +32,17 @@ def _arrow_type(hint: Any) -> pa.DataType:
 _HINTS = typing.get_type_hints(Result)
 
 
+_TOKEN = [("token", pa.string()), ("id", pa.int64()), ("logprob", pa.float64())]
+LOGPROBS_TYPE = pa.list_(pa.struct([*_TOKEN, ("top_logprobs", pa.list_(pa.struct(_TOKEN)))]))
+_TYPED = {"logprobs": LOGPROBS_TYPE}  # our columns that are not one scalar a row
+
+
 RESULT_SCHEMA = pa.schema(  # a Result as Arrow (how Ray's actors hand results back)
-    [(f.name, _arrow_type(_HINTS[f.name])) for f in dataclasses.fields(Result) if f.name != "id"]
+    [
+        (f.name, _TYPED.get(f.name) or _arrow_type(_HINTS[f.name]))
+        for f in dataclasses.fields(Result)
+        if f.name != "id"
+    ]
 )
 _WRITTEN = [f for f in RESULT_SCHEMA if f.name in RESULT_COLUMNS]
 

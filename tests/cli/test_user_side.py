@@ -210,7 +210,9 @@ def test_openai_batch_fields_are_honoured_or_refused_never_ignored(tmp_path):
     tokens = tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens
     assert texts("penalised") == [tokenizer.decode(tokens)] and texts("penalised") != texts("plain")
 
-    assert lines["logprobs"]["error"]["message"] == "body.logprobs: True is not supported by batchgen"
+    assert lines["logprobs"]["error"] is None  # honoured now: each token's logprob
+    body = lines["logprobs"]["response"]["body"]
+    assert len(body["choices"][0]["logprobs"]["content"]) == body["usage"]["completion_tokens"]
     assert lines["tools"]["error"]["message"] == "body.tools: not supported by batchgen"
     assert lines["plain"]["error"] is None
 

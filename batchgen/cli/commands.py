@@ -218,6 +218,7 @@ def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | 
 @option("--system-column", **COLUMN)
 @option("--image-column", multiple=True, **COLUMN)
 @option("--video-column", multiple=True, **COLUMN)
+@option("--score-column", **COLUMN)
 @option("--prompt-template", help="As for run.")
 def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flags) -> None:
     """Check every row of JOB_FILE as `run` would read it (with the same column mapping and

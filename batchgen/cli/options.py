@@ -55,7 +55,8 @@ def _generation_options() -> list:
 # `run --help` in sections, by option name (the generation options are all the rest).
 _SECTIONS = {
     "Input": ("paths", "job_file", "output", "fmt", "limit", "prompts", "extensions", "prompt_template",
-              "id_column", "prompt_column", "system_column", "image_column", "video_column", "shard"),
+              "id_column", "prompt_column", "system_column", "image_column", "video_column", "score_column",
+              "shard"),
     "Models": ("model", "text_model", "preset"),
     "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
               "fetch_workers", "decode_workers"),
@@ -143,7 +144,7 @@ class Sectioned(click.Command):
 
 COLUMN = {"metavar": "NAME"}
 COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "system",
-                 "image_column": "image", "video_column": "video"}  # fmt: skip
+                 "image_column": "image", "video_column": "video", "score_column": "score"}  # fmt: skip
 
 
 def _column_options() -> list:
@@ -152,6 +153,7 @@ def _column_options() -> list:
         option("--id-column", help="Column holding each row's id [id].", **COLUMN),
         option("--prompt-column", help="Column holding the prompt [prompt].", **COLUMN),
         option("--system-column", help="Column holding the system prompt [system].", **COLUMN),
+        option("--score-column", help="Column whose text is scored as the answer [score_text].", **COLUMN),
         option(
             "--image-column",
             multiple=True,

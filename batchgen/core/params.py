@@ -101,6 +101,8 @@ PARAMS = (
           "Record each generated token's log-probability (a logprobs column)", bool, ("logprobs",)),
     Param("top_logprobs", _rule(lambda v: is_int(v) and 0 <= v <= _MOST_TOP, f"an integer in [0, {_MOST_TOP}]"),  # noqa: E501
           "... and its k likeliest alternatives", int, ("top_logprobs",)),
+    Param("score_only", _rule(lambda v: isinstance(v, bool), "true or false"),
+          "Score the row's choices or text without generating", bool),
 )  # fmt: skip
 
 NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells

@@ -17,6 +17,7 @@ __all__ = [
     "GenParams",
     "MediaRef",
     "Job",
+    "Scoring",
     "Media",
     "Generation",
     "Result",
@@ -68,6 +69,7 @@ class GenParams:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False  # record each generated token's log-probability
     top_logprobs: int = 0  # ... and its k likeliest alternatives (asks for logprobs too)
+    score_only: bool = False  # score the row's choices / text without generating
 
     @property
     def wants_logprobs(self) -> bool:
@@ -100,6 +102,16 @@ class MediaRef:
     source: str | bytes  # bytes: the media themselves, from a binary column
 
 
+@dataclass(slots=True, frozen=True)
+class Scoring:
+    """What a row asks to be scored: each of `choices` (a guided_choice's, or choices_to_score)
+    as the whole answer, normalized over them; `text` (score_text) as the answer."""
+
+    choices: tuple[str, ...] = ()
+    text: str | None = None
+    asked: bool = True  # the row asked for scores (False: a guided_choice's, scored where a lane can)
+
+
 @dataclass(slots=True)
 class Job:
     """A parsed row. `messages` hold text parts and `{"type": kind, "media": i}` parts that
@@ -119,6 +131,7 @@ class Job:
     unused_media: tuple[str, ...] = ()  # a row without media: its columns that look like media
     near_misses: tuple[str, ...] = ()  # its fields one slip from a field batchgen reads (`max_token`)
     asked_model: str | None = None  # an OpenAI Batch line's body.model: not used, said once
+    scoring: Scoring | None = None  # answers to score as the assistant's reply, without generating them
 
     @property
     def where(self) -> str:
@@ -155,6 +168,10 @@ class Generation:
     capped: bool = False  # max_tokens was lowered to what the model's context leaves
     # with logprobs: per generated token {token, id, logprob, top_logprobs: [{token, id, logprob}]}
     logprobs: list[dict[str, Any]] | None = None
+    choice_scores: list[dict[str, Any]] | None = None  # [{choice, logprob, prob, tokens}]
+    score_logprob: float | None = None  # score_text: its total log-probability as the answer
+    score_mean: float | None = None  # ... per token
+    score_tokens: int | None = None  # ... its tokens (the end-of-turn one included)
 
 
 @dataclass(slots=True)
@@ -182,6 +199,10 @@ class Result:
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
     parsed: str | None = None  # a JSON-constrained row: its output, parsed and checked, as JSON text
     logprobs: list[dict[str, Any]] | None = None  # with logprobs: Generation.logprobs
+    choice_scores: list[dict[str, Any]] | None = None  # scored choices: Generation.choice_scores
+    score_logprob: float | None = None  # score_text: Generation.score_logprob
+    score_mean: float | None = None
+    score_tokens: int | None = None
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
     # Not a column: the kinds of the row's answer fields (constraints.answer_kinds) as JSON,
     # from which the writer makes the typed `answer.<field>` columns beside `parsed`.

@@ -76,11 +76,13 @@ class Columns:
     prompt: str | None = None
     system: str | None = None
     image: tuple[str, ...] = ()  # several columns: each row's images in this order
+    score: str | None = None  # a text to score as the answer (score_text): a crawl's alt text
     video: tuple[str, ...] = ()
 
     def named(self) -> list[tuple[str, str]]:
         """(flag, column) for each mapped column."""
-        pairs = [("--id-column", self.id), ("--prompt-column", self.prompt), ("--system-column", self.system)]
+        pairs = [("--id-column", self.id), ("--prompt-column", self.prompt), ("--system-column", self.system),
+                 ("--score-column", self.score)]  # fmt: skip
         pairs += [("--image-column", c) for c in self.image] + [("--video-column", c) for c in self.video]
         return [(flag, c) for flag, c in pairs if c]
 
@@ -387,7 +389,8 @@ def build_columns(preset: Any, flags: dict[str, Any]) -> Columns:
     unknown = set(values) - {f.name for f in dataclasses.fields(Columns)}
     if unknown:
         raise ConfigError(
-            f"unknown columns setting(s): {', '.join(sorted(unknown))} (id, prompt, system, image, video)"
+            f"unknown columns setting(s): {', '.join(sorted(unknown))} "
+            "(id, prompt, system, image, video, score)"
         )
     for key in ("image", "video"):
         if isinstance(values.get(key), str):

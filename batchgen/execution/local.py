@@ -53,7 +53,9 @@ def _result(
         result.transient = outcome.transient
     else:
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
-        result.logprobs = outcome.logprobs
+        result.logprobs, result.choice_scores = outcome.logprobs, outcome.choice_scores
+        result.score_logprob, result.score_mean, result.score_tokens = (
+            outcome.score_logprob, outcome.score_mean, outcome.score_tokens)  # fmt: skip
         for name in TOTALS:
             setattr(result, name, getattr(outcome, name))
         if constraint is not None:  # never output that misses its constraint marked ok

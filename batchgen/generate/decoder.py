@@ -27,7 +27,7 @@ from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, samp
 
 __all__ = [
     "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter",
-    "decode_stream", "DecodeBatch",
+    "decode_stream", "DecodeBatch", "prefill", "merge_caches",
 ]  # fmt: skip
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
@@ -95,6 +95,11 @@ class Adapter:
         together on their merged cache; `embeds`: each tail's embeddings, or None."""
         raise NotImplementedError
 
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        """Logits at every position of `tokens` (k, L): k continuations of the row's whole
+        prompt, fed together on k copies of its cache (answers scored teacher-forced)."""
+        raise NotImplementedError
+
 
 class LMAdapter(Adapter):
     """mlx-lm models: positions come from the cache offsets, batched or not."""
@@ -117,6 +122,9 @@ class LMAdapter(Adapter):
         self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
     ) -> mx.array:
         return self.model(_tails(seqs, a), cache=cache)[:, -1]
+
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        return self.model(tokens, cache=cache)
 
 
 def _tails(seqs: list[Sequence], a: list[int]) -> mx.array:
@@ -159,6 +167,13 @@ class VLMAdapter(Adapter):
         out = self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache, position_ids=positions)
         return out.logits[:, -1]
 
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        # continuation token j sits at len(ids) + j + delta, as generated tokens do
+        k, n = tokens.shape
+        pos = mx.arange(n, dtype=mx.int32) + len(seq.ids) + seq.delta
+        positions = mx.broadcast_to(pos.reshape(1, 1, n), (3, k, n))
+        return self.lm(tokens, cache=cache, position_ids=positions).logits
+
 
 def _stacked(embeds: list[Any]) -> mx.array | None:
     return None if embeds[0] is None else mx.concatenate(embeds, axis=0)
@@ -188,8 +203,11 @@ class OffsetVLMAdapter(VLMAdapter):
     ) -> mx.array:
         return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
 
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        return self.lm(tokens, cache=cache).logits
 
-def _prefill(
+
+def prefill(
     adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch
 ) -> tuple[list[Any], int]:
     """Resume from the longest cached prefix and fill the row's cache up to its tail, storing
@@ -236,9 +254,9 @@ def _finish(
             i, cache, a, _ = group[0]
             logits = adapter.forward(seqs[i], cache, a, len(seqs[i].ids))
             mx.eval(logits)
-            yield ids, logits, _merge([cache])
+            yield ids, logits, merge_caches([cache])
             continue
-        merged = _merge([cache for _, cache, _, _ in group])
+        merged = merge_caches([cache for _, cache, _, _ in group])
         logits = adapter.forward_batch([seqs[i] for i in ids], merged, [a for *_, a, _ in group],
                                        [e for *_, e in group])  # fmt: skip
         mx.eval(logits)
@@ -303,7 +321,7 @@ class DecodeBatch:
             while self.waiting and len(self.active) + len(prefilled) < self.width:
                 i = self.waiting.pop()
                 self.deadlines[i] = self.watch.deadline(time.monotonic())
-                prefilled.append((i, *_prefill(self.adapter, self.seqs[i], self.prefixes, self.watch)))
+                prefilled.append((i, *prefill(self.adapter, self.seqs[i], self.prefixes, self.watch)))
             for rows, logits, batch in _finish(self.adapter, self.seqs, prefilled):
                 joined = self.pick(rows, logits)
                 yield from (i for i in rows if i not in joined)
@@ -398,6 +416,6 @@ class DecodeBatch:
         return picked, shaped
 
 
-def _merge(caches: list[list[Any]]) -> list[Any]:
+def merge_caches(caches: list[list[Any]]) -> list[Any]:
     """Per-row KV caches → one left-padded batch cache per layer."""
     return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]

@@ -28,6 +28,7 @@ from .one_row import generate_draft_lm, generate_vlm
 from .prefix_cache import PrefixCache
 from .prompts import apply_template, check_length, message_bounds, text_only
 from .sampling import logprob_records
+from .scoring import Scores, score_row
 
 __all__ = [
     "Plan",
@@ -106,22 +107,46 @@ class BatchedLane(Lane):
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
         adapter, eos, decode, tokenizer = self._engine()
-        seqs: list[Sequence] = [plan.seq for plan in plans]  # type: ignore[misc]
+        scores: dict[int, Scores | None] = {}
+        for i, plan in enumerate(plans):  # scored first: a row's prompt prefix is then cached
+            if plan.job.scoring is None:
+                continue
+            seq = _fresh(plan).seq
+            try:
+                scores[i] = score_row(adapter, seq, plan.job.scoring, tokenizer, eos, self.prefixes, watch,  # type: ignore[arg-type]
+                                      self.info.context)  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - a row's error (a stop request is no Exception)
+                scores[i] = None
+                yield i, row_error(e)
+                continue
+            if plan.job.params.score_only:
+                found = scores[i]
+                gen = Generation(found.best or "", "score", len(seq.ids), 0, seq.cached_tokens)  # type: ignore[union-attr]
+                yield i, _scored(gen, found)
+        todo = [
+            i
+            for i in range(len(plans))
+            if i not in scores or (scores[i] and not plans[i].job.params.score_only)
+        ]
+        if not todo:
+            return
+        seqs: list[Sequence] = [plans[i].seq for i in todo]  # type: ignore[misc]
         finished: set[int] = set()
         try:
-            for i in decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer):
-                finished.add(i)
-                s = seqs[i]
+            for j in decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer):
+                finished.add(j)
+                s = seqs[j]
                 tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
                 logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
-                yield i, Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs)
+                gen = Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs)
+                yield todo[j], _scored(gen, scores.get(todo[j]))
         except Exception as e:  # an engine error fails these rows, not the run
-            if len(plans) == 1:
-                yield 0, row_error(e)
+            if len(todo) == 1:
+                yield todo[0], row_error(e)
                 return
-            for i in (i for i in range(len(plans)) if i not in finished):  # find the culprit
-                for _, outcome in self.run([_fresh(plans[i])], watch, 1):
-                    yield i, outcome
+            for j in (j for j in range(len(todo)) if j not in finished):  # find the culprit
+                for _, outcome in self.run([_fresh(plans[todo[j]])], watch, 1):
+                    yield todo[j], outcome
 
 
 class TextLane(BatchedLane):
@@ -155,6 +180,10 @@ class _OneByOne(Lane):
             yield i, self._guarded(plan, watch)
 
     def _guarded(self, plan: Plan, watch: Watch) -> Generation | RowError:
+        if plan.job.scoring is not None and (plan.job.scoring.asked or plan.job.params.score_only):
+            return RowError(
+                "generate", f"scores need a batched lane; this row runs one at a time ({self.name})"
+            )
         try:
             return self._generate(plan, watch)
         except RowError as e:
@@ -221,6 +250,16 @@ def completions(plan: Plan) -> list[Plan]:
             copy.seq.params = dataclasses.replace(copy.seq.params, seed=job.params.seed)
         out.append(copy)
     return out
+
+
+def _scored(gen: Generation, scores: Scores | None) -> Generation:
+    """A generation with the row's scores (choice_scores; the text's total, mean, tokens)."""
+    if scores is not None:
+        gen.choice_scores = scores.choices or None
+        if scores.text is not None:
+            total, n = scores.text
+            gen.score_logprob, gen.score_mean, gen.score_tokens = total, total / n, n
+    return gen
 
 
 def _fresh(plan: Plan) -> Plan:

@@ -85,7 +85,9 @@ class Engines:
         (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
         else one at a time through mlx-vlm."""
         # A drafter's guesses would skip the mask, and mlx-vlm's drafters report no logprobs.
-        constrained = job.params.constraint is not None or job.params.wants_logprobs
+        constrained = (
+            job.params.constraint is not None or job.params.wants_logprobs or job.scoring is not None
+        )
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             return self.draft if self.models.drafter_lane == "lm" and not constrained else self.text
         model = self.models.vlm()[0]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import re
 import string
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, short
 from ..core.params import OPENAI_FIELDS, PARAMS, Problem, check_params, is_int, is_number
-from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef
+from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef, Scoring
 from ..core.settings import Columns
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
@@ -39,7 +40,37 @@ _MEDIA_NAMES = {"jpg", "jpeg", "png", "webp", "img", "image_url", "image_path", 
 
 # Every field a row's value can give batchgen: its parts, its parameters, its constraint.
 FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p in PARAMS), *OPENAI_FIELDS,
-                    *CONSTRAINT_FIELDS, "video_fps", "video_max_frames"})  # fmt: skip
+                    *CONSTRAINT_FIELDS, "video_fps", "video_max_frames", "choices_to_score",
+                    "score_text"})  # fmt: skip
+
+
+_MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its tokens
+
+
+def _scoring(value: dict[str, Any], constraint: Any, problems: list[Problem]) -> Scoring | None:
+    """The answers a row asks to be scored: `choices_to_score`, else a guided_choice's choices;
+    and `score_text`."""
+    choices = value.get("choices_to_score")
+    if choices is not None and not (
+        isinstance(choices, list)
+        and 0 < len(choices) <= _MOST_SCORED
+        and all(isinstance(c, str) and c for c in choices)
+    ):
+        problems.append(
+            ("choices_to_score", f"expected 1 to {_MOST_SCORED} non-empty strings, got {choices!r:.60}")
+        )
+        choices = None
+    asked = choices is not None
+    if choices is None and constraint is not None and constraint.kind == "choice":
+        given = json.loads(constraint.spec)
+        choices = given if len(given) <= _MOST_SCORED else None  # a long list constrains, unscored
+    text = value.get("score_text")
+    if text is not None and not isinstance(text, str):
+        problems.append(("score_text", f"expected a string, got {text!r:.60}"))
+        text = None
+    if not choices and text is None:
+        return None
+    return Scoring(tuple(dict.fromkeys(choices or ())), text, asked or text is not None)
 
 
 @functools.lru_cache(maxsize=4096)  # a job has a few column names; a hostile one's many stay bounded
@@ -202,7 +233,8 @@ def _mapped(value: dict[str, Any], columns: Columns, problems: list[Problem]) ->
     """The row under batchgen's own column names: the mapped id, prompt and system columns,
     and the mapped media columns in place of `image(s)` / `video(s)`."""
     out = dict(value)
-    for key, name in (("id", columns.id), ("prompt", columns.prompt), ("system", columns.system)):
+    for key, name in (("id", columns.id), ("prompt", columns.prompt), ("system", columns.system),
+                      ("score_text", columns.score)):  # fmt: skip
         if name:
             out[key] = value.get(name)
     for kind, names in (("image", columns.image), ("video", columns.video)):
@@ -270,6 +302,11 @@ def _parse_row(
     constraint = constraint_of(value, problems)
     if constraint is not None:
         job.params = dataclasses.replace(job.params, constraint=constraint)
+    job.scoring = _scoring(value, constraint, problems)
+    if job.params.score_only and job.scoring is None:
+        problems.append(
+            ("score_only", "nothing to score: give choices_to_score, guided_choice or score_text")
+        )
     fps, max_frames = value.get("video_fps"), value.get("video_max_frames")
     if fps is not None and not (is_number(fps) and fps > 0):
         problems.append(("video_fps", f"expected a number > 0, got {fps!r:.60}"))

@@ -25,6 +25,9 @@ ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
 
 def _arrow_type(hint: Any) -> pa.DataType:
+    """A field's column type from its annotation (`int | None` is a nullable int64)."""
+    given = [a for a in typing.get_args(hint) if a is not type(None)]
+    hint = given[0] if len(given) == 1 else hint
     return {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}.get(hint, pa.string())
 
 
@@ -34,7 +37,12 @@ _HINTS = typing.get_type_hints(Result)
 
 _TOKEN = [("token", pa.string()), ("id", pa.int64()), ("logprob", pa.float64())]
 LOGPROBS_TYPE = pa.list_(pa.struct([*_TOKEN, ("top_logprobs", pa.list_(pa.struct(_TOKEN)))]))
-_TYPED = {"logprobs": LOGPROBS_TYPE}  # our columns that are not one scalar a row
+_SCORED = [("choice", pa.string()), ("logprob", pa.float64()), ("prob", pa.float64()), ("tokens", pa.int64())]
+CHOICE_SCORES_TYPE = pa.list_(pa.struct(_SCORED))
+_TYPED = {
+    "logprobs": LOGPROBS_TYPE,
+    "choice_scores": CHOICE_SCORES_TYPE,
+}  # our columns that are not one scalar
 
 
 RESULT_SCHEMA = pa.schema(  # a Result as Arrow (how Ray's actors hand results back)

@@ -1,0 +1,97 @@
+"""Answers scored without generating them: each of a row's choices, or a given text, as the
+assistant's whole reply, teacher-forced — its tokens and then the end-of-turn token.
+
+The prompt is prefilled once (from the longest cached prefix: the image a row shares with
+others), its last logits score every answer's first token, and the answers' other tokens
+go through one forward pass on copies of the prompt's cache, right-padded to one length
+(padding after a token never changes what came before it). Log-probabilities are the
+model's own distribution, in float32: no penalty, bias, mask or temperature applies.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import mlx.core as mx
+
+from ..core.records import Scoring
+from .decoder import Adapter, Sequence, Watch, merge_caches, prefill
+from .prefix_cache import PrefixCache
+
+__all__ = ["Scores", "score", "score_row", "answer_ids", "END_OF_TURN"]
+
+# End-of-turn tokens of the chat templates batchgen runs: an answer is scored up to and with it.
+END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<turn|>", "</s>")
+
+_LOGITS_FLOATS = 2**25  # logits held at once while scoring (128 MB of float32): answers go in groups
+
+
+def answer_ids(tokenizer: Any, text: str, eos: set[int]) -> list[int]:
+    """An answer's tokens as the assistant says it: its text, then the end-of-turn token."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    end = next((vocab[t] for t in END_OF_TURN if vocab.get(t) in eos), min(eos))
+    return [*tokenizer.encode(text, add_special_tokens=False), end]
+
+
+class Scores:
+    """A row's scores: per choice (total logprob, tokens) and the text's, normalized choices."""
+
+    def __init__(self, scoring: Scoring, totals: list[float], lengths: list[int]):
+        n = len(scoring.choices)
+        self.choices = [
+            {"choice": c, "logprob": lp, "tokens": k}
+            for c, lp, k in zip(scoring.choices, totals[:n], lengths[:n], strict=True)
+        ]
+        if self.choices:
+            norm = mx.logsumexp(mx.array([c["logprob"] for c in self.choices])).item()
+            for c in self.choices:
+                c["prob"] = float(mx.exp(mx.array(c["logprob"] - norm)).item())
+        self.text = (totals[n], lengths[n]) if scoring.text is not None else None
+
+    @property
+    def best(self) -> str | None:
+        return max(self.choices, key=lambda c: c["logprob"])["choice"] if self.choices else None
+
+
+def score(
+    adapter: Adapter, seq: Sequence, answers: list[list[int]], prefixes: PrefixCache | None, watch: Watch
+) -> list[float]:
+    """Each answer's total log-probability after the row's prompt."""
+    cache, a = prefill(adapter, seq, prefixes, watch)
+    last = adapter.forward(seq, cache, a, len(seq.ids)).astype(mx.float32)  # the prompt's last logits
+    first = (last - mx.logsumexp(last, axis=-1, keepdims=True))[0]
+    totals = [0.0] * len(answers)
+    rest = [(j, ans) for j, ans in enumerate(answers) if len(ans) > 1]
+    width = max([len(ans) - 1 for _, ans in rest], default=0)
+    group = max(1, _LOGITS_FLOATS // max(1, width * last.shape[-1]))
+    for g in range(0, len(rest), group):
+        watch.check_stop()
+        part = rest[g : g + group]
+        n = max(len(ans) - 1 for _, ans in part)
+        feed = mx.array([ans[:-1] + [0] * (n + 1 - len(ans)) for _, ans in part])
+        target = mx.array([ans[1:] + [0] * (n + 1 - len(ans)) for _, ans in part])
+        mask = mx.array([[1.0] * (len(ans) - 1) + [0.0] * (n + 1 - len(ans)) for _, ans in part])
+        logits = adapter.continue_all(seq, merge_caches([copy.deepcopy(cache) for _ in part]), feed)
+        logits = logits.astype(mx.float32)
+        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        picked = mx.take_along_axis(lp, target[..., None], axis=-1)[..., 0]
+        for (j, _), total in zip(part, (picked * mask).sum(axis=-1).tolist(), strict=True):
+            totals[j] = total
+    heads = first[mx.array([ans[0] for ans in answers])].tolist()
+    return [head + tail for head, tail in zip(heads, totals, strict=True)]
+
+
+def score_row(
+    adapter: Adapter, seq: Sequence, scoring: Scoring, tokenizer: Any, eos: set[int],
+    prefixes: PrefixCache | None, watch: Watch, context: int | None,
+) -> Scores:  # fmt: skip
+    """A row's choices and text scored; an answer past the model's context is the row's error."""
+    texts = [*scoring.choices, *([scoring.text] if scoring.text is not None else [])]
+    answers = [answer_ids(tokenizer, t, eos) for t in texts]
+    longest = max(len(a) for a in answers)
+    if context and len(seq.ids) + longest > context:
+        raise ValueError(
+            f"prompt and answer ({len(seq.ids)} + {longest} tokens) exceed the context of {context}"
+        )
+    return Scores(scoring, score(adapter, seq, answers, prefixes, watch), [len(a) for a in answers])

@@ -44,7 +44,7 @@ def _generation_options() -> list:
         options.append(
             option(
                 f"--{p.name.replace('_', '-')}",
-                multiple=p.name == "stop",
+                multiple=p.name in ("stop", "choices_to_score"),
                 help=f"{p.help} [{shown}{origin}].",
                 **kind,
             )  # fmt: skip

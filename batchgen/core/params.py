@@ -40,6 +40,14 @@ def _stop(v: Any) -> tuple[Any, str | None]:
 
 _MOST_CHOICES = 16  # completions per row: each is a row's worth of decoding
 _MOST_TOP = 20  # top_logprobs per token: OpenAI's bound
+_MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its tokens
+
+
+def _answers(v: Any) -> tuple[Any, str | None]:
+    """Answers to score: none (an empty list: the run's flag not given), or up to 64 strings."""
+    if isinstance(v, (list, tuple)) and len(v) <= _MOST_SCORED and all(isinstance(c, str) and c for c in v):
+        return tuple(dict.fromkeys(v)), None
+    return None, f"expected up to {_MOST_SCORED} non-empty strings, got {v!r:.60}"
 
 
 def _logit_bias(v: Any) -> tuple[Any, str | None]:
@@ -101,6 +109,7 @@ PARAMS = (
           "Record each generated token's log-probability (a logprobs column)", bool, ("logprobs",)),
     Param("top_logprobs", _rule(lambda v: is_int(v) and 0 <= v <= _MOST_TOP, f"an integer in [0, {_MOST_TOP}]"),  # noqa: E501
           "... and its k likeliest alternatives", int, ("top_logprobs",)),
+    Param("choices_to_score", _answers, "An answer to score (repeatable): choice_scores", str),
     Param("score_only", _rule(lambda v: isinstance(v, bool), "true or false"),
           "Score the row's choices or text without generating", bool),
 )  # fmt: skip

@@ -69,6 +69,7 @@ class GenParams:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     logprobs: bool = False  # record each generated token's log-probability
     top_logprobs: int = 0  # ... and its k likeliest alternatives (asks for logprobs too)
+    choices_to_score: tuple[str, ...] = ()  # answers to score as the assistant's reply
     score_only: bool = False  # score the row's choices / text without generating
 
     @property

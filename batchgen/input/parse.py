@@ -44,22 +44,15 @@ FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p i
                     "score_text"})  # fmt: skip
 
 
-_MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its tokens
+_MOST_SCORED = 64  # a guided_choice with more choices constrains but is not scored
 
 
-def _scoring(value: dict[str, Any], constraint: Any, problems: list[Problem]) -> Scoring | None:
-    """The answers a row asks to be scored: `choices_to_score`, else a guided_choice's choices;
-    and `score_text`."""
-    choices = value.get("choices_to_score")
-    if choices is not None and not (
-        isinstance(choices, list)
-        and 0 < len(choices) <= _MOST_SCORED
-        and all(isinstance(c, str) and c for c in choices)
-    ):
-        problems.append(
-            ("choices_to_score", f"expected 1 to {_MOST_SCORED} non-empty strings, got {choices!r:.60}")
-        )
-        choices = None
+def _scoring(
+    value: dict[str, Any], params: GenParams, constraint: Any, problems: list[Problem]
+) -> Scoring | None:
+    """The answers a row asks to be scored: its (or the run's) `choices_to_score`, else a
+    guided_choice's choices; and `score_text`."""
+    choices: Any = params.choices_to_score or None
     asked = choices is not None
     if choices is None and constraint is not None and constraint.kind == "choice":
         given = json.loads(constraint.spec)
@@ -302,7 +295,7 @@ def _parse_row(
     constraint = constraint_of(value, problems)
     if constraint is not None:
         job.params = dataclasses.replace(job.params, constraint=constraint)
-    job.scoring = _scoring(value, constraint, problems)
+    job.scoring = _scoring(value, job.params, constraint, problems)
     if job.params.score_only and job.scoring is None:
         problems.append(
             ("score_only", "nothing to score: give choices_to_score, guided_choice or score_text")

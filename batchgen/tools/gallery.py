@@ -254,6 +254,21 @@ def _metrics(r: dict[str, Any]) -> str:
     return ", ".join(f"{name} {ms:.0f} ms" for name, ms in stages if ms) or ""
 
 
+def _scores(r: dict[str, Any]) -> str:
+    """A row's scores as a line: each choice's probability, the text's logprob per token."""
+    parts = [f"{c['choice']} {c['prob']:.2f}" for c in r.get("choice_scores") or []]
+    if r.get("score_mean") is not None:
+        parts.append(f"text logprob/token {r['score_mean']:.2f}")
+    return " · ".join(parts)
+
+
+def _score(r: dict[str, Any]) -> float | None:
+    """What the page sorts a card by: its first choice's probability (VQAScore's yes), else the
+    text's logprob per token."""
+    scores = r.get("choice_scores") or []
+    return scores[0]["prob"] if scores else r.get("score_mean")
+
+
 def _card_id(row_id: Any) -> str:
     """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
     text = str(row_id)
@@ -314,8 +329,11 @@ def write_gallery(
                 "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
                 "expected": str(r["expected"]) if r.get("expected") is not None else None,
                 "metrics": _metrics(r),
+                "scores": _scores(r),
             }
         )
+        if card.get("score") is None:
+            card["score"] = _score(r)
     for card in cards:
         card["status"] = "ok" if all(e["status"] == "ok" for e in card["entries"]) else "error"
     missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
@@ -339,17 +357,22 @@ header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1e
 .card.error{border:2px solid #c62828;background:#fff5f5}
 .card img{max-width:160px;max-height:160px;margin:0 4px 4px 0;border-radius:4px}
 .card div{overflow-wrap:anywhere}.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
-.err{color:#c62828}.m{color:#888;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
+.err{color:#c62828}.m{color:#888;font-size:12px}.s{color:#1565c0;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
 </style></head><body>
 <header><h2 style="margin:0">{{ title }}</h2><span>{{ counts }}</span>
 <label><input type="checkbox" id="failed"> failed rows only</label>
+<label><input type="checkbox" id="byscore"> sort by score</label>
 <span><button id="prev">&lsaquo;</button> <span id="pos"></span> <button id="next">&rsaquo;</button></span></header>
 <div id="cards"></div>
 <script id="data" type="application/json">{{ data|tojson }}</script>
 <script>
 const D = JSON.parse(document.getElementById("data").textContent);
 let page = 0;
-function rows() { return document.getElementById("failed").checked ? D.cards.filter(c => c.status !== "ok") : D.cards; }
+function rows() {
+  let list = document.getElementById("failed").checked ? D.cards.filter(c => c.status !== "ok") : D.cards;
+  if (document.getElementById("byscore").checked) list = [...list].sort((a, b) => (b.score ?? -Infinity) - (a.score ?? -Infinity));
+  return list;
+}
 function el(tag, cls, text) { const e = document.createElement(tag); if (cls) e.className = cls; if (text) e.textContent = text; return e; }
 function render() {
   const list = rows(), pages = Math.max(1, Math.ceil(list.length / D.page));
@@ -363,6 +386,7 @@ function render() {
       card.append(el("div", "q", e.question));
       if (e.status === "ok") card.append(el("div", "a", e.text)); else card.append(el("div", "err", e.error));
       if (e.expected !== null) { const ok = e.text.trim() === e.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + e.expected)); }
+      if (e.scores) card.append(el("div", "s", e.scores));
       card.append(el("div", "m", e.metrics));
     }
     box.append(card);
@@ -377,6 +401,7 @@ function render() {
   });
 }
 document.getElementById("failed").onchange = () => { page = 0; render(); };
+document.getElementById("byscore").onchange = () => { page = 0; render(); };
 document.getElementById("prev").onclick = () => { page = Math.max(0, page - 1); render(); };
 document.getElementById("next").onclick = () => { page += 1; render(); };
 render();

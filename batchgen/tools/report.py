@@ -24,6 +24,27 @@ def _printable(text: str) -> str:
                             else f"\\u{ord(m.group()):04x}", text)  # fmt: skip
 
 
+def _spread(values: list[float]) -> str:
+    values = sorted(values)
+    at = lambda q: values[min(len(values) - 1, int(q * len(values)))]  # noqa: E731
+    return f"mean {sum(values) / len(values):.3f}, p10 {at(0.1):.3f}, median {at(0.5):.3f}, p90 {at(0.9):.3f}"
+
+
+def _score_lines(rows: list[dict]) -> list[str]:
+    """Scored rows: each choice's normalized probability and the texts' mean logprob, spread."""
+    lines = []
+    probs: dict[str, list[float]] = {}
+    for r in rows:
+        for c in r.get("choice_scores") or []:
+            probs.setdefault(c["choice"], []).append(c["prob"])
+    for choice, values in list(probs.items())[:8]:
+        lines.append(f"scores: {choice!r:.40} prob over {len(values)} rows: {_spread(values)}")
+    means = [r["score_mean"] for r in rows if r.get("score_mean") is not None]
+    if means:
+        lines.append(f"scores: score_text logprob per token over {len(means)} rows: {_spread(means)}")
+    return lines
+
+
 def summarize(path: Path, slowest: int = 5) -> str:
     """Rows by status, errors by stage with their commonest messages, tokens and speed,
     prefix reuse, draft acceptance, and the slowest rows."""
@@ -67,6 +88,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%} of rows), "
             f"{sum(cached)} prompt tokens saved"
         )
+    lines += _score_lines(rows)
     drafted = sum(r.get("mtp_drafts") or 0 for r in rows)
     if drafted:
         accepted = sum(r.get("mtp_accepted") or 0 for r in rows)

@@ -526,3 +526,25 @@ def test_env_says_the_backend_the_versions_and_the_blas(monkeypatch):
         assert re.search(r"^blas: .*blas", output, re.M)
         if "(the reference BLAS" in output and "faster blas installed" in output:
             assert "LD_PRELOAD=" in output and "OPENBLAS_NUM_THREADS=1" in output
+
+
+def test_run_wide_scoring_shows_in_inspect_and_the_gallery(tmp_path):
+    rows = [{"id": f"r{k}", "prompt": f"Is {k} even?"} for k in range(3)]
+    rows.append({"id": "bad", "prompt": "x", "choices_to_score": "Yes"})
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    scoring = ("--choices-to-score", "Yes", "--choices-to-score", "No", "--score-only")
+    model = ("--model", str(MODELS / "tiny-lm"))
+    code, output = run_cli("run", str(job), "-o", str(out), *model, "-q", *scoring)
+    assert code == 1, output  # the bad row
+    got = {r["id"]: r for r in read(out)}
+    assert [c["choice"] for c in got["r0"]["choice_scores"]] == ["Yes", "No"]
+    assert got["r0"]["finish_reason"] == "score" and got["r0"]["completion_tokens"] == 0
+    assert "choices_to_score: expected up to 64 non-empty strings, got 'Yes'" in got["bad"]["error"]
+    text = run_cli("inspect", str(out))[1]
+    assert "scores: 'Yes' prob over 3 rows: mean" in text and "scores: 'No' prob over 3 rows" in text
+    page = tmp_path / "gallery.html"
+    assert run_cli("report", str(out), "-o", str(page))[0] == 0
+    cards = {c["id"]: c for c in _page_data(page)["cards"]}
+    assert cards["r0"]["score"] == got["r0"]["choice_scores"][0]["prob"]
+    assert cards["r0"]["entries"][0]["scores"].startswith("Yes 0.") and 'id="byscore"' in page.read_text()

@@ -117,3 +117,29 @@ def test_scores_of_media_rows_equal_a_forward_pass_of_mlx_vlm(tmp_path, sensitiv
                 out = model(mx.array([ids + a]), inputs["pixel_values"], mask=None, **extra)
                 assert abs(total - _reference(out.logits, len(ids), a)) < 1e-4, (c, answer)
     assert batched["red"]["choice_scores"] != batched["blue"]["choice_scores"]  # the image matters
+
+
+@pytest.mark.parametrize("family", ["llava", "smolvlm"])
+def test_offset_families_score_and_give_logprobs_alike_on_and_off_the_batch(
+    tmp_path, offset_families, family
+):
+    for c in ("red", "blue", "green"):
+        Image.new("RGB", (64, 64), c).save(tmp_path / f"{c}.png")
+    asks = {"prompt": QUESTION, "choices_to_score": ["Yes", "No"], "score_text": "A plain colour.",
+            "top_logprobs": 3, "max_tokens": 4}  # fmt: skip
+    rows = [{"id": c, "image": str(tmp_path / f"{c}.png"), **asks} for c in ("red", "blue", "green")]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    model = ("--model", str(offset_families[family]), "--temperature", "0")
+    batched = _run(job, tmp_path / "a.parquet", *model)
+    alone = _run(job, tmp_path / "b.parquet", *model, "--batch-size", "1", "--no-cache")
+    for c in ("red", "blue", "green"):
+        a, b = batched[c], alone[c]
+        assert abs(sum(s["prob"] for s in a["choice_scores"]) - 1) < 1e-6
+        for x, y in zip(a["choice_scores"], b["choice_scores"], strict=True):
+            assert abs(x["logprob"] - y["logprob"]) < 1e-4
+        assert abs(a["score_logprob"] - b["score_logprob"]) < 1e-4
+        assert [t["id"] for t in a["logprobs"]] == [t["id"] for t in b["logprobs"]]
+        assert all(
+            abs(x["logprob"] - y["logprob"]) < 1e-4 for x, y in zip(a["logprobs"], b["logprobs"], strict=True)
+        )
+    assert batched["red"]["choice_scores"] != batched["blue"]["choice_scores"]

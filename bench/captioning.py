@@ -25,6 +25,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
+
 import batchgen  # noqa: E402
 from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 from batchgen.tools.tiny.parts import CHAT_TEMPLATE  # noqa: E402
@@ -88,20 +90,25 @@ def expert_script(model, processor, images, eos):
     return out
 
 
+def workload(folder: Path, count: int = IMAGES) -> tuple[Path, list[Path]]:
+    """The job's tiny VLM (large enough that prefill matters) and its distinct 448x448 images;
+    bench/scores.py scores the same images on the same model."""
+    model_dir = make_tiny_model(folder / "vlm", "vlm", image_size=448, hidden=128, layers=4, vision_embed=64)
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(count):
+        path = folder / f"img{i:02d}.png"
+        Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
+        paths.append(path)
+    return model_dir, paths
+
+
 def main() -> None:
     import mlx_vlm
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        model_dir = make_tiny_model(
-            folder / "vlm", "vlm", image_size=448, hidden=128, layers=4, vision_embed=64
-        )
-        rng = np.random.default_rng(0)
-        paths = []
-        for i in range(IMAGES):
-            path = folder / f"img{i:02d}.png"
-            Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
-            paths.append(path)
+        model_dir, paths = workload(folder)
         images = [Image.open(p).convert("RGB") for p in paths]
         rows = [
             {"id": f"{i}-{k}", "image": str(p), "system": SYSTEM, "prompt": q}
@@ -148,4 +155,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    fast_blas()
     main()

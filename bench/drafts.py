@@ -15,6 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
+
 import batchgen  # noqa: E402
 from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
@@ -64,4 +66,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    fast_blas()
     main()

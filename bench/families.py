@@ -21,6 +21,8 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
+
 import batchgen  # noqa: E402
 from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
@@ -119,4 +121,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    fast_blas()
     main()

@@ -19,15 +19,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
+from captioning import workload  # noqa: E402  (bench/ is the script's folder, first on the path)
+
 import batchgen  # noqa: E402
 from batchgen.generate.scoring import answer_ids  # noqa: E402
-from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 from batchgen.tools.tiny.parts import CHAT_TEMPLATE  # noqa: E402
 
 IMAGES = 16
@@ -86,15 +87,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        model_dir = make_tiny_model(
-            folder / "vlm", "vlm", image_size=448, hidden=128, layers=4, vision_embed=64
-        )
-        rng = np.random.default_rng(0)
-        paths = []
-        for i in range(IMAGES):
-            path = folder / f"img{i:02d}.png"
-            Image.fromarray(rng.integers(0, 256, (448, 448, 3), dtype=np.uint8)).save(path)
-            paths.append(path)
+        model_dir, paths = workload(folder, IMAGES)
         images = [Image.open(p).convert("RGB") for p in paths]
         rows = [{"id": f"{i}-{k}", "image": str(p), "system": SYSTEM, "prompt": question(s)}
                 for i, p in enumerate(paths) for k, s in enumerate(STATEMENTS)]  # fmt: skip
@@ -136,4 +129,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    fast_blas()
     main()

@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "generate"))
 
+from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
 from test_structured import SCHEMAS  # noqa: E402
 
 import batchgen  # noqa: E402
@@ -75,4 +76,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    fast_blas()
     main()

@@ -21,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
+
 import batchgen  # noqa: E402
 from batchgen.tools.tiny.parts import WORDS  # noqa: E402
 
@@ -139,4 +141,5 @@ def mixed() -> None:
 
 
 if __name__ == "__main__":
+    fast_blas()
     mixed() if sys.argv[1:] == ["mixed"] else main()

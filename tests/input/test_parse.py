@@ -77,3 +77,31 @@ def test_problems_name_the_field():
 def test_check_params_rejects_booleans_as_numbers():
     problems, _ = check_params({"max_tokens": True, "temperature": float("nan")}, GenParams())
     assert [f for f, _ in problems] == ["max_tokens", "temperature"]
+
+
+def test_scoring_and_logprob_fields_are_checked_and_bounded():
+    cases = {
+        "top_logprobs": (10**9, "expected an integer in [0, 20]"),
+        "logprobs": ("yes", "expected true or false"),
+        "choices_to_score": ([""], "expected up to 64 non-empty strings"),
+        "score_text": (5, "expected a string"),
+        "score_only": (1, "expected true or false"),
+    }
+    for field, (value, message) in cases.items():
+        job, problems = parse({"prompt": "x", field: value})
+        assert any(f == field and message in m for f, m in problems), (field, problems)
+        assert job.error
+    job, problems = parse({"prompt": "x", "choices_to_score": [f"c{i}" for i in range(65)]})
+    assert problems and "up to 64" in problems[0][1]
+    job, problems = parse({"prompt": "x", "score_only": True})
+    assert problems == [
+        ("score_only", "nothing to score: give choices_to_score, guided_choice or score_text")
+    ]
+    job, problems = parse({"prompt": "x", "guided_choice": [f"c{i}" for i in range(100)]})
+    assert problems == [] and job.scoring is None  # a long list constrains, unscored
+    job, problems = parse({"prompt": "x", "guided_choice": ["a", "b"], "score_text": "t"})
+    assert job.scoring.choices == ("a", "b") and job.scoring.text == "t" and job.scoring.asked
+    job, problems = parse({"prompt": "x", "guided_choice": ["a", "b"]})
+    assert job.scoring.choices == ("a", "b") and not job.scoring.asked  # scored where a lane can
+    job, _ = parse({"prompt": "x", "top_logprobs": 3})
+    assert job.params.wants_logprobs and not GenParams().wants_logprobs

@@ -277,6 +277,22 @@ class ResultWriter:
         for part in parts:
             self.store.remove(part)
 
+    def _write_empty(self) -> None:
+        """An empty shard for each job file without rows (joins by shard find every name), with
+        the columns the other shards have (a reader takes a folder's schema from one file)."""
+        holding = set(self._file)
+        empty = [
+            name for k, name in enumerate(self._names) if k not in holding and not self.store.exists(name)
+        ]
+        if not empty:
+            return
+        written = [name for name in self._names if name not in empty and self.store.exists(name)]
+        schema = self.store.metadata_schema(written[0]) if written else None
+        table = schema.empty_table() if schema is not None else self._tidy(rows_to_table([], None))
+        for name in empty:
+            self.store.makedirs(name.rsplit("/", 1)[0])
+            self.store.write_table(name, table)
+
     def _file_of_part(self, part: str) -> int:
         if part not in self._part_file:
             self._part_file[part] = int(self.store.metadata(part).get(INPUT_FILE_KEY, b"-1"))
@@ -297,6 +313,7 @@ class ResultWriter:
         if self.mirrored:
             for k in sorted({self._file_of_part(p) for p in self._part_files()}):
                 self._make_mirrored(k)
+            self._write_empty()
         if self.sharded:
             self._make_shard()
             self.store.remove_tree(str(self.partial))

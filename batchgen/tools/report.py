@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.errors import gist
 from ..output.write import COMPLETE_KEY
-from .results import read_results, results_metadata
+from .results import read_results, results_metadata, results_schema
 
 __all__ = ["summarize"]
 
@@ -72,7 +72,9 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
             f" over {stats['wall_s']:.1f} s"
         )
-    lines.append(f"tokens: {prompt} prompt, {completion} completion{speed}")
+    recorded = set(results_schema(path).names)  # a slim output holds no counts or timings
+    if {"prompt_tokens", "completion_tokens"} <= recorded:
+        lines.append(f"tokens: {prompt} prompt, {completion} completion{speed}")
     try:
         done = json.loads(results_metadata(path).get(COMPLETE_KEY, b"{}") or b"{}")
     except ValueError:
@@ -83,7 +85,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
                         f"{done.get('pending', 0):,} pending (rerun without --limit to finish)")  # fmt: skip
     cached = [r["cached_tokens"] or 0 for r in rows if r["status"] == "ok"]
     reused = sum(c > 0 for c in cached)
-    if cached:
+    if cached and "cached_tokens" in recorded:
         lines.append(
             f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%} of rows), "
             f"{sum(cached)} prompt tokens saved"
@@ -94,7 +96,10 @@ def summarize(path: Path, slowest: int = 5) -> str:
         accepted = sum(r.get("mtp_accepted") or 0 for r in rows)
         lines.append(f"drafts: {accepted}/{drafted} accepted ({accepted / drafted:.0%})")
     stages = ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")
-    worst = sorted(rows, key=lambda r: sum(r[k] or 0 for k in stages), reverse=True)[:slowest]
+    timed = [k for k in stages if k in recorded]
+    worst = (
+        sorted(rows, key=lambda r: sum(r[k] or 0 for k in stages), reverse=True)[:slowest] if timed else []
+    )
     if worst:
         lines.append("slowest rows:")
         for r in worst:

@@ -142,13 +142,15 @@ def test_a_folder_of_job_files_gives_an_output_shard_each_named_as_it_is(tmp_pat
 
     jobs = tmp_path / "jobs"
     (jobs / "more").mkdir(parents=True)
-    files = {"00000.parquet": 5, "00001.parquet": 3, "more/00002.parquet": 4}
+    files = {"00000.parquet": 5, "00001.parquet": 3, "more/00002.parquet": 4, "more/00003.parquet": 0}
     for name, n in files.items():
         rows = {
             "key": [f"{name[-13:-8]}{i:04d}" for i in range(n)],
             "caption": [f"Row {i}." for i in range(n)],
         }
-        pq.write_table(pa.table(rows), jobs / name)
+        pq.write_table(
+            pa.table(rows, pa.schema([("key", pa.string()), ("caption", pa.string())])), jobs / name
+        )
     out = tmp_path / "out"
     flags = ("--id-column", "key", "--prompt-column", "caption", "--config", _preset(tmp_path, flush_rows=2))
     code, output = run_cli("run", str(jobs), "-o", f"{out}/", *flags, "--limit", "7", *QUICK)
@@ -156,6 +158,7 @@ def test_a_folder_of_job_files_gives_an_output_shard_each_named_as_it_is(tmp_pat
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.parquet")) == [
         "00000.parquet",
         "00001.parquet",
+        "more/00003.parquet",  # a file without rows: an empty shard
     ]
     assert pq.read_table(out / "00001.parquet").column("key").to_pylist() == [
         "000010000",

@@ -30,6 +30,8 @@ from .executor import Executor, ExecutorStats
 
 __all__ = ["LocalExecutor", "generate_window"]
 
+FIRST_WINDOW_PATIENCE = 1.0  # seconds the first window waits for rows whose media are resolving
+
 log = logging.getLogger(__name__)
 
 
@@ -203,9 +205,12 @@ class LocalExecutor(Executor):
         # Load the models the first rows need while their media download.
         queued = [job for job, _ in prefetcher.ahead if not job.error]
         self.engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
-        least = max(1, c.batch_size // 4)  # the first batch starts early, then fills up
-        while not self.stop.is_set() and (window := prefetcher.take(c.window, least)):
-            least = c.batch_size
+        # The first window starts with a quarter of a batch, after waiting a moment for more
+        # (local files decode in it; a slow network does not hold generation back for long):
+        # rows split over windows would decode in narrower batches.
+        least, patience = max(1, c.batch_size // 4), FIRST_WINDOW_PATIENCE
+        while not self.stop.is_set() and (window := prefetcher.take(c.window, least, patience)):
+            least, patience = c.batch_size, 0.0
             log.debug("window: %d rows (%d with media, %d failed before generation)", len(window),
                       sum(bool(job.media) for job, _ in window),
                       sum(bool(job.error or (p is not None and p.error)) for job, p in window))  # fmt: skip

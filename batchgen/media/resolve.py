@@ -243,17 +243,22 @@ class Prefetcher:
             pending += needs_media
             held += given
 
-    def take(self, most: int, least: int) -> list[tuple[Job, Prepared | None]]:
+    def take(self, most: int, least: int, patience: float = 0.0) -> list[tuple[Job, Prepared | None]]:
         """Up to `most` rows and about `max_bytes` of media; past `least`, stop at the first row
-        whose media are not ready, so generation starts instead of waiting on the network.
-        A stop request ends the wait at once."""
+        whose media are not ready — after waiting up to `patience` seconds from the call for
+        it — so generation starts instead of waiting on the network. A stop request ends the
+        wait at once."""
         window: list[tuple[Job, Prepared | None]] = []
         size = 0
+        until = time.monotonic() + patience
         self._fill()
         while self.ahead and len(window) < most and not (window and size >= self.max_bytes):
             job, future = self.ahead[0]
             if len(window) >= least and future is not None and not future.done():
-                break
+                if time.monotonic() >= until or self.stop.is_set():
+                    break
+                wait([future], timeout=min(0.05, max(until - time.monotonic(), 0.0)))
+                continue
             while future is not None and not future.done():
                 if self.stop.is_set():
                     return window

@@ -78,7 +78,8 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
                         {
                             "index": k,
                             "message": {"role": "assistant", "content": c["text"]},
-                            "finish_reason": c["finish_reason"],
+                            # a scored row (score_only) was not generated: the API knows no such reason
+                            "finish_reason": "stop" if c["finish_reason"] == "score" else c["finish_reason"],
                             "logprobs": _logprobs(c.get("logprobs")),
                         }
                         for k, c in enumerate(_choices(row))

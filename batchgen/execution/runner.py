@@ -180,7 +180,9 @@ def _run(
     mirrored = index.source is not None and index.source.folder  # a folder of job files: a shard each
     options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
                            config.overwrite, config.left_out, mirrored)  # fmt: skip
-    writer = ResultWriter(config.output, index, settings, options, skip=dropped, about=_about(config, index))
+    writer = ResultWriter(
+        config.output, index, settings, options, skip=dropped, about=_about(config, index, dropped)
+    )
     resume = Resume(writer.open(), writer.store, index, settings, config.max_attempts, config.retry_failed,
                     config.changed)  # fmt: skip
     if writer.mirrored:
@@ -235,7 +237,7 @@ def _run(
         return _conclude(config, writer, summary, started)
 
 
-def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
+def _about(config: RunConfig, index: JobIndex, dropped: set[str] = frozenset()) -> dict[bytes, str]:
     """What readers of the output need that its rows do not say: where the job's relative
     media paths start (report shows the pictures from any folder) and the prompt template."""
     about = {}
@@ -260,6 +262,7 @@ def _about(config: RunConfig, index: JobIndex) -> dict[bytes, str]:
         "id_column": config.columns.id,
         "image": list(config.columns.image),
         "video": list(config.columns.video),
+        "not_carried": sorted(dropped),  # the columns only the job holds (a dataset's image bytes)
     })  # fmt: skip
     return about
 

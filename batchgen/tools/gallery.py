@@ -109,7 +109,10 @@ def _from_job(about: dict[bytes, bytes], wanted: set[str], columns: list[tuple[s
     path = job.get("path")
     if not wanted or policy.base is None or not isinstance(path, str) or not Path(path).exists():
         return {}
-    images = [c for c, kind in columns if kind == "image"]
+    # only columns the output did not carry: a text job's rows are never read again for nothing
+    images = [c for c, kind in columns if kind == "image" and c in (job.get("not_carried") or [])]
+    if not images:
+        return {}
     found: dict[str, list[tuple[str, list[str]]]] = {}
     made = 0
     try:

@@ -431,6 +431,10 @@ def test_an_img2dataset_jobs_gallery_shows_its_pictures_from_the_job_or_the_kept
              "What shape is this?", *QUIET)  # fmt: skip
     code, output = run_cli("run", str(jobs), "-o", f"{out}/", *flags)
     assert code == 0 and "not copied to the output: jpg" in output, output
+    import pyarrow.parquet as pq
+
+    recorded = json.loads(pq.read_schema(out / "00000.parquet").metadata[b"batchgen.job"])
+    assert recorded["not_carried"] == ["jpg"] and recorded["image"] == ["jpg"]  # what report reads again
     page = tmp_path / "gallery.html"
     code, output = run_cli("report", str(out), "-o", str(page))
     assert code == 0 and "3 cards" in output and "warning" not in output, output

@@ -12,7 +12,16 @@ from typing import Any
 
 from .records import GenParams
 
-__all__ = ["Param", "PARAMS", "NUMBERS", "OPENAI_FIELDS", "check_params", "is_int", "is_number"]
+__all__ = [
+    "Param",
+    "PARAMS",
+    "NUMBERS",
+    "OPENAI_FIELDS",
+    "MOST_SCORED",
+    "check_params",
+    "is_int",
+    "is_number",
+]
 
 Problem = tuple[str, str]  # (field, message)
 Check = Callable[[Any], tuple[Any, "str | None"]]  # a value → (the value to use, or a problem)
@@ -40,14 +49,14 @@ def _stop(v: Any) -> tuple[Any, str | None]:
 
 _MOST_CHOICES = 16  # completions per row: each is a row's worth of decoding
 _MOST_TOP = 20  # top_logprobs per token: OpenAI's bound
-_MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its tokens
+MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its tokens
 
 
 def _answers(v: Any) -> tuple[Any, str | None]:
     """Answers to score: none (an empty list: the run's flag not given), or up to 64 strings."""
-    if isinstance(v, (list, tuple)) and len(v) <= _MOST_SCORED and all(isinstance(c, str) and c for c in v):
+    if isinstance(v, (list, tuple)) and len(v) <= MOST_SCORED and all(isinstance(c, str) and c for c in v):
         return tuple(dict.fromkeys(v)), None
-    return None, f"expected up to {_MOST_SCORED} non-empty strings, got {v!r:.60}"
+    return None, f"expected up to {MOST_SCORED} non-empty strings, got {v!r:.60}"
 
 
 def _logit_bias(v: Any) -> tuple[Any, str | None]:

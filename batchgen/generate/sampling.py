@@ -18,6 +18,7 @@ __all__ = [
     "hit_stop",
     "final_text",
     "token_logprobs",
+    "log_softmax",
     "logprob_records",
 ]
 
@@ -53,6 +54,12 @@ def logits_processors_for(p: GenParams, tokenizer: Any = None, eos: set[int] | N
     return processors
 
 
+def log_softmax(logits: mx.array) -> mx.array:
+    """Log-probabilities over the last axis, in float32 (a model's bf16 logits lose digits)."""
+    x = logits.astype(mx.float32)
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
 def token_logprobs(
     shaped: mx.array, picked: list[int], ks: list[int]
 ) -> list[tuple[float, list[tuple[int, float]]]]:
@@ -61,8 +68,7 @@ def token_logprobs(
     biases and constraint mask, before temperature (mlx-lm's and OpenAI's rule: the model's
     distribution over what the row may say, whatever sampler then draws from it). Computed in
     float32; one evaluation for all rows."""
-    lp = shaped.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+    lp = log_softmax(shaped)
     chosen = mx.take_along_axis(lp, mx.array(picked)[:, None], axis=-1)[:, 0]
     k = max(ks)
     if k:

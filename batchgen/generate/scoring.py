@@ -11,6 +11,7 @@ model's own distribution, in float32: no penalty, bias, mask or temperature appl
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 import mlx.core as mx
@@ -18,6 +19,7 @@ import mlx.core as mx
 from ..core.records import Scoring
 from .decoder import Adapter, Sequence, Watch, merge_caches, prefill
 from .prefix_cache import PrefixCache
+from .sampling import log_softmax
 
 __all__ = ["Scores", "score", "score_row", "answer_ids", "END_OF_TURN"]
 
@@ -44,9 +46,10 @@ class Scores:
             for c, lp, k in zip(scoring.choices, totals[:n], lengths[:n], strict=True)
         ]
         if self.choices:
-            norm = mx.logsumexp(mx.array([c["logprob"] for c in self.choices])).item()
+            top = max(c["logprob"] for c in self.choices)
+            norm = top + math.log(sum(math.exp(c["logprob"] - top) for c in self.choices))
             for c in self.choices:
-                c["prob"] = float(mx.exp(mx.array(c["logprob"] - norm)).item())
+                c["prob"] = math.exp(c["logprob"] - norm)
         self.text = (totals[n], lengths[n]) if scoring.text is not None else None
 
     @property
@@ -59,8 +62,8 @@ def score(
 ) -> list[float]:
     """Each answer's total log-probability after the row's prompt."""
     cache, a = prefill(adapter, seq, prefixes, watch)
-    last = adapter.forward(seq, cache, a, len(seq.ids)).astype(mx.float32)  # the prompt's last logits
-    first = (last - mx.logsumexp(last, axis=-1, keepdims=True))[0]
+    last = adapter.forward(seq, cache, a, len(seq.ids))  # the prompt's last logits
+    first = log_softmax(last)[0]
     totals = [0.0] * len(answers)
     rest = [(j, ans) for j, ans in enumerate(answers) if len(ans) > 1]
     width = max([len(ans) - 1 for _, ans in rest], default=0)
@@ -72,9 +75,7 @@ def score(
         feed = mx.array([ans[:-1] + [0] * (n + 1 - len(ans)) for _, ans in part])
         target = mx.array([ans[1:] + [0] * (n + 1 - len(ans)) for _, ans in part])
         mask = mx.array([[1.0] * (len(ans) - 1) + [0.0] * (n + 1 - len(ans)) for _, ans in part])
-        logits = adapter.continue_all(seq, merge_caches([copy.deepcopy(cache) for _ in part]), feed)
-        logits = logits.astype(mx.float32)
-        lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        lp = log_softmax(adapter.continue_all(seq, merge_caches([copy.deepcopy(cache) for _ in part]), feed))
         picked = mx.take_along_axis(lp, target[..., None], axis=-1)[..., 0]
         for (j, _), total in zip(part, (picked * mask).sum(axis=-1).tolist(), strict=True):
             totals[j] = total

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, short
-from ..core.params import OPENAI_FIELDS, PARAMS, Problem, check_params, is_int, is_number
+from ..core.params import MOST_SCORED, OPENAI_FIELDS, PARAMS, Problem, check_params, is_int, is_number
 from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef, Scoring
 from ..core.settings import Columns
 from .openai_batch import from_batch_request, is_batch_request
@@ -44,9 +44,6 @@ FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p i
                     "score_text"})  # fmt: skip
 
 
-_MOST_SCORED = 64  # a guided_choice with more choices constrains but is not scored
-
-
 def _scoring(
     value: dict[str, Any], params: GenParams, constraint: Any, problems: list[Problem]
 ) -> Scoring | None:
@@ -56,7 +53,7 @@ def _scoring(
     asked = choices is not None
     if choices is None and constraint is not None and constraint.kind == "choice":
         given = json.loads(constraint.spec)
-        choices = given if len(given) <= _MOST_SCORED else None  # a long list constrains, unscored
+        choices = given if len(given) <= MOST_SCORED else None  # a longer list constrains, unscored
     text = value.get("score_text")
     if text is not None and not isinstance(text, str):
         problems.append(("score_text", f"expected a string, got {text!r:.60}"))

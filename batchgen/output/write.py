@@ -205,7 +205,7 @@ class ResultWriter:
         """The id keys this run will add: a mirrored output's shard is written as soon as its
         job file's last row is in (otherwise when the run ends)."""
         for key in keys:
-            k = self._file[self._position[key]]
+            k = self._file_of(key)
             self._todo[k] = self._todo.get(k, 0) + 1
 
     def add(self, raw: dict[str, Any], result: Result) -> None:
@@ -213,7 +213,7 @@ class ResultWriter:
         due = time.monotonic() - self._last_flush >= self.options.flush_seconds
         if len(self._buffer) >= self.options.flush_rows or due:
             self.flush()
-        if self.mirrored and (k := self._file[self._position[id_key(result.id)]]) in self._todo:
+        if self.mirrored and (k := self._file_of(id_key(result.id))) in self._todo:
             self._todo[k] -= 1
             if not self._todo[k]:
                 self.flush()
@@ -233,7 +233,7 @@ class ResultWriter:
         if self.mirrored:  # a part holds one job file's rows
             groups = {}
             for raw, result in self._buffer:
-                groups.setdefault(self._file[self._position[id_key(result.id)]], []).append((raw, result))
+                groups.setdefault(self._file_of(id_key(result.id)), []).append((raw, result))
         for k, rows in groups.items():
             table = rows_to_table(rows, self.index.schema, self.skip)
             if k is not None:
@@ -292,6 +292,10 @@ class ResultWriter:
         for name in empty:
             self.store.makedirs(name.rsplit("/", 1)[0])
             self.store.write_table(name, table)
+
+    def _file_of(self, key: str) -> int:
+        """The job file (its number) an output id key comes from, in a mirrored output."""
+        return self._file[self._position[key]]
 
     def _file_of_part(self, part: str) -> int:
         if part not in self._part_file:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..core.errors import gist
 from ..output.write import COMPLETE_KEY
-from .results import read_results, results_metadata, results_schema
+from .results import read_results, results_schema
 
 __all__ = ["summarize"]
 
@@ -72,11 +72,12 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
             f" over {stats['wall_s']:.1f} s"
         )
-    recorded = set(results_schema(path).names)  # a slim output holds no counts or timings
+    schema = results_schema(path)
+    recorded = set(schema.names)  # a slim output holds no counts or timings
     if {"prompt_tokens", "completion_tokens"} <= recorded:
         lines.append(f"tokens: {prompt} prompt, {completion} completion{speed}")
     try:
-        done = json.loads(results_metadata(path).get(COMPLETE_KEY, b"{}") or b"{}")
+        done = json.loads((schema.metadata or {}).get(COMPLETE_KEY, b"{}") or b"{}")
     except ValueError:
         done = {}
     done = done if isinstance(done, dict) and done else stats  # a shard folder says it in _stats.json

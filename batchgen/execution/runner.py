@@ -237,7 +237,7 @@ def _run(
         return _conclude(config, writer, summary, started)
 
 
-def _about(config: RunConfig, index: JobIndex, dropped: set[str] = frozenset()) -> dict[bytes, str]:
+def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes, str]:
     """What readers of the output need that its rows do not say: where the job's relative
     media paths start (report shows the pictures from any folder) and the prompt template."""
     about = {}

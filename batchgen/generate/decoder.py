@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache as LMBatchKVCache
+from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
 from ..core.records import GenParams
@@ -84,8 +86,9 @@ class Adapter:
     def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
         raise NotImplementedError
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
-        """Logits after each row's last token, one row per sequence."""
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+        """Logits after each row's last token, one row per slot (None: an idle slot, any
+        position will do)."""
         raise NotImplementedError
 
     def forward_batch(
@@ -115,7 +118,7 @@ class LMAdapter(Adapter):
     def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
         return self.model(mx.array(seq.ids[a:b])[None], cache=cache)[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
         return self.model(tokens[:, None], cache=cache)[:, -1]
 
     def forward_batch(
@@ -151,9 +154,10 @@ class VLMAdapter(Adapter):
         out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **extra)
         return out.logits[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
         # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
-        pos = mx.array([len(s.ids) + len(s.tokens) - 1 + s.delta for s in seqs], dtype=mx.int32)
+        pos = [len(s.ids) + len(s.tokens) - 1 + s.delta if s is not None else 0 for s in seqs]
+        pos = mx.array(pos, dtype=mx.int32)
         pos = pos.reshape(1, -1, 1)
         positions = mx.broadcast_to(pos, (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
@@ -195,7 +199,7 @@ class OffsetVLMAdapter(VLMAdapter):
         embeds, extra = _embedded(seq, a, b)
         return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache, **extra).logits[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
         return self.lm(tokens[:, None], cache=cache).logits[:, -1]
 
     def forward_batch(
@@ -292,9 +296,15 @@ def decode_stream(
 
 class DecodeBatch:
     """The state of one continuous batch, in the manner of mlx-lm's BatchGenerator: rows
-    waiting, rows running with their caches merged per layer, and each row's sampling rules.
-    `join` prefills waiting rows into free slots, `step` decodes one token for every running
-    row, `pick` samples and decides who finished, `retire` drops finished rows' caches."""
+    waiting, rows running in the slots of one left-padded batch cache per layer, and each
+    row's sampling rules. `join` prefills waiting rows into free slots, `step` decodes one
+    token for every running row, `pick` samples and decides who finished.
+
+    A finished row's slot is not cut out of the cache (a copy of every row's keys and values):
+    it idles until a joining row is written into it in place, right-aligned with the others.
+    Only when no row waits are idle slots dropped, a few at a time. Caches that cannot take a
+    row in place (sliding windows, linear attention) drop idle slots before each join instead.
+    """
 
     def __init__(
         self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
@@ -309,9 +319,13 @@ class DecodeBatch:
         # `tokenizer`: a constraint's mask needs it
         self.processors = [logits_processors_for(s.params, tokenizer, eos) for s in seqs]
         self.deadlines = [float("inf")] * len(seqs)
-        self.waiting = list(range(len(seqs)))[::-1]  # popped from the end: job order
-        self.active: list[int] = []
-        self.merged: list[Any] | None = None  # the running rows' caches, one left-padded batch per layer
+        self.waiting = list(range(len(seqs)))[::-1]  # popped from the end: in the order given
+        self.slots: list[int | None] = []  # the row in each row of `merged`; None: finished, free
+        self.merged: list[Any] | None = None  # one left-padded batch cache per layer
+
+    @property
+    def active(self) -> list[int]:
+        return [i for i in self.slots if i is not None]
 
     def join(self) -> Iterator[int]:
         """Prefill waiting rows into the free slots (again if rows ended at their first token);
@@ -325,39 +339,79 @@ class DecodeBatch:
             for rows, logits, batch in _finish(self.adapter, self.seqs, prefilled):
                 joined = self.pick(rows, logits)
                 yield from (i for i in rows if i not in joined)
-                if not joined:
-                    continue
-                if len(joined) < len(rows):
-                    for c in batch:
-                        c.filter([rows.index(i) for i in joined])
-                if self.merged is None:
-                    self.merged = batch
-                else:
-                    for layer, more in zip(self.merged, batch, strict=True):
-                        layer.extend(more)
-                self.active += joined
+                if joined:
+                    if len(joined) < len(rows):
+                        for c in batch:
+                            c.filter([rows.index(i) for i in joined])
+                    self._place(joined, batch)
+
+    def _place(self, rows: list[int], batch: list[Any]) -> None:
+        """Joining rows' caches into the batch: into idle slots in place where the caches allow,
+        appended after the others where no slot is idle."""
+        if self.merged is None:
+            self.merged, self.slots = batch, list(rows)
+            return
+        free = [s for s, i in enumerate(self.slots) if i is None]
+        if free and not all(isinstance(c, SLOT_CACHES) for c in self.merged):
+            self._compact()
+            free = []
+            if self.merged is None:
+                self.merged, self.slots = batch, list(rows)
+                return
+        into = free[: len(rows)]
+        if into:
+            for layer, more in zip(self.merged, batch, strict=True):
+                _write_slots(layer, more, list(range(len(into))), into)
+            for s, i in zip(into, rows, strict=False):
+                self.slots[s] = i
+        if len(rows) > len(into):
+            rest = list(range(len(into), len(rows)))
+            for layer, more in zip(self.merged, batch, strict=True):
+                if into:
+                    more.filter(rest)
+                layer.extend(more)
+            self.slots += rows[len(into) :]
+        if into:
+            self._trim()
 
     def step(self) -> Iterator[int]:
         """One decode step for every running row; yields the rows that finished."""
         self.watch.check_stop()
-        tokens = mx.array([self.seqs[i].tokens[-1] for i in self.active])
-        logits = self.adapter.decode(tokens, self.merged, [self.seqs[i] for i in self.active])  # type: ignore[arg-type]
+        live = [s for s, i in enumerate(self.slots) if i is not None]
+        tokens = mx.array([self.seqs[i].tokens[-1] if i is not None else 0 for i in self.slots])
+        seqs = [self.seqs[i] if i is not None else None for i in self.slots]
+        logits = self.adapter.decode(tokens, self.merged, seqs)  # type: ignore[arg-type]
+        if len(live) < len(self.slots):
+            logits = logits[mx.array(live)]
         mx.eval(logits)
-        running = self.pick(self.active, logits)
-        if len(running) < len(self.active):
-            still = set(running)
-            yield from (i for i in self.active if i not in still)
-            self.retire(running)
+        rows = [self.slots[s] for s in live]
+        running = set(self.pick(rows, logits))  # type: ignore[arg-type]
+        if len(running) < len(rows):
+            yield from (i for i in rows if i not in running)
+            self.slots = [i if i in running else None for i in self.slots]
+            idle = len(self.slots) - len(running)
+            if not running or (not self.waiting and idle * 8 >= len(self.slots)):
+                self._compact()
+            elif not self.waiting:
+                self._trim()
 
-    def retire(self, running: list[int]) -> None:
-        """Keep the caches of the rows still running, in their order."""
-        keep = [j for j, i in enumerate(self.active) if i in set(running)]
-        if keep:
-            for c in self.merged:  # type: ignore[union-attr]
-                c.filter(keep)
-        else:
-            self.merged = None
-        self.active = running
+    def _compact(self) -> None:
+        """Drop the idle slots (every running row's cache copied once)."""
+        keep = [s for s, i in enumerate(self.slots) if i is not None]
+        if not keep:
+            self.merged, self.slots = None, []
+            return
+        for c in self.merged:  # type: ignore[union-attr]
+            c.filter(keep)
+        self.slots = [self.slots[s] for s in keep]
+
+    def _trim(self) -> None:
+        """Cut the columns no running row attends to (a view, no copy): attention then spans
+        the longest running row, not the longest row the batch has held."""
+        live = [s for s, i in enumerate(self.slots) if i is not None]
+        for layer in self.merged or []:
+            if isinstance(layer, SLOT_CACHES):
+                _trim_layer(layer, live)
 
     def pick(self, rows: list[int], logits: mx.array) -> list[int]:
         """Sample each row's next token and return the rows still running."""
@@ -419,3 +473,34 @@ class DecodeBatch:
 def merge_caches(caches: list[list[Any]]) -> list[Any]:
     """Per-row KV caches → one left-padded batch cache per layer."""
     return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]
+
+
+SLOT_CACHES = (LMBatchKVCache, VLMBatchKVCache)  # batch caches a row can be written into in place
+
+
+def _write_slots(layer: Any, more: Any, rows: list[int], slots: list[int]) -> None:
+    """Rows `rows` of the batch cache `more` written over rows `slots` of `layer`, right-aligned
+    with its write position; the others are not copied, unless the joiner is the longer one
+    (then every row gets room on the left)."""
+    if more._idx > layer._idx:
+        grow = more._idx - layer._idx
+        pad = [(0, 0), (0, 0), (grow, 0), (0, 0)]
+        layer.keys, layer.values = mx.pad(layer.keys, pad), mx.pad(layer.values, pad)
+        layer.left_padding = layer.left_padding + grow
+        layer._idx += grow
+    shift, end = layer._idx - more._idx, layer._idx
+    for j, s in zip(rows, slots, strict=True):
+        layer.keys[s : s + 1, :, shift:end, :] = more.keys[j : j + 1, :, : more._idx, :]
+        layer.values[s : s + 1, :, shift:end, :] = more.values[j : j + 1, :, : more._idx, :]
+    at, of = mx.array(slots), mx.array(rows)
+    layer.left_padding[at] = more.left_padding[of] + shift
+    layer.offset[at] = more.offset[of]
+
+
+def _trim_layer(layer: Any, live: list[int]) -> None:
+    padding = layer.left_padding.tolist()
+    cut = min(min(padding[s] for s in live), layer._idx) if live else 0
+    if cut > 0:
+        layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
+        layer._idx -= cut
+        layer.left_padding = layer.left_padding - cut

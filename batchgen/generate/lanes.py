@@ -58,6 +58,10 @@ class Plan:
         p = self.job.params
         return self.lane.solo or (p.seed is not None and p.temperature > 0)
 
+    @property
+    def budget(self) -> int:
+        return (self.seq.params if self.seq is not None else self.job.params).max_tokens
+
 
 class Lane:
     """How a row is generated. `solo` lanes run one row at a time."""

@@ -77,7 +77,7 @@ class _Counting(LMAdapter):
         self.widths: list[int] = []
 
     def decode(self, tokens, cache, seqs):
-        self.widths.append(len(seqs))
+        self.widths.append(sum(s is not None for s in seqs))
         return super().decode(tokens, cache, seqs)
 
 

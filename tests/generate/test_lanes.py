@@ -192,7 +192,8 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
     rows.append({"id": "img", "image": "media/red_circle.png", "prompt": questions[0]})
     job = write_jsonl(workdir / "jobs.jsonl", rows)
     outputs, cached = _on_and_off(job, sensitive_vlm)
-    assert cached["v0"] == 0 and cached["v1"] == cached["v2"] == cached["v3"] > 4  # the clip, once
+    first, *rest = sorted(cached[f"v{k}"] for k in range(4))  # the longest budget runs first
+    assert len(set(rest)) == 1 and rest[0] > first + 4  # the clip, once
 
     info = inspect_model(str(sensitive_vlm))
     stage = MediaStage(MediaConfig(), workdir, workdir, False, info.max_pixels, threading.Event())
@@ -302,7 +303,8 @@ def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, 
                            "--batch-size", "2", "-q")  # fmt: skip
     assert code == 0, output
     got = {r["id"]: (r["generated_text"], r["completion_tokens"], r["cached_tokens"]) for r in read(out)}
-    assert got["r2"][2] > 0 and got["r3"][2] > 0  # each image's second question reuses its prefix
+    for a, b in (("r0", "r2"), ("r1", "r3")):  # each image's second question reuses its prefix
+        assert max(got[a][2], got[b][2]) > min(got[a][2], got[b][2])
 
     model, processor = mlx_vlm.load(str(model_dir))
     mend_processor(processor)

@@ -14,7 +14,7 @@ slot refilled at once, in place, with no other row's cache copied. Everything ru
 models' own calls (vision tower, embeddings, language model, mlx-lm/mlx-vlm KV caches), greedy,
 and the limit's tokens are checked against batchgen's output.
 
-    python bench/limit.py [--fast-blas]   # last lines: batchgen / limit for each job
+    python bench/limit.py [--fast-blas] [captioning] [mixed-text]   # last lines: batchgen / limit
 """
 
 from __future__ import annotations
@@ -305,13 +305,15 @@ def _listed(seconds: list[float]) -> str:
     return ", ".join(f"{t:.2f}" for t in seconds)
 
 
-def main() -> None:
+JOBS = {"captioning": captioning, "mixed text": mixed_text}
+
+
+def main(names: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        ratios = [compare("captioning", *captioning(folder)), compare("mixed text", *mixed_text(folder))]
+        ratios = [compare(name, *JOBS[name](Path(tmp))) for name in names or JOBS]
     print("\n".join(ratios))
 
 
 if __name__ == "__main__":
     fast_blas()
-    main()
+    main([" ".join(a.split("-")) for a in sys.argv[1:]])

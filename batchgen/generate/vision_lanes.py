@@ -69,25 +69,32 @@ class VisionLane(_MediaLane):
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
         super().__init__(models, info, prefixes)
         self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
+        self._layouts: Memo[Any] = Memo(64)  # mRoPE positions of prompts up to their last media
 
     def plan(self, job: Job, media: Media) -> Plan:
         import mlx.core as mx
 
         model, _, inputs, ids = self._inputs(job, media)
         p = job.params
-        input_ids = inputs["input_ids"]
         lm = model.language_model
         image_grid, video_grid = inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
-        if media.images or media.videos:
-            positions, delta = lm.get_rope_index(
-                input_ids, image_grid, video_grid, inputs.get("attention_mask")
+        ends = after_media(ids, model.config) if media else []
+        visual = bool(media.images or media.videos)
+        last = max(ends, default=len(ids) if visual else 0)
+        head, top = mx.zeros((3, 1, 0), dtype=mx.int32), 0
+        if visual:
+            # The positions up to the last media block are those of every prompt laid out alike
+            # (a question after a shared image): computed once per layout; text after it counts on.
+            head, top = self._layouts.get(
+                (tuple(ids[:last]), _listed(image_grid), _listed(video_grid)),
+                lambda: _head(lm, inputs, last),
             )
-            delta = int(delta.reshape(-1)[0].item())
-        else:
-            positions, delta = mx.broadcast_to(mx.arange(len(ids)).reshape(1, 1, -1), (3, 1, len(ids))), 0
+        tail = mx.arange(top, top + len(ids) - last, dtype=head.dtype).reshape(1, 1, -1)
+        positions = mx.concatenate([head, mx.broadcast_to(tail, (3, 1, len(ids) - last))], axis=2)
+        delta = top - last  # generated token n sits at len(ids) + n + delta
         start_id = getattr(model.config, "vision_start_token_id", None)
         media_starts = [i for i, t in enumerate(ids) if t == start_id]
-        bounds = sorted({*media_starts, *(after_media(ids, model.config) if media else [])})
+        bounds = sorted({*media_starts, *ends})
         digests = list(media.image_digests or media.video_digests)  # one kind per row here (Engines.route)
         embed = self._embedder(model, inputs, ids, digests) if media else None
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
@@ -135,6 +142,20 @@ class VisionLane(_MediaLane):
             return (embeds[:, a:b], extra) if extra else embeds[:, a:b]
 
         return embed
+
+
+def _head(lm: Any, inputs: dict, last: int) -> tuple[Any, int]:
+    """The model's own mRoPE positions of a prompt's first `last` tokens (up to the end of its
+    last media block), and the position the next token takes."""
+    mask = inputs.get("attention_mask")
+    mask = None if mask is None else mask[:, :last]
+    grids = inputs.get("image_grid_thw"), inputs.get("video_grid_thw")
+    positions, _ = lm.get_rope_index(inputs["input_ids"][:, :last], *grids, mask)
+    return positions, int(positions.max().item()) + 1
+
+
+def _listed(grid: Any) -> tuple | None:
+    return None if grid is None else tuple(map(tuple, grid.tolist()))
 
 
 def _tower(model: Any, pixels: Any, grid: Any) -> Any:

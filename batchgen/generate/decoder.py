@@ -6,7 +6,8 @@ cached prefix (a system prompt shared by every row, an image shared by every que
 it); snapshots are stored at the row's boundaries on the way. Rows joining together then
 feed their tails (the question after the image) in shared forward passes, and all rows of
 the batch decode together in one left-padded KV cache, each with its own sampler,
-penalties, output constraint, stop rules and positions.
+penalties, output constraint, stop rules and positions; a row that joins later is written
+into the slot a finished row left.
 """
 
 from __future__ import annotations
@@ -302,8 +303,8 @@ class DecodeBatch:
 
     A finished row's slot is not cut out of the cache (a copy of every row's keys and values):
     it idles until a joining row is written into it in place, right-aligned with the others.
-    Only when no row waits are idle slots dropped, a few at a time. Caches that cannot take a
-    row in place (sliding windows, linear attention) drop idle slots before each join instead.
+    Only when no row waits are idle slots dropped. Caches that cannot take a row in place
+    (sliding windows, linear attention) drop idle slots before each join instead.
     """
 
     def __init__(
@@ -344,6 +345,7 @@ class DecodeBatch:
                         for c in batch:
                             c.filter([rows.index(i) for i in joined])
                     self._place(joined, batch)
+        self._tidy()
 
     def _place(self, rows: list[int], batch: list[Any]) -> None:
         """Joining rows' caches into the batch: into idle slots in place where the caches allow,
@@ -352,7 +354,7 @@ class DecodeBatch:
             self.merged, self.slots = batch, list(rows)
             return
         free = [s for s, i in enumerate(self.slots) if i is None]
-        if free and not all(isinstance(c, SLOT_CACHES) for c in self.merged):
+        if free and not all(_in_place(c, more) for c, more in zip(self.merged, batch, strict=True)):
             self._compact()
             free = []
             if self.merged is None:
@@ -389,11 +391,13 @@ class DecodeBatch:
         if len(running) < len(rows):
             yield from (i for i in rows if i not in running)
             self.slots = [i if i in running else None for i in self.slots]
-            idle = len(self.slots) - len(running)
-            if not running or (not self.waiting and idle * 8 >= len(self.slots)):
-                self._compact()
-            elif not self.waiting:
-                self._trim()
+            self._tidy()
+
+    def _tidy(self) -> None:
+        """Idle slots with no row left to fill them are dropped at once (a copy of the running
+        rows' caches): computing a dead row costs more than the copy on a slow matmul."""
+        if not self.waiting and None in self.slots:
+            self._compact()
 
     def _compact(self) -> None:
         """Drop the idle slots (every running row's cache copied once)."""
@@ -476,6 +480,10 @@ def merge_caches(caches: list[list[Any]]) -> list[Any]:
 
 
 SLOT_CACHES = (LMBatchKVCache, VLMBatchKVCache)  # batch caches a row can be written into in place
+
+
+def _in_place(layer: Any, more: Any) -> bool:
+    return all(isinstance(c, SLOT_CACHES) and c.keys is not None for c in (layer, more))
 
 
 def _write_slots(layer: Any, more: Any, rows: list[int], slots: list[int]) -> None:

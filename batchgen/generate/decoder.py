@@ -1,13 +1,13 @@
 """Batched generation with prompt-prefix reuse: the MLX core under the router (router.py).
 
-Each row becomes a `Sequence`: its full prompt ids, a way to embed any slice of them, and
-its positions. Rows are prefilled one at a time up to their tails, resuming from the longest
-cached prefix (a system prompt shared by every row, an image shared by every question on
-it); snapshots are stored at the row's boundaries on the way. Rows joining together then
-feed their tails (the question after the image) in shared forward passes, and all rows of
-the batch decode together in one left-padded KV cache, each with its own sampler,
-penalties, output constraint, stop rules and positions; a row that joins later is written
-into the slot a finished row left.
+Each row is a `Sequence` fed through its family's `Adapter` (adapters.py). Rows are
+prefilled one at a time up to their tails, resuming from the longest cached prefix (a
+system prompt shared by every row, an image shared by every question on it); snapshots are
+stored at the row's boundaries on the way. Rows joining together then feed their tails (the
+question after the image) in shared forward passes, and all rows of the batch decode
+together in one left-padded KV cache, each with its own sampler, penalties, output
+constraint, stop rules and positions; a row that joins later is written into the slot a
+finished row left.
 """
 
 from __future__ import annotations
@@ -24,39 +24,14 @@ from mlx_lm.models.cache import BatchKVCache as LMBatchKVCache
 from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
-from ..core.records import GenParams
+from .adapters import Adapter, Sequence, embedded
 from .prefix_cache import PrefixCache
 from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
 
-__all__ = [
-    "Watch", "Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter",
-    "decode_stream", "DecodeBatch", "prefill", "merge_caches",
-]  # fmt: skip
+__all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
 
 PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
 _SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
-
-
-@dataclass(slots=True)
-class Sequence:
-    """One row inside the decoder; the outputs are filled in by `decode_stream`."""
-
-    ids: list[int]
-    params: GenParams
-    boundaries: list[tuple[int, str]] = field(default_factory=list)  # (prefix length, cache key)
-    # embeddings of ids[a:b] (media rows), or (embeddings, more language-model kwargs)
-    embed: Callable[[int, int], Any] | None = None
-    positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
-    delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
-    capped: bool = False  # max_tokens was lowered to fit the model's context
-    # outputs
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str = "length"
-    cached_tokens: int = 0
-    text: str = ""
-    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(
-        default_factory=list
-    )  # with params.logprobs
 
 
 @dataclass(slots=True)
@@ -74,142 +49,6 @@ class Watch:
     def check_stop(self) -> None:
         if self.stop.is_set():
             raise StopRequested
-
-
-class Adapter:
-    """How one model family runs a forward pass; subclasses differ only in inputs."""
-
-    model: Any
-
-    def make_cache(self) -> list[Any]:
-        raise NotImplementedError
-
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
-        raise NotImplementedError
-
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
-        """Logits after each row's last token, one row per slot (None: an idle slot, any
-        position will do)."""
-        raise NotImplementedError
-
-    def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
-    ) -> mx.array:
-        """Logits after each row's prompt, the rows' tails `ids[a:]` (all of one length) fed
-        together on their merged cache; `embeds`: each tail's embeddings, or None."""
-        raise NotImplementedError
-
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
-        """Logits at every position of `tokens` (k, L): k continuations of the row's whole
-        prompt, fed together on k copies of its cache (answers scored teacher-forced)."""
-        raise NotImplementedError
-
-
-class LMAdapter(Adapter):
-    """mlx-lm models: positions come from the cache offsets, batched or not."""
-
-    def __init__(self, model: Any):
-        self.model = model
-
-    def make_cache(self) -> list[Any]:
-        from mlx_lm.models.cache import make_prompt_cache
-
-        return make_prompt_cache(self.model)
-
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
-        return self.model(mx.array(seq.ids[a:b])[None], cache=cache)[:, -1]
-
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
-        return self.model(tokens[:, None], cache=cache)[:, -1]
-
-    def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
-    ) -> mx.array:
-        return self.model(_tails(seqs, a), cache=cache)[:, -1]
-
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
-        return self.model(tokens, cache=cache)
-
-
-def _tails(seqs: list[Sequence], a: list[int]) -> mx.array:
-    return mx.array([s.ids[start:] for s, start in zip(seqs, a, strict=True)])
-
-
-class VLMAdapter(Adapter):
-    """Qwen-VL language models: explicit 3-D (mRoPE) positions per row, media embeddings
-    merged in by the caller's `embed`."""
-
-    def __init__(self, model: Any):
-        self.model = model
-        self.lm = model.language_model
-
-    def make_cache(self) -> list[Any]:
-        from mlx_vlm.models.cache import make_prompt_cache
-
-        return make_prompt_cache(self.lm)
-
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
-        ids = mx.array(seq.ids[a:b])[None]
-        embeds, extra = _embedded(seq, a, b)
-        positions = seq.positions[:, :, a:b] if seq.positions is not None else None
-        out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **extra)
-        return out.logits[:, -1]
-
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
-        # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
-        pos = [len(s.ids) + len(s.tokens) - 1 + s.delta if s is not None else 0 for s in seqs]
-        pos = mx.array(pos, dtype=mx.int32)
-        pos = pos.reshape(1, -1, 1)
-        positions = mx.broadcast_to(pos, (3, len(seqs), 1))
-        return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
-
-    def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
-    ) -> mx.array:
-        positions = mx.concatenate(
-            [s.positions[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
-        )  # type: ignore[index]
-        out = self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache, position_ids=positions)
-        return out.logits[:, -1]
-
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
-        # continuation token j sits at len(ids) + j + delta, as generated tokens do
-        k, n = tokens.shape
-        pos = mx.arange(n, dtype=mx.int32) + len(seq.ids) + seq.delta
-        positions = mx.broadcast_to(pos.reshape(1, 1, n), (3, k, n))
-        return self.lm(tokens, cache=cache, position_ids=positions).logits
-
-
-def _stacked(embeds: list[Any]) -> mx.array | None:
-    return None if embeds[0] is None else mx.concatenate(embeds, axis=0)
-
-
-def _embedded(seq: Sequence, a: int, b: int) -> tuple[mx.array | None, dict[str, Any]]:
-    """A slice's embeddings and what else the language model takes with them (Qwen3-VL's
-    DeepStack features and their positions, for a slice holding media)."""
-    out = seq.embed(a, b) if seq.embed is not None else None
-    return out if isinstance(out, tuple) else (out, {})
-
-
-class OffsetVLMAdapter(VLMAdapter):
-    """mlx-vlm language models that take positions from the cache offsets (llava and most
-    families but Qwen's): a slice holding media tokens gets the merged embeddings from the
-    caller's `embed`, any other slice is embedded by the model itself."""
-
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
-        embeds, extra = _embedded(seq, a, b)
-        return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache, **extra).logits[:, -1]
-
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
-        return self.lm(tokens[:, None], cache=cache).logits[:, -1]
-
-    def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
-    ) -> mx.array:
-        return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
-
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
-        return self.lm(tokens, cache=cache).logits
 
 
 def prefill(
@@ -250,7 +89,7 @@ def _finish(
     cache (each pass has a fixed cost). Yields (rows, their logits, their batch cache)."""
     groups: dict[tuple, list[tuple[int, list[Any], int, Any]]] = {}
     for i, cache, a in rows:
-        embeds, extra = _embedded(seqs[i], a, len(seqs[i].ids))
+        embeds, extra = embedded(seqs[i], a, len(seqs[i].ids))
         key = (len(seqs[i].ids) - a, embeds is None) if not extra else ("alone", i)
         groups.setdefault(key, []).append((i, cache, a, embeds))
     for group in groups.values():
@@ -328,6 +167,11 @@ class DecodeBatch:
     def active(self) -> list[int]:
         return [i for i in self.slots if i is not None]
 
+    @property
+    def live(self) -> list[int]:
+        """The slots holding a running row."""
+        return [s for s, i in enumerate(self.slots) if i is not None]
+
     def join(self) -> Iterator[int]:
         """Prefill waiting rows into the free slots (again if rows ended at their first token);
         yields the rows that finished there."""
@@ -350,16 +194,13 @@ class DecodeBatch:
     def _place(self, rows: list[int], batch: list[Any]) -> None:
         """Joining rows' caches into the batch: into idle slots in place where the caches allow,
         appended after the others where no slot is idle."""
+        free = [s for s, i in enumerate(self.slots) if i is None]
+        if free and not all(_in_place(c, more) for c, more in zip(self.merged, batch, strict=True)):  # type: ignore[arg-type]
+            self._compact()
+            free = []
         if self.merged is None:
             self.merged, self.slots = batch, list(rows)
             return
-        free = [s for s, i in enumerate(self.slots) if i is None]
-        if free and not all(_in_place(c, more) for c, more in zip(self.merged, batch, strict=True)):
-            self._compact()
-            free = []
-            if self.merged is None:
-                self.merged, self.slots = batch, list(rows)
-                return
         into = free[: len(rows)]
         if into:
             for layer, more in zip(self.merged, batch, strict=True):
@@ -379,7 +220,7 @@ class DecodeBatch:
     def step(self) -> Iterator[int]:
         """One decode step for every running row; yields the rows that finished."""
         self.watch.check_stop()
-        live = [s for s, i in enumerate(self.slots) if i is not None]
+        live = self.live
         tokens = mx.array([self.seqs[i].tokens[-1] if i is not None else 0 for i in self.slots])
         seqs = [self.seqs[i] if i is not None else None for i in self.slots]
         logits = self.adapter.decode(tokens, self.merged, seqs)  # type: ignore[arg-type]
@@ -401,7 +242,7 @@ class DecodeBatch:
 
     def _compact(self) -> None:
         """Drop the idle slots (every running row's cache copied once)."""
-        keep = [s for s, i in enumerate(self.slots) if i is not None]
+        keep = self.live
         if not keep:
             self.merged, self.slots = None, []
             return
@@ -412,7 +253,7 @@ class DecodeBatch:
     def _trim(self) -> None:
         """Cut the columns no running row attends to (a view, no copy): attention then spans
         the longest running row, not the longest row the batch has held."""
-        live = [s for s, i in enumerate(self.slots) if i is not None]
+        live = self.live
         for layer in self.merged or []:
             if isinstance(layer, SLOT_CACHES):
                 _trim_layer(layer, live)

@@ -21,7 +21,8 @@ from typing import Any
 
 from ..core.errors import BatchgenError, RowError, short
 from ..core.records import Generation, Job, Media
-from .decoder import LMAdapter, Sequence, Watch, decode_stream
+from .adapters import LMAdapter, Sequence
+from .decoder import Watch, decode_stream
 from .loading import Models
 from .models import ModelInfo
 from .one_row import generate_draft_lm, generate_vlm

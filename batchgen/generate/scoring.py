@@ -17,7 +17,8 @@ from typing import Any
 import mlx.core as mx
 
 from ..core.records import Scoring
-from .decoder import Adapter, Sequence, Watch, merge_caches, prefill
+from .adapters import Adapter, Sequence
+from .decoder import Watch, merge_caches, prefill
 from .prefix_cache import PrefixCache
 from .sampling import log_softmax
 

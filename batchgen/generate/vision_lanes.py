@@ -15,7 +15,7 @@ from ..core.errors import RowError
 from ..core.families import family
 from ..core.memo import Memo
 from ..core.records import Job, Media
-from .decoder import OffsetVLMAdapter, Sequence, VLMAdapter
+from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
 from .lanes import BatchedLane, Plan
 from .loading import Models
 from .models import ModelInfo

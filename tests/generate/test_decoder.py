@@ -11,7 +11,8 @@ from conftest import MODELS
 
 from batchgen.core.errors import StopRequested
 from batchgen.core.records import GenParams
-from batchgen.generate.decoder import LMAdapter, Sequence, Watch, decode_stream
+from batchgen.generate.adapters import LMAdapter, Sequence
+from batchgen.generate.decoder import Watch, decode_stream
 from batchgen.generate.prefix_cache import PrefixCache
 
 

@@ -1,0 +1,176 @@
+"""A row inside the decoder and how each model family runs a forward pass on it.
+
+`Sequence` is one row: its prompt ids, a way to embed any slice of them, its positions and,
+once decoded, its outputs. An `Adapter` feeds slices of sequences to one kind of model:
+`LMAdapter` (mlx-lm: positions from the cache offsets), `VLMAdapter` (Qwen-VL: explicit
+mRoPE positions, media embeddings merged by the lane), `OffsetVLMAdapter` (the other mlx-vlm
+families). The decoder (decoder.py) drives them; lanes build the sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache as lm_prompt_cache
+from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
+
+from ..core.records import GenParams
+
+__all__ = ["Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "embedded"]
+
+
+@dataclass(slots=True)
+class Sequence:
+    """One row inside the decoder; the outputs are filled in by `decode_stream`."""
+
+    ids: list[int]
+    params: GenParams
+    boundaries: list[tuple[int, str]] = field(default_factory=list)  # (prefix length, cache key)
+    # embeddings of ids[a:b] (media rows), or (embeddings, more language-model kwargs)
+    embed: Callable[[int, int], Any] | None = None
+    positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
+    delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
+    capped: bool = False  # max_tokens was lowered to fit the model's context
+    # outputs
+    tokens: list[int] = field(default_factory=list)
+    finish_reason: str = "length"
+    cached_tokens: int = 0
+    text: str = ""
+    logprobs: list[tuple[float, list[tuple[int, float]]]] = field(
+        default_factory=list
+    )  # with params.logprobs
+
+
+class Adapter:
+    """How one model family runs a forward pass; subclasses differ only in inputs."""
+
+    model: Any
+
+    def make_cache(self) -> list[Any]:
+        raise NotImplementedError
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        raise NotImplementedError
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+        """Logits after each row's last token, one row per slot (None: an idle slot, any
+        position will do)."""
+        raise NotImplementedError
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        """Logits after each row's prompt, the rows' tails `ids[a:]` (all of one length) fed
+        together on their merged cache; `embeds`: each tail's embeddings, or None."""
+        raise NotImplementedError
+
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        """Logits at every position of `tokens` (k, L): k continuations of the row's whole
+        prompt, fed together on k copies of its cache (answers scored teacher-forced)."""
+        raise NotImplementedError
+
+
+class LMAdapter(Adapter):
+    """mlx-lm models: positions come from the cache offsets, batched or not."""
+
+    def __init__(self, model: Any):
+        self.model = model
+
+    def make_cache(self) -> list[Any]:
+        return lm_prompt_cache(self.model)
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        return self.model(mx.array(seq.ids[a:b])[None], cache=cache)[:, -1]
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+        return self.model(tokens[:, None], cache=cache)[:, -1]
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        return self.model(_tails(seqs, a), cache=cache)[:, -1]
+
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        return self.model(tokens, cache=cache)
+
+
+def _tails(seqs: list[Sequence], a: list[int]) -> mx.array:
+    return mx.array([s.ids[start:] for s, start in zip(seqs, a, strict=True)])
+
+
+class VLMAdapter(Adapter):
+    """Qwen-VL language models: explicit 3-D (mRoPE) positions per row, media embeddings
+    merged in by the caller's `embed`."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.lm = model.language_model
+
+    def make_cache(self) -> list[Any]:
+        return vlm_prompt_cache(self.lm)
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        ids = mx.array(seq.ids[a:b])[None]
+        embeds, extra = embedded(seq, a, b)
+        positions = seq.positions[:, :, a:b] if seq.positions is not None else None
+        out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **extra)
+        return out.logits[:, -1]
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+        # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
+        pos = [len(s.ids) + len(s.tokens) - 1 + s.delta if s is not None else 0 for s in seqs]
+        pos = mx.array(pos, dtype=mx.int32)
+        pos = pos.reshape(1, -1, 1)
+        positions = mx.broadcast_to(pos, (3, len(seqs), 1))
+        return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        positions = mx.concatenate(
+            [s.positions[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
+        )  # type: ignore[index]
+        out = self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache, position_ids=positions)
+        return out.logits[:, -1]
+
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        # continuation token j sits at len(ids) + j + delta, as generated tokens do
+        k, n = tokens.shape
+        pos = mx.arange(n, dtype=mx.int32) + len(seq.ids) + seq.delta
+        positions = mx.broadcast_to(pos.reshape(1, 1, n), (3, k, n))
+        return self.lm(tokens, cache=cache, position_ids=positions).logits
+
+
+def _stacked(embeds: list[Any]) -> mx.array | None:
+    return None if embeds[0] is None else mx.concatenate(embeds, axis=0)
+
+
+def embedded(seq: Sequence, a: int, b: int) -> tuple[mx.array | None, dict[str, Any]]:
+    """A slice's embeddings and what else the language model takes with them (Qwen3-VL's
+    DeepStack features and their positions, for a slice holding media)."""
+    out = seq.embed(a, b) if seq.embed is not None else None
+    return out if isinstance(out, tuple) else (out, {})
+
+
+class OffsetVLMAdapter(VLMAdapter):
+    """mlx-vlm language models that take positions from the cache offsets (llava and most
+    families but Qwen's): a slice holding media tokens gets the merged embeddings from the
+    caller's `embed`, any other slice is embedded by the model itself."""
+
+    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+        embeds, extra = embedded(seq, a, b)
+        return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache, **extra).logits[:, -1]
+
+    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+        return self.lm(tokens[:, None], cache=cache).logits[:, -1]
+
+    def forward_batch(
+        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+    ) -> mx.array:
+        return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
+
+    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+        return self.lm(tokens, cache=cache).logits

@@ -322,6 +322,8 @@ def inspect_results(results: Path, slowest: int) -> None:
 )
 @option("-o", "--output", type=click.Path(path_type=Path), help="wide / jsonl: the file to write.")
 @option("--caption-extension", default=".txt", show_default=True, help="txt: the caption files' extension.")
+@option("--caption-name", type=click.Choice(["stem", "with-extension"]), default="stem", show_default=True,
+              help="txt: a.png's caption in a.txt, or in a.png.txt (two pictures share a stem).")  # fmt: skip
 @option("--prompt", help="Only this prompt's answers (its number, from 0, or its text).")
 @option("--join", help="Every prompt's answers, in prompt order, joined by this.")
 @option("--field", help="A JSON-schema answer's field as the caption (a list of tags joined by ', ').")
@@ -329,8 +331,15 @@ def inspect_results(results: Path, slowest: int) -> None:
 @option("--suffix", default="", help="Written after every caption.")
 @option("--on-existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
               show_default=True, help="txt: what to do with a caption file already there.")  # fmt: skip
+@option("--link", type=click.Choice(["copy", "hard", "symbolic"]), default="copy", show_default=True,
+              help="imagefolder --to: the pictures are copied (a reflink where the filesystem "
+                   "can): editing the dataset never touches the originals; or hard or symbolic links.")  # fmt: skip
 def export(results: Path, fmt: str, to: Path | None, output: Path | None, **options) -> None:
-    """Write a results file's answers where training tools read them, one caption per image."""
+    """Write a results file's answers where training tools read them, one caption per image.
+
+    Only the media the run itself read are captioned, under the run's media policy; nothing
+    is written over a media file, the results or the job, and a metadata.jsonl batchgen did
+    not write is never replaced. Exits 1 when it wrote nothing, or left a file alone."""
     _export(results, ExportOptions(fmt, to, output, **options))  # type: ignore[arg-type]
 
 
@@ -342,9 +351,24 @@ def _export(results: Path, options: ExportOptions) -> None:
     except BatchgenError as e:
         _fail(e)
     counts = ((summary.skipped, "already there, kept"), (summary.failed, "failed"),
-              (summary.missing, "media not found"), (summary.without_media, "without media"))  # fmt: skip
+              (summary.empty, "empty, not written"), (summary.missing, "media not found"),
+              (summary.remote, "fetched from a URL, no local file"),
+              (summary.as_bytes, "held as bytes, no file"), (summary.without_media, "without media"),
+              (len(summary.refused), "left alone"),
+              (len(summary.errors), "could not be written"))  # fmt: skip
     left = ", ".join(f"{n} {what}" for n, what in counts if n) or "nothing left out"
-    click.echo(f"wrote {summary.written} ({left}) to {', '.join(summary.where)}", err=True)
+    how = {"copy": "copied", "hard": "hard-linked", "symbolic": "linked"}[options.link]
+    pictures = f"; {summary.pictures} pictures {how} or written there" if summary.pictures else ""
+    where = f" to {', '.join(summary.where)}" if summary.where else ""
+    click.echo(f"wrote {summary.written} ({left}){where}{pictures}", err=True)
+    for label, names in (("left alone", summary.refused), ("could not be written", summary.errors)):
+        if names:
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            click.echo(f"{label}: {'; '.join(names[:3])}{more}", err=True)
+    if summary.note:
+        click.echo(summary.note, err=True)
+    if not summary.ok:
+        sys.exit(1)
 
 
 @main.command()

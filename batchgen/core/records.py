@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "Constraint",
     "GenParams",
     "MediaRef",
+    "MediaFile",
+    "local_path",
     "Job",
     "Scoring",
     "Media",
@@ -101,6 +104,29 @@ class MediaRef:
 
     kind: MediaKind
     source: str | bytes  # bytes: the media themselves, from a binary column
+
+
+def local_path(source: str, base: Path) -> Path:
+    """The file a local media reference names: `~` expanded, relative to the job's folder."""
+    path = Path(source).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+@dataclass(slots=True, frozen=True)
+class MediaFile:
+    """One media item as the run read it, kept with the row's result (`media_files`): export
+    writes captions for these only, and a rerun sees a local file replaced under its name by
+    its size and mtime, then its content."""
+
+    kind: MediaKind
+    ref: str | None  # the path or URL as the row gave it; None: bytes or a data URL
+    size: int
+    mtime_ns: int | None = None  # a local file's, when the run read it
+    sha256: str | None = None  # of the content, where the run read it whole anyway (images, video)
+
+    @property
+    def local(self) -> bool:
+        return self.mtime_ns is not None
 
 
 @dataclass(slots=True, frozen=True)
@@ -205,6 +231,7 @@ class Result:
     score_mean: float | None = None
     score_tokens: int | None = None
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
+    media_files: list[dict[str, Any]] | None = None  # MediaFile of each item read, as dicts
     # Not a column: the kinds of the row's answer fields (constraints.answer_kinds) as JSON,
     # from which the writer makes the typed `answer.<field>` columns beside `parsed`.
     answer_kinds: str | None = None
@@ -213,7 +240,7 @@ class Result:
 RESULT_COLUMNS = tuple(name for name in Result.__slots__ if name != "answer_kinds")  # what the output holds
 # Columns every output keeps, whatever it is told to leave out: what a rerun resumes from
 # (which rows are done, whether they changed, which failures to try again) and why a row failed.
-KEPT_COLUMNS = ("id", "status", "error", "error_stage", "input_hash", "attempts", "transient")
+KEPT_COLUMNS = ("id", "status", "error", "error_stage", "input_hash", "media_files", "attempts", "transient")
 # ... and those the `slim` output leaves out: how a row was made rather than what it says.
 SLIM_DROPS = ("finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts",
               "mtp_accepted", "fetch_ms", "decode_ms", "frames_ms", "generate_ms", "model")  # fmt: skip

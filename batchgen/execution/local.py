@@ -50,6 +50,7 @@ def _result(
     if prepared is not None:
         t = prepared.times
         result.fetch_ms, result.decode_ms, result.frames_ms = t.fetch_ms, t.decode_ms, t.frames_ms
+        result.media_files = [dataclasses.asdict(f) for f in prepared.files]
     if isinstance(outcome, RowError):
         result.status, result.error, result.error_stage = "error", one_line(outcome.message), outcome.stage
         result.transient = outcome.transient

@@ -26,7 +26,7 @@ import urllib3
 
 from ..core.errors import RowError, describe, short
 from ..core.memo import Memo
-from ..core.records import MediaRef
+from ..core.records import MediaFile, MediaRef, local_path
 from ..core.settings import MediaConfig
 from .url_policy import Target, check_url
 
@@ -55,6 +55,16 @@ class Fetched:
     path: Path | None = None
     mime: str | None = None
     _digest: str | None = None
+    size: int | None = None  # a file's bytes (data: len(data))
+    mtime_ns: int | None = None  # a local file's, stat'ed before it is read
+
+    def record(self) -> MediaFile:
+        """What the row's result keeps of it: its reference (not bytes or a data URL), size,
+        a local file's mtime, and the content digest if it was computed."""
+        source = self.ref.source
+        ref = source.strip() if isinstance(source, str) and not source.lstrip().startswith("data:") else None
+        size = self.size if self.size is not None else len(self.data or b"")
+        return MediaFile(self.ref.kind, ref, size, self.mtime_ns, self._digest)
 
     def read(self) -> bytes:
         return self.data if self.data is not None else self.path.read_bytes()  # type: ignore[union-attr]
@@ -165,14 +175,12 @@ class Fetcher:
             )
         return Fetched(ref, data=data, mime=mime or None)
 
-    def _local_file(self, ref: MediaRef) -> tuple[Path, int]:
+    def _local_file(self, ref: MediaRef) -> tuple[Path, os.stat_result]:
         if self.base_dir is None:  # one message whatever the path: nothing says what exists here
             raise RowError(
                 "fetch", f"{describe(ref.source)}: a local path in a remote job (give a URL or the bytes)"
             )
-        path = Path(ref.source).expanduser()
-        if not path.is_absolute():
-            path = self.base_dir / path
+        path = local_path(ref.source, self.base_dir)  # type: ignore[arg-type]
         if self.config.media_root is not None:
             root = Path(self.config.media_root).resolve()
             if not path.resolve().is_relative_to(root):
@@ -180,19 +188,19 @@ class Fetcher:
         if not path.is_file():
             what = "not a regular file" if path.exists() else "no such file"  # a FIFO would block a read
             raise RowError("fetch", f"{describe(ref.source)}: {what} ({describe(str(path))})")
-        return path, path.stat().st_size
+        return path, path.stat()
 
     def _from_path(self, ref: MediaRef) -> Fetched:
         try:
-            path, size = self._local_file(ref)
+            path, stat = self._local_file(ref)
         except (OSError, ValueError, RuntimeError) as e:  # NUL bytes, ~nosuchuser, symlink loops
             raise RowError("fetch", f"{describe(ref.source)}: cannot use this path ({short(e)})") from None
         cap = self._cap(ref.kind)
-        if size > cap:
+        if stat.st_size > cap:
             raise RowError(
-                "fetch", f"{describe(ref.source)}: {size} bytes is over the {ref.kind} cap of {cap}"
+                "fetch", f"{describe(ref.source)}: {stat.st_size} bytes is over the {ref.kind} cap of {cap}"
             )
-        return Fetched(ref, path=path)
+        return Fetched(ref, path=path, mtime_ns=stat.st_mtime_ns, size=stat.st_size)
 
     # -- http(s) -------------------------------------------------------------------
     def _cache_paths(self, url: str) -> tuple[Path, Path] | None:
@@ -209,7 +217,7 @@ class Fetcher:
             if blob.is_file():
                 with self._lock:
                     self.cache_hits += 1
-                return Fetched(ref, path=blob, _digest=digest)
+                return Fetched(ref, path=blob, _digest=digest, size=blob.stat().st_size)
         item = self._download(ref)
         if cached:
             self._store(item, *cached)
@@ -356,7 +364,7 @@ class Fetcher:
         with self._lock:
             self.downloads += 1
             self.download_bytes += size
-        return Fetched(ref, path=path, mime=mime, _digest=digest)
+        return Fetched(ref, path=path, mime=mime, _digest=digest, size=size)
 
 
 def _chunks(response: urllib3.BaseHTTPResponse):

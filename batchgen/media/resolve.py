@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.errors import RowError, describe, short
 from ..core.memo import Memo
-from ..core.records import Job, Media, MediaRef, MediaStats
+from ..core.records import Job, Media, MediaFile, MediaRef, MediaStats
 from ..core.settings import MediaConfig
 from .fetch import Fetched, Fetcher
 from .frames import extract_frames
@@ -47,6 +47,7 @@ class Prepared:
     media: Media = field(default_factory=Media)
     times: StageTimes = field(default_factory=StageTimes)
     error: RowError | None = None
+    files: list[MediaFile] = field(default_factory=list)  # each item fetched, also when a later step failed
 
     @property
     def nbytes(self) -> int:
@@ -98,7 +99,10 @@ class MediaStage:
                 t1 = time.perf_counter()
                 out.times.fetch_ms += (t1 - t0) * 1000
                 stage = {"image": "decode", "video": "frames"}.get(ref.kind, "fetch")
-                self._decode_into(job, ref, item, out)
+                try:
+                    self._decode_into(job, ref, item, out)
+                finally:  # after decoding: its content digest is known then
+                    out.files.append(item.record())
                 elapsed = (time.perf_counter() - t1) * 1000
                 if ref.kind == "image":
                     out.times.decode_ms += elapsed

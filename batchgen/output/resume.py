@@ -4,7 +4,9 @@ rows to try again — decided in one place (`Resume`), before any work."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,8 +14,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from ..core.errors import ConfigError
-from ..core.records import GenParams
+from ..core.errors import ConfigError, describe
+from ..core.records import GenParams, local_path
 from ..core.settings import RunConfig
 from ..input.read import JobIndex, RawRow, id_key, iter_rows
 from .write import Earlier
@@ -115,15 +117,75 @@ def to_retry(
     }
 
 
-def check_unchanged(index: JobIndex, done: dict[str, str | None], policy: str = "refuse") -> list[int]:
-    """Rows whose input changed under an id that already has a result: refused (ConfigError
-    naming the first five), or returned, for the caller to redo or keep."""
+def replaced_media(sources: Iterable[Path | str], store: Any, base: str | None,
+                   keys: set[str]) -> dict[str, str]:  # fmt: skip
+    """The rows among `keys` whose local media file was replaced since their result was
+    written (id key → the file's reference): its size or mtime differ from what the run
+    recorded, and, where the run recorded its content digest, its content too (a copy or a
+    `touch` keeps the result). A file gone counts as replaced."""
+    if base is None:  # a remote job reads no local file
+        return {}
+    latest: dict[str, list[dict[str, Any]]] = {}
+    for path in sources:
+        if "media_files" not in store.metadata_schema(str(path)).names:  # an earlier version's output
+            continue
+        t = store.read_table(str(path), ["id", "media_files"]).to_pydict()
+        for row_id, files in zip(t["id"], t["media_files"], strict=True):
+            if files and (key := id_key(row_id)) in keys:
+                latest[key] = files
+    seen: dict[tuple[str, int, int, str | None], bool] = {}
+    out = {}
+    for key, files in latest.items():
+        for f in files:
+            if f["mtime_ns"] is None or f["ref"] is None:
+                continue
+            mark = (f["ref"], f["size"], f["mtime_ns"], f["sha256"])
+            if mark not in seen:
+                seen[mark] = _replaced(local_path(f["ref"], Path(base)), f)
+            if seen[mark]:
+                out[key] = f["ref"]
+                break
+    return out
+
+
+def _replaced(path: Path, recorded: dict[str, Any]) -> bool:
+    try:
+        now = path.stat()
+    except (OSError, ValueError):
+        return True
+    if (now.st_size, now.st_mtime_ns) == (recorded["size"], recorded["mtime_ns"]):
+        return False
+    if now.st_size != recorded["size"] or recorded["sha256"] is None or not stat.S_ISREG(now.st_mode):
+        return True
+    h = hashlib.sha256()
+    try:
+        with path.open("rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    except OSError:
+        return True
+    return h.hexdigest() != recorded["sha256"]
+
+
+def check_unchanged(index: JobIndex, done: dict[str, str | None], policy: str = "refuse",
+                    replaced: dict[str, str] | None = None) -> list[int]:  # fmt: skip
+    """Rows whose input changed under an id that already has a result — the row itself, or a
+    local media file it read (`replaced`, by id key) — refused (ConfigError naming the first
+    five), or returned, for the caller to redo or keep."""
+    replaced = replaced or {}
     changed = [
-        i for i, key in enumerate(map(id_key, index.ids)) if done.get(key) not in (None, index.digest(i))
+        i
+        for i, key in enumerate(map(id_key, index.ids))
+        if done.get(key) not in (None, index.digest(i)) or (key in done and key in replaced)
     ]
     if changed and policy == "refuse":
         wheres = index.wheres(changed[:5])
-        named = [f"{where} (id {index.ids[i]!r:.80})" for i, where in zip(changed[:5], wheres, strict=True)]
+        named = [
+            f"{where} (id {index.ids[i]!r:.80}"
+            + (f"; {describe(replaced[k])} replaced" if (k := id_key(index.ids[i])) in replaced else "")
+            + ")"
+            for i, where in zip(changed[:5], wheres, strict=True)
+        ]
         shown = ", ".join(named) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
         raise ConfigError(
             f"{len(changed)} row(s) changed since their results were written: {shown}; pass --changed "
@@ -174,7 +236,9 @@ class Resume:
         if earlier.settings is not None:
             check_settings(earlier.where, earlier.settings, settings)
         self.done = finished(earlier.files, store)
-        rows = check_unchanged(index, self.done, changed)
+        base = index.source.base if index.source is not None else None
+        replaced = replaced_media(earlier.files, store, base, set(self.done)) if self.done else {}
+        rows = check_unchanged(index, self.done, changed, replaced)
         self.redone = len(rows) if changed == "redo" else 0  # changed rows generated again
         for i in rows if changed == "redo" else []:
             self.done.pop(id_key(index.ids[i]), None)

@@ -9,7 +9,10 @@ services make visible only once complete), listings, reads of a few columns, rem
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
+import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +22,67 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, JobFileError, OutputLockedError
 from ..core.uris import filesystem, is_uri
 
-__all__ = ["Store", "OutputLock", "atomic_write"]
+__all__ = ["Store", "OutputLock", "atomic_write", "stale_temps"]
+
+
+TEMP_PREFIX, TEMP_SUFFIX = ".batchgen-", ".tmp"  # a temporary file's name: short, hidden, ours
 
 
 def atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """`write(p)` fills a file that becomes `path` only once complete. Where the system can,
+    it is an unnamed file (O_TMPFILE) named at the end, so even a kill -9 leaves nothing
+    half-written behind; elsewhere a short hidden name beside `path`, `.batchgen-<hex>.tmp`
+    (a 255-byte name still fits), which `stale_temps` finds after a kill."""
+    global _linkable
+    tmp = path.with_name(f"{TEMP_PREFIX}{secrets.token_hex(6)}{TEMP_SUFFIX}")
+    fd = _unnamed(path.parent) if _linkable is not False else None
     try:
-        write(tmp)
+        if fd is not None:
+            write(Path(f"/proc/self/fd/{fd}"))
+            try:
+                os.link(f"/proc/self/fd/{fd}", tmp, follow_symlinks=True)
+                _linkable = True
+            except OSError:
+                if _linkable:
+                    raise
+                _linkable = False  # this system names no unnamed file (a sandbox's kernel): write it again
+                write(tmp)
+        else:
+            write(tmp)
         os.replace(tmp, path)
     finally:
+        if fd is not None:
+            os.close(fd)
         tmp.unlink(missing_ok=True)
+
+
+_linkable: bool | None = None  # whether an unnamed file can be named here (found on the first write)
+
+
+def _unnamed(folder: Path) -> int | None:
+    """A new unnamed file in `folder`, where the system and filesystem have them."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return None
+    try:
+        return os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o666)
+    except OSError:  # a filesystem without them (some network and FUSE ones)
+        return None
+
+
+def stale_temps(folder: Path, age: float = 60.0) -> list[Path]:
+    """Temporary files of atomic_write in `folder` left by a killed process (untouched for
+    `age` seconds: a live write is never that slow to start)."""
+    now = time.time()
+    out = []
+    try:
+        for entry in os.scandir(folder):
+            if entry.name.startswith(TEMP_PREFIX) and entry.name.endswith(TEMP_SUFFIX):
+                info = entry.stat(follow_symlinks=False)
+                if stat.S_ISREG(info.st_mode) and now - info.st_mtime > age:
+                    out.append(Path(entry.path))
+    except OSError:
+        pass
+    return out
 
 
 class Store:

@@ -39,9 +39,12 @@ _TOKEN = [("token", pa.string()), ("id", pa.int64()), ("logprob", pa.float64())]
 LOGPROBS_TYPE = pa.list_(pa.struct([*_TOKEN, ("top_logprobs", pa.list_(pa.struct(_TOKEN)))]))
 _SCORED = [("choice", pa.string()), ("logprob", pa.float64()), ("prob", pa.float64()), ("tokens", pa.int64())]
 CHOICE_SCORES_TYPE = pa.list_(pa.struct(_SCORED))
+MEDIA_FILES_TYPE = pa.list_(pa.struct([("kind", pa.string()), ("ref", pa.string()), ("size", pa.int64()),
+                                        ("mtime_ns", pa.int64()), ("sha256", pa.string())]))  # fmt: skip
 _TYPED = {
     "logprobs": LOGPROBS_TYPE,
     "choice_scores": CHOICE_SCORES_TYPE,
+    "media_files": MEDIA_FILES_TYPE,  # core.records.MediaFile
 }  # our columns that are not one scalar
 
 

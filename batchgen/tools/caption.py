@@ -11,10 +11,12 @@ from pathlib import Path
 from ..core.errors import ConfigError
 from ..input.source import files_under, glob_files
 
-__all__ = ["IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "find_media", "write_caption_jobs"]
+__all__ = ["IMAGE_EXTENSIONS", "VIDEO_EXTENSIONS", "MEDIA_EXTENSIONS", "find_media", "write_caption_jobs"]
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff")
 VIDEO_EXTENSIONS = (".mp4", ".mov", ".webm", ".mkv", ".avi", ".m4v")
+AUDIO_EXTENSIONS = (".wav", ".mp3", ".flac", ".ogg", ".m4a")
+MEDIA_EXTENSIONS = frozenset(IMAGE_EXTENSIONS + VIDEO_EXTENSIONS + AUDIO_EXTENSIONS)  # no caption takes these
 
 
 def find_media(paths: Iterable[str], extensions: Iterable[str]) -> list[tuple[str, Path]]:

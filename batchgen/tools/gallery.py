@@ -8,19 +8,25 @@ import hashlib
 import io
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import jinja2
 
-from ..core.errors import BatchgenError
-from ..input.read import id_key, iter_rows
-from ..input.source import resolve
+from ..input.read import id_key
 from ..media.images import IMAGE_FORMATS
-from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
-from .results import read_results, results_metadata
+from ..output.write import TEMPLATE_KEY
+from .results import (
+    MediaPolicy,
+    Ref,
+    cell_refs,
+    job_pictures,
+    media_columns,
+    media_policy,
+    read_results,
+    results_metadata,
+)
 
 __all__ = ["write_gallery"]
 
@@ -39,25 +45,7 @@ def _thumbnail(img) -> str:
 _BROWSER_IMAGES = {".jpg", ".jpeg", ".png", ".gif", ".webp", ".bmp"}
 
 
-@dataclass(frozen=True, slots=True)
-class _Policy:
-    """Which local media the gallery may open: those the run could read (output metadata)."""
-
-    base: Path | None  # where relative paths start; None: no local path at all (a remote job)
-    root: Path | None = None  # --media-root: nothing outside it
-
-    def path(self, ref: str) -> Path | None:
-        """The regular file a reference names, if the run's policy let it be read."""
-        if self.base is None:
-            return None
-        path = Path(ref).expanduser()
-        path = (path if path.is_absolute() else self.base / path).resolve()
-        if self.root is not None and not path.is_relative_to(self.root):
-            return None
-        return path if path.is_file() else None  # never a FIFO or a device: opening one blocks
-
-
-def _media_thumbs(ref: Ref, kind: str, policy: _Policy, page_dir: Path) -> list[str]:
+def _media_thumbs(ref: Ref, kind: str, policy: MediaPolicy, page_dir: Path) -> list[str]:
     """What a card shows: local images the browser can read are linked relative to the page
     (loaded only when their page of cards is shown); data-URL images, images given as bytes
     and a few frames of each video are embedded as small thumbnails; remote URLs are linked
@@ -99,49 +87,15 @@ def _bytes_key(data: bytes) -> str:
     return "image:bytes " + hashlib.sha256(data).hexdigest()[:16]
 
 
-def _from_job(about: dict[bytes, bytes], wanted: set[str], columns: list[tuple[str, str]],
-              policy: _Policy) -> dict[str, list[tuple[str, list[str]]]]:  # fmt: skip
-    """Pictures the output does not carry (a dataset's image bytes: an img2dataset shard's
-    `jpg`), read again from the local job the run read, for the rows that show none: by id
-    key, each picture's key and thumbnail. Reading stops once every row is found or
-    _MAX_EMBEDDED pictures are made; a job gone or changed since shows nothing more."""
-    job = _job(about)
-    path = job.get("path")
-    if not wanted or policy.base is None or not isinstance(path, str) or not Path(path).exists():
-        return {}
-    # only columns the output did not carry: a text job's rows are never read again for nothing
-    images = [c for c, kind in columns if kind == "image" and c in (job.get("not_carried") or [])]
-    if not images:
-        return {}
-    found: dict[str, list[tuple[str, list[str]]]] = {}
-    made = 0
-    try:
-        id_column = job.get("id_column") if isinstance(job.get("id_column"), str) else None
-        for raw in iter_rows(resolve(path, job.get("format")), id_column=id_column):
-            key = id_key(raw.id)
-            if key not in wanted or key in found or not isinstance(raw.value, dict):
-                continue
-            pictures = [r for c in images for r in _refs(raw.value.get(c)) if isinstance(r, bytes)]
-            found[key] = [(_bytes_key(p), _media_thumbs(p, "image", policy, Path("."))) for p in pictures]
-            made += len(pictures)
-            if len(found) == len(wanted) or made >= _MAX_EMBEDDED:
-                break
-    except (BatchgenError, OSError):  # the job moved or changed since the run
-        pass
-    return found
-
-
-def _policy(path: Path, about: dict[bytes, bytes], media_base: Path | None) -> _Policy:
-    """The run's media policy as its output recorded it (outputs of earlier versions: paths
-    start beside the output); `--media-base` moves where relative paths start."""
-    recorded = json.loads(about.get(MEDIA_POLICY_KEY, b"{}") or b"{}")
-    root = Path(recorded["media_root"]) if recorded.get("media_root") else None
-    if recorded.get("local_paths") is False and media_base is None:
-        return _Policy(None, root)
-    base = about.get(MEDIA_BASE_KEY)
-    return _Policy(
-        media_base or (Path(base.decode()) if base else path.parent if path.is_file() else path), root
-    )
+def _from_job(about: dict[bytes, bytes], wanted: dict[str, str | None], columns: list[tuple[str, str]],
+              policy: MediaPolicy) -> dict[str, list[tuple[str, list[str]]]]:  # fmt: skip
+    """Thumbnails of the pictures the output does not carry, read again from the job (by id
+    key, each picture's key and thumbnail), for the rows that show none."""
+    found = job_pictures(about, wanted, columns, policy, _MAX_EMBEDDED)
+    return {
+        key: [(_bytes_key(p), _media_thumbs(p, "image", policy, Path("."))) for p in pictures]
+        for key, pictures in found.items()
+    }
 
 
 _PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
@@ -153,50 +107,11 @@ _URL_COLUMNS = ("url", "image_url")  # img2dataset's: the picture's source, when
 _MAX_EMBEDDED = 2000  # thumbnails made from bytes (~5 KB each): the page stays ~10 MB at most
 
 
-Ref = str | bytes  # a path, URL or data URL; or an image's bytes
-
-
-def _media_columns(about: dict[bytes, bytes], extra: tuple[str, ...]) -> list[tuple[str, str]]:
-    """(column, kind) where a row's media may be: batchgen's names, the run's --image-column /
-    --video-column (recorded in the output) and `report --media-column`."""
-    job = _job(about)
-    columns = [("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")]
-    columns += [(c, "image") for c in job.get("image") or [] if isinstance(c, str)]
-    columns += [(c, "video") for c in job.get("video") or [] if isinstance(c, str)]
-    columns += [(c, "image") for c in extra]
-    return list(dict.fromkeys(columns))
-
-
-def _job(about: dict[bytes, bytes]) -> dict[str, Any]:
-    try:
-        job = json.loads(about.get(JOB_KEY, b"{}") or b"{}")
-    except ValueError:
-        return {}
-    return job if isinstance(job, dict) else {}
-
-
-def _refs(value: Any) -> list[Ref]:
-    """What a media cell holds: a reference, bytes, a Hugging Face image ({bytes, path}), or a
-    list (or JSON text of a list) of those."""
-    if isinstance(value, str) and value.startswith("["):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            pass
-    out: list[Ref] = []
-    for ref in value if isinstance(value, list) else [value] if value else []:
-        if isinstance(ref, dict):
-            ref = ref.get("bytes") or ref.get("path")
-        if isinstance(ref, (str, bytes)) and ref:
-            out.append(ref)
-    return out
-
-
 def _media_of(row: dict[str, Any], columns: list[tuple[str, str]]) -> list[tuple[Ref, str]]:
     """A row's images and videos: its media columns, then those inside its messages."""
     refs: list[tuple[Ref, str]] = []
     for column, kind in columns:
-        refs += [(ref, kind) for ref in _refs(row.get(column))]
+        refs += [(ref, kind) for ref in cell_refs(row.get(column))]
     for message in _messages(row) or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
@@ -280,7 +195,7 @@ def _card_id(row_id: Any) -> str:
 
 
 def write_gallery(
-    path: Path, out: Path, media_base: Path | None = None, media_columns: tuple[str, ...] = ()
+    path: Path, out: Path, media_base: Path | None = None, extra_columns: tuple[str, ...] = ()
 ) -> tuple[int, list[str], Path | None]:
     """One page, one card per picture with every question asked of it and its answer (a row
     without media gets a card of its own), paged in the browser (100 cards at a time) so 10,000 rows
@@ -292,12 +207,12 @@ def write_gallery(
     Returns (cards, media not found, where paths started: None for a remote job)."""
     rows = read_results(path)
     about = results_metadata(path)
-    policy = _policy(path, about, media_base)
+    policy = media_policy(path, about, media_base)
     template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
-    columns = _media_columns(about, media_columns)
+    columns = media_columns(about, extra_columns)
     media = [_media_of(r, columns) for r in rows]
-    from_job = _from_job(about, {id_key(r["id"]) for r, m in zip(rows, media, strict=True) if not m}, columns,
-                         policy)  # fmt: skip
+    wanted = {id_key(r["id"]): r["input_hash"] for r, m in zip(rows, media, strict=True) if not m}
+    from_job = _from_job(about, wanted, columns, policy)
     thumbs: dict[str, list[str]] = {}
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}

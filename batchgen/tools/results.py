@@ -1,19 +1,28 @@
 """A results file (or shard folder) read back by the tools that look at it: `inspect`,
-`report` and `export`."""
+`report` and `export` — its rows, the run's media policy, and the pictures a dataset's job
+held as bytes."""
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.errors import JobFileError
-from ..core.records import RESULT_COLUMNS
+from ..core.errors import BatchgenError, JobFileError
+from ..core.records import RESULT_COLUMNS, local_path
+from ..input.read import id_key, iter_rows
+from ..input.source import resolve
 from ..output.tables import RESULT_SCHEMA
+from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY
 
-__all__ = ["read_results", "results_schema", "results_metadata"]
+__all__ = [
+    "read_results", "results_schema", "results_metadata", "MediaPolicy", "media_policy", "job_of",
+    "cell_refs", "media_columns", "job_pictures", "Ref",
+]  # fmt: skip
 
 _NEEDED = ("id", "status", "error", "error_stage")  # every output keeps these (KEPT_COLUMNS)
 
@@ -56,3 +65,115 @@ def results_schema(path: Path) -> pa.Schema:
 
 def results_metadata(path: Path) -> dict[bytes, bytes]:
     return results_schema(path).metadata or {}
+
+
+Ref = str | bytes  # a path, URL or data URL; or an image's bytes
+
+
+@dataclass(frozen=True, slots=True)
+class MediaPolicy:
+    """Which local media a tool may open: those the run could read (output metadata)."""
+
+    base: Path | None  # where relative paths start; None: no local path at all (a remote job)
+    root: Path | None = None  # --media-root: nothing outside it
+
+    def path(self, ref: str) -> Path | None:
+        """The regular file a reference names, if the run's policy let it be read."""
+        if self.base is None:
+            return None
+        try:
+            path = local_path(ref, self.base).resolve()
+            if self.root is not None and not path.is_relative_to(self.root):
+                return None
+            return path if path.is_file() else None  # never a FIFO or a device: opening one blocks
+        except (OSError, ValueError, RuntimeError):  # NUL bytes, ~nosuchuser, symlink loops
+            return None
+
+
+def media_policy(path: Path, about: dict[bytes, bytes], media_base: Path | None = None) -> MediaPolicy:
+    """The run's media policy as its output recorded it (outputs of earlier versions: paths
+    start beside the output); `media_base` moves where relative paths start."""
+    try:
+        recorded = json.loads(about.get(MEDIA_POLICY_KEY, b"{}") or b"{}")
+    except ValueError:
+        recorded = {}
+    recorded = recorded if isinstance(recorded, dict) else {}
+    root = Path(recorded["media_root"]) if isinstance(recorded.get("media_root"), str) else None
+    if recorded.get("local_paths") is False and media_base is None:
+        return MediaPolicy(None, root)
+    base = about.get(MEDIA_BASE_KEY)
+    return MediaPolicy(
+        media_base or (Path(base.decode()) if base else path.parent if path.is_file() else path), root
+    )
+
+
+def job_of(about: dict[bytes, bytes]) -> dict[str, Any]:
+    """The job as the run recorded it: its path (a local one's), format, id and media columns."""
+    try:
+        job = json.loads(about.get(JOB_KEY, b"{}") or b"{}")
+    except ValueError:
+        return {}
+    return job if isinstance(job, dict) else {}
+
+
+def cell_refs(value: Any) -> list[Ref]:
+    """What a media cell holds: a reference, bytes, a Hugging Face image ({bytes, path}), or a
+    list (or JSON text of a list) of those."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    out: list[Ref] = []
+    for ref in value if isinstance(value, list) else [value] if value else []:
+        if isinstance(ref, dict):
+            ref = ref.get("bytes") or ref.get("path")
+        if isinstance(ref, (str, bytes)) and ref:
+            out.append(ref)
+    return out
+
+
+def media_columns(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(column, kind) where a row's media may be: batchgen's names, the run's --image-column /
+    --video-column (recorded in the output) and any `extra` image columns."""
+    job = job_of(about)
+    columns = [("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")]
+    columns += [(c, "image") for c in job.get("image") or [] if isinstance(c, str)]
+    columns += [(c, "video") for c in job.get("video") or [] if isinstance(c, str)]
+    columns += [(c, "image") for c in extra]
+    return list(dict.fromkeys(columns))
+
+
+def job_pictures(about: dict[bytes, bytes], wanted: dict[str, str | None], columns: list[tuple[str, str]],
+                 policy: MediaPolicy, most: int) -> dict[str, list[bytes]]:  # fmt: skip
+    """Pictures the output does not carry (a dataset's image bytes: an img2dataset shard's
+    `jpg`), read again from the local job the run read: by id key, the image bytes of each
+    row in `wanted` whose input is still what the run read (its fingerprint is the result's
+    `input_hash`): a job changed since shows that row nothing. Reading stops once every row
+    is found or `most` pictures are read."""
+    job = job_of(about)
+    path = job.get("path")
+    if not wanted or policy.base is None or not isinstance(path, str) or not Path(path).exists():
+        return {}
+    # only columns the output did not carry: a text job's rows are never read again for nothing
+    images = [c for c, kind in columns if kind == "image" and c in (job.get("not_carried") or [])]
+    if not images:
+        return {}
+    found: dict[str, list[bytes]] = {}
+    read = 0
+    try:
+        id_column = job.get("id_column") if isinstance(job.get("id_column"), str) else None
+        for raw in iter_rows(resolve(path, job.get("format")), id_column=id_column):
+            key = id_key(raw.id)
+            if key not in wanted or key in found or not isinstance(raw.value, dict):
+                continue
+            if wanted[key] is not None and raw.digest != wanted[key]:
+                found[key] = []  # replaced since the run: not the picture its answer is about
+                continue
+            found[key] = [r for c in images for r in cell_refs(raw.value.get(c)) if isinstance(r, bytes)]
+            read += len(found[key])
+            if len(found) == len(wanted) or read >= most:
+                break
+    except (BatchgenError, OSError):  # the job moved or changed since the run
+        pass
+    return found

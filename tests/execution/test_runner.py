@@ -609,7 +609,7 @@ def test_a_slim_output_leaves_out_how_rows_were_made_and_still_resumes(workdir, 
     names = pq.read_table(out).column_names
     assert names == ["id", "prompt", "script", "status", "generated_text", "error", "error_stage", "attempts",
                      "transient", "parsed", "logprobs", "choice_scores", "score_logprob", "score_mean",
-                     "score_tokens", "input_hash"]  # fmt: skip
+                     "score_tokens", "input_hash", "media_files"]  # fmt: skip
     code, output = batch(
         job, out, "--result-columns", "slim", "--drop-result-columns", "choices", "--retry-failed"
     )

@@ -1,0 +1,504 @@
+"""What `export` puts on disk beside or into a dataset: caption files, pictures copied (or
+linked) or written out from bytes, an imagefolder's `metadata.jsonl` — and the records that
+say what to write and what was written.
+
+Every target is checked before the first write: none may be a media file the results name,
+the results themselves or the job, two pictures may not share one caption file, and a
+`metadata.jsonl` is replaced only if batchgen wrote it. A file that cannot be written is
+counted and named; the export goes on.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from PIL import Image
+
+from ..core.errors import ConfigError, describe, short
+from ..input.formats import EXTENSIONS
+from ..input.read import id_key
+from ..output.store import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, stale_temps
+from ..output.write import partial_dir, stats_path
+from .results import MediaPolicy, cell_refs, job_pictures, media_columns
+
+__all__ = [
+    "ExportOptions", "ExportSummary", "Item", "Origin", "Forbidden", "write_txt", "write_imagefolder",
+    "item_text", "item_fields",
+]  # fmt: skip
+
+_CAPTION_BYTES = 1 << 20  # an existing caption file read for append/prepend: more is no caption file
+_MANIFEST = ".batchgen-export.json"  # in an imagefolder: the digest of the metadata.jsonl batchgen wrote
+_SHOWN = 3  # names a message lists
+
+
+@dataclass(frozen=True, slots=True)
+class ExportOptions:
+    """What to write and how; each default carries its reason."""
+
+    format: Literal["txt", "imagefolder", "wide", "jsonl"]
+    to: Path | None = None  # txt: mirror under this folder; imagefolder: a new dataset folder
+    output: Path | None = None  # wide / jsonl: the file
+    caption_extension: str = ".txt"  # kohya's --caption_extension default
+    prompt: str | None = None  # one prompt's answers (its number or its text) as `text`
+    field: str | None = None  # a structured answer's field as the text (a list joined by ", ": tags)
+    join: str | None = None  # every prompt's answers, in prompt order, joined by this
+    prefix: str = ""  # trigger words, written as given (include your separator)
+    suffix: str = ""
+    on_existing: Literal["skip", "overwrite", "append", "prepend"] = "skip"  # a caption file already there
+    separator: str = " "  # between an existing caption and the new one (append, prepend)
+    caption_name: Literal["stem", "with-extension"] = "stem"  # a.png → a.txt (kohya's), or a.png.txt
+    link: Literal["copy", "hard", "symbolic"] = "copy"  # imagefolder --to: a copy the trainer may edit
+
+
+@dataclass(slots=True)
+class ExportSummary:
+    """What an export wrote and what it left out, for the line the CLI prints."""
+
+    written: int = 0  # caption files, metadata lines or rows
+    skipped: int = 0  # caption files already there (--on-existing skip)
+    failed: int = 0  # media whose chosen answers include a failed row: nothing written for them
+    empty: int = 0  # media whose caption is empty: nothing written for them
+    missing: int = 0  # media files the results name that are not there (or the run's policy refuses)
+    without_media: int = 0  # rows with no image or video (txt, imagefolder leave them out)
+    remote: int = 0  # media the run fetched from a URL: no local file to put a caption beside
+    as_bytes: int = 0  # txt: pictures held as bytes (a dataset's), no file to put a caption beside
+    pictures: int = 0  # imagefolder --to: pictures copied, linked or written out from bytes
+    refused: list[str] = field(default_factory=list)  # targets left alone: a FIFO, a link, a device
+    errors: list[str] = field(default_factory=list)  # files that could not be written, and why
+    where: list[str] = field(default_factory=list)
+    note: str = ""  # why nothing could be written, when that is the answer
+
+    @property
+    def ok(self) -> bool:
+        """Something was written (or was already there) and nothing was refused or broke."""
+        return bool(self.written or self.skipped) and not self.refused and not self.errors
+
+
+@dataclass(slots=True)
+class Item:
+    """One media file (or one row without media) and its answers by prompt number."""
+
+    key: str  # how a table row names it: the captioning run's `file`, else the reference or id
+    ref: str | None  # the reference as the run read it (None: bytes, or no media)
+    source: Literal["file", "bytes", "url", "none"]  # what the run read it from
+    path: Path | None = None  # a file's, under the run's policy (None: not there, or refused)
+    digest: str | None = None  # media held as bytes: their sha256
+    ids: list[str] = field(default_factory=list)  # its rows' id keys, and their input hashes
+    hashes: list[str | None] = field(default_factory=list)
+    answers: dict[int, str | None] = field(default_factory=dict)  # None: that row failed
+    fields: dict[int, dict[str, Any]] = field(default_factory=dict)  # a structured answer's fields
+    errors: list[str] = field(default_factory=list)
+    data: bytes | None = None  # a bytes item's picture, once found
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where pictures held as bytes are found again: the results' rows (a kept `jpg`), and
+    the job the run read, under its media policy."""
+
+    rows: list[dict[str, Any]]
+    about: dict[bytes, bytes]
+    policy: MediaPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Forbidden:
+    """Files an export must never write over: every media file the results name, the results
+    (a file and its stats, or everything in a shard folder) and the job's files."""
+
+    media: frozenset[Path]
+    results: Path
+    job: Path | None
+
+    @classmethod
+    def of(cls, results: Path, items: list[Item], job: dict[str, Any]) -> Forbidden:
+        job_path = Path(job["path"]).resolve() if isinstance(job.get("path"), str) else None
+        return cls(frozenset(i.path for i in items if i.path is not None), results.resolve(), job_path)
+
+    def why(self, target: Path, source: Path | None = None) -> str | None:
+        """Why `target` may not be written (None: it may); `source` is the picture whose own
+        place it is (a picture copied onto itself is kept, not refused)."""
+        resolved = target.resolve()
+        results = self.results
+        if resolved in self.media and resolved != source:
+            return "a media file of these results"
+        if results.is_dir() and resolved.is_relative_to(results) or resolved in (
+            results, Path(stats_path(results)), Path(partial_dir(results))
+        ):  # fmt: skip
+            return "part of the results"
+        job = self.job
+        if job is not None and (
+            resolved == job or job.is_dir() and resolved.is_relative_to(job) and resolved.suffix in EXTENSIONS
+        ):
+            return "part of the job"
+        if resolved.is_dir():
+            return "a folder"
+        return None
+
+    def check(self, target: Path, what: str) -> None:
+        why = self.why(target)
+        if why:
+            raise ConfigError(f"{what} {describe(str(target))}: is {why}; choose another")
+
+
+def item_text(item: Item, ks: list[int], options: ExportOptions) -> str | None:
+    """An item's caption: its chosen answers joined, between the prefix and the suffix; None
+    when one of its rows failed, "" when its answers are empty."""
+    answers = [item.answers.get(k) for k in ks]
+    if any(a is None for a in answers):
+        return None
+    if not all(answers):
+        return ""
+    return options.prefix + (options.join or "").join(answers) + options.suffix  # type: ignore[arg-type]
+
+
+def item_fields(item: Item, fields: dict[str, tuple[int, str]]) -> dict[str, Any]:
+    return {out: item.fields.get(k, {}).get(key) for out, (k, key) in fields.items()}
+
+
+def _left_out(item: Item, summary: ExportSummary) -> None:
+    """An item without a local file to write for, counted by what it is."""
+    if item.source == "url":
+        summary.remote += 1
+    elif item.source == "bytes":
+        summary.as_bytes += 1
+    elif item.source == "none":
+        summary.without_media += 1
+    else:
+        summary.missing += 1
+
+
+def _common_root(paths: list[Path]) -> Path:
+    return Path(os.path.commonpath([str(p.parent) for p in paths])) if paths else Path(".")
+
+
+def _inside(root: Path, rel: Path) -> Path:
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root.resolve()):  # a results file naming `../..`: never outside
+        raise ConfigError(f"{describe(str(rel))}: would be written outside {root}")
+    return target
+
+
+def _shown(names: list[str]) -> str:
+    more = f" and {len(names) - _SHOWN} more" if len(names) > _SHOWN else ""
+    return "; ".join(names[:_SHOWN]) + more
+
+
+def _caption_targets(items: list[Item], options: ExportOptions) -> dict[Path, Item]:
+    """Each picture's caption file; two pictures sharing one (`a.png`, `a.jpg` → `a.txt`) are
+    refused, naming them."""
+    files = [i for i in items if i.path is not None]
+    root = _common_root([i.path for i in files])  # type: ignore[misc]
+    targets: dict[Path, Item] = {}
+    clashes: list[str] = []
+    for item in files:
+        path: Path = item.path  # type: ignore[assignment]
+        if options.caption_name == "with-extension":
+            target = path.with_name(path.name + options.caption_extension)
+        else:
+            target = path.with_suffix(options.caption_extension)
+        if options.to is not None:
+            target = _inside(options.to, target.relative_to(root))
+        if target in targets:
+            clashes.append(f"{describe(str(targets[target].path))} and {describe(str(path))} → {target.name}")
+        targets.setdefault(target, item)
+    if clashes:
+        raise ConfigError(f"{len(clashes)} picture(s) would share a caption file ({_shown(clashes)}); pass "
+                          "--caption-name with-extension (a.png → a.png.txt)")  # fmt: skip
+    return targets
+
+
+def _existing(target: Path) -> str | None:
+    """An existing caption file's text (None: there is none). A FIFO, a device or a link is
+    never read (ValueError): reading one blocks, or copies another file's content."""
+    try:
+        info = target.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("a symbolic link" if stat.S_ISLNK(info.st_mode) else "not a regular file")
+    if info.st_size > _CAPTION_BYTES:
+        raise ValueError(f"over {_CAPTION_BYTES} bytes: no caption file")
+    with open(target, "rb") as f:
+        return f.read(_CAPTION_BYTES).decode("utf-8", errors="replace")
+
+
+class _Folders:
+    """Folders written into: each made once, and cleared of temporary files a killed export
+    left there."""
+
+    def __init__(self) -> None:
+        self.seen: set[Path] = set()
+
+    def ready(self, folder: Path) -> None:
+        if folder in self.seen:
+            return
+        self.seen.add(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for leftover in stale_temps(folder):
+            leftover.unlink(missing_ok=True)
+
+
+def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportOptions,
+              summary: ExportSummary, forbidden: Forbidden) -> None:  # fmt: skip
+    if len(columns) != 1:
+        raise ConfigError(
+            "a caption file holds one text: pick a prompt (--prompt K) or join them (--join ' ')"
+        )
+    (ks,) = columns.values()
+    targets = _caption_targets(items, options)
+    for target in targets:
+        forbidden.check(target, "caption file")
+    for item in items:
+        if item.path is None:
+            _left_out(item, summary)
+    folders = _Folders()
+    for target, item in targets.items():
+        text = item_text(item, ks, options)
+        if not text:
+            summary.failed += text is None
+            summary.empty += text == ""
+            continue
+        try:
+            old = _existing(target)
+            if old is not None:
+                if options.on_existing == "skip":
+                    summary.skipped += 1
+                    continue
+                if options.on_existing == "append":
+                    text = old.rstrip("\n") + options.separator + text
+                elif options.on_existing == "prepend":
+                    text = text + options.separator + old.strip("\n")
+            folders.ready(target.parent)
+            atomic_write(target, lambda p, text=text: p.write_text(text + "\n", encoding="utf-8"))
+            summary.written += 1
+        except ValueError as e:
+            summary.refused.append(f"{describe(str(target))} ({e})")
+        except OSError as e:  # a name too long for the filesystem, no room, no permission
+            summary.errors.append(f"{describe(str(target))} ({short(e)})")
+    summary.where = [str(options.to or _common_root(list(targets)))] if targets else []
+    if summary.as_bytes and not targets:
+        summary.note = (f"{summary.as_bytes} picture(s) are bytes inside the results or the job, not "
+                        "files: no caption file can go beside them (--format imagefolder --to DIR writes "
+                        "them out with their captions)")  # fmt: skip
+
+
+def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: dict[str, tuple[int, str]],
+                      options: ExportOptions, summary: ExportSummary, forbidden: Forbidden,
+                      origin: Origin) -> None:  # fmt: skip
+    """`metadata.jsonl` beside the pictures, or in `--to` with the pictures copied (or linked)
+    into it and those held as bytes written out, so `datasets` loads them."""
+    held = sum(i.source == "bytes" for i in items)
+    if options.to is None and held:
+        raise ConfigError(f"{held} picture(s) are bytes inside the results or the job: give --to DIR to "
+                          "write them out with metadata.jsonl")  # fmt: skip
+    chosen = []
+    for item in items:
+        if item.path is not None or item.source == "bytes":
+            chosen.append(item)
+        else:
+            _left_out(item, summary)
+    root = _common_root([i.path for i in chosen if i.path is not None])
+    folder = options.to or root
+    if options.to is None:
+        _check_root(root, origin.policy)
+    _find_bytes(chosen, origin)
+    places = _places(chosen, root, folder, forbidden)
+    metadata = folder / "metadata.jsonl"
+    forbidden.check(metadata, "metadata")
+    _check_ours(metadata)
+    folders = _Folders()
+    lines = []
+    for item, target in zip(chosen, places, strict=True):
+        texts = {column: item_text(item, ks, options) for column, ks in columns.items()}
+        if any(t is None for t in texts.values()):  # a failed row (a broken image): left out
+            summary.failed += 1
+            continue
+        if not all(texts.values()):
+            summary.empty += 1
+            continue
+        if item.path is None and item.data is None:
+            summary.missing += 1  # bytes neither the results nor the job (as the run read it) hold
+            continue
+        try:
+            if options.to is not None:
+                folders.ready(target.parent)
+                _place(item.path, item.data, target, options.link)
+                summary.pictures += 1
+        except OSError as e:
+            summary.errors.append(f"{describe(str(target))} ({short(e)})")
+            continue
+        name = target.relative_to(folder.resolve()).as_posix()
+        lines.append(json.dumps({"file_name": name, **texts, **item_fields(item, fields)}, ensure_ascii=False,
+                                allow_nan=False) + "\n")  # fmt: skip
+        summary.written += 1
+    folders.ready(folder)
+    text = "".join(lines)
+    atomic_write(metadata, lambda p: p.write_text(text, encoding="utf-8"))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    atomic_write(folder / _MANIFEST, lambda p: p.write_text(json.dumps({"metadata.jsonl": digest}) + "\n"))
+    summary.where = [str(metadata)]
+
+
+def _check_root(root: Path, policy: MediaPolicy) -> None:
+    """Without --to, metadata.jsonl goes into the folder the pictures share, which must be
+    inside the folder the job's paths start from: never `/` for unrelated trees."""
+    within = policy.root or policy.base
+    resolved = root.resolve()
+    if within is None or resolved == Path(resolved.anchor) or not resolved.is_relative_to(within.resolve()):
+        raise ConfigError(f"the pictures share no folder inside {within or 'the job'} (their common folder "
+                          f"is {root}): give --to DIR for a new dataset folder")  # fmt: skip
+
+
+def _check_ours(metadata: Path) -> None:
+    """A metadata.jsonl already there is replaced only if batchgen wrote it, as it is."""
+    if not os.path.lexists(metadata):
+        return
+    try:
+        recorded = json.loads((metadata.parent / _MANIFEST).read_text()).get("metadata.jsonl")
+        ours = stat.S_ISREG(metadata.lstat().st_mode) and _digest(metadata) == recorded
+    except (OSError, ValueError, AttributeError):
+        ours = False
+    if not ours:
+        raise ConfigError(f"{metadata}: already there and not written by batchgen (or edited since); move "
+                          "it away or give --to DIR for a new dataset folder")  # fmt: skip
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _places(items: list[Item], root: Path, folder: Path, forbidden: Forbidden) -> list[Path]:
+    """Each picture's place in the dataset folder: local pictures keep their path under the
+    pictures' shared folder; pictures from bytes are named by their row (and their digest,
+    where two rows' names meet), with their format's extension."""
+    places: list[Path] = []
+    taken: set[Path] = set()
+    for item in items:
+        if item.path is not None:
+            target = _inside(folder, item.path.relative_to(root))
+        else:
+            stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in item.key)[:80] or "image"
+            ext = _format_extension(item.data) if item.data is not None else ".png"
+            target = _inside(folder, Path(stem + ext))
+            if target in taken:
+                target = _inside(folder, Path(f"{stem}-{(item.digest or '')[:12]}{ext}"))
+        why = "another picture's place" if target in taken else forbidden.why(target, item.path)
+        if why:
+            raise ConfigError(f"{describe(str(target))}: is {why}; give --to another folder")
+        taken.add(target)
+        places.append(target)
+    return places
+
+
+def _find_bytes(items: list[Item], origin: Origin) -> None:
+    """The bytes of pictures held as bytes, matched by digest to what the run read: from the
+    results' media columns (a kept `jpg`), else from the job, whose rows must be as the run
+    read them."""
+    wanted = {i.digest: i for i in items if i.digest is not None}
+    if not wanted:
+        return
+    columns = media_columns(origin.about)
+    by_id = {id_key(r["id"]): r for r in origin.rows}
+    need: dict[str, str | None] = {}
+    for item in wanted.values():
+        for key, input_hash in zip(item.ids, item.hashes, strict=True):
+            cells = (ref for c, _ in columns for ref in cell_refs(by_id[key].get(c)))
+            item.data = next((r for r in cells if isinstance(r, bytes) and _sha(r) == item.digest), None)
+            if item.data is not None:
+                break
+            need[key] = input_hash
+    for pictures in job_pictures(origin.about, need, columns, origin.policy, len(need)).values():
+        for picture in pictures:
+            if (item := wanted.get(_sha(picture))) is not None:
+                item.data = picture
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+_FORMAT_EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp", "GIF": ".gif", "BMP": ".bmp",
+                      "TIFF": ".tif"}  # fmt: skip
+
+
+def _format_extension(data: bytes) -> str:
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return _FORMAT_EXTENSIONS.get(img.format or "", ".png")
+    except Exception:  # noqa: BLE001 - the run decoded it; a header Pillow now refuses keeps .png
+        return ".png"
+
+
+_FICLONE = 0x40049409  # Linux's ioctl that shares a file's blocks (btrfs, XFS): a copy in no time
+
+
+def _place(source: Path | None, data: bytes | None, target: Path, link: str) -> None:
+    """A picture into the dataset folder: a copy (a reflink where the filesystem can) that the
+    trainer may edit without touching the original, or a link when asked; bytes written out.
+    A target that already is the same picture is kept."""
+    if source is None:
+        data = data or b""
+        if not (_regular(target) and target.stat().st_size == len(data) and target.read_bytes() == data):
+            atomic_write(target, lambda p: p.write_bytes(data))
+    elif not _same(source, target, link):
+        if link == "copy":
+            atomic_write(target, lambda p: _copy(source, p))
+        elif link == "hard":
+            _link(target, lambda p: os.link(source, p))
+        else:
+            _link(target, lambda p: os.symlink(source.resolve(), p))
+
+
+def _regular(path: Path) -> bool:
+    return not path.is_symlink() and path.is_file()
+
+
+def _same(source: Path, target: Path, link: str) -> bool:
+    try:
+        if link == "symbolic":
+            return target.is_symlink() and Path(os.readlink(target)) == source.resolve()
+        if not _regular(target):
+            return False
+        if os.path.samefile(source, target):
+            return link == "hard"  # a hard link where a copy is asked for is replaced by a copy
+        a, b = source.stat(), target.stat()
+        return link == "copy" and (a.st_size, a.st_mtime_ns) == (b.st_size, b.st_mtime_ns)
+    except OSError:
+        return False
+
+
+def _link(target: Path, make: Callable[[Path], None]) -> None:
+    """A link made under a temporary name, then renamed over the target (never written through)."""
+    tmp = target.with_name(f"{TEMP_PREFIX}{secrets.token_hex(6)}{TEMP_SUFFIX}")
+    try:
+        make(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.lexists(tmp):
+            tmp.unlink()
+
+
+def _copy(source: Path, target: Path) -> None:
+    """A reflink where the filesystem shares blocks, else a byte copy; the mtime kept."""
+    with open(source, "rb") as src, open(target, "wb") as dst:
+        try:
+            fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+        except OSError:
+            shutil.copyfileobj(src, dst, 1 << 20)
+    shutil.copystat(source, target)

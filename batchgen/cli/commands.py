@@ -332,8 +332,8 @@ def inspect_results(results: Path, slowest: int) -> None:
 @option("--on-existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
               show_default=True, help="txt: what to do with a caption file already there.")  # fmt: skip
 @option("--link", type=click.Choice(["copy", "hard", "symbolic"]), default="copy", show_default=True,
-              help="imagefolder --to: the pictures are copied (a reflink where the filesystem "
-                   "can): editing the dataset never touches the originals; or hard or symbolic links.")  # fmt: skip
+              help="imagefolder --to: copies of the pictures (a reflink where the filesystem can), "
+                   "so editing them never touches the originals; or hard or symbolic links.")  # fmt: skip
 def export(results: Path, fmt: str, to: Path | None, output: Path | None, **options) -> None:
     """Write a results file's answers where training tools read them, one caption per image.
 

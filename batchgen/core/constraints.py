@@ -23,7 +23,7 @@ from .records import Constraint
 
 __all__ = [
     "KINDS", "LIMITS", "CONSTRAINT_FIELDS", "ANSWER_KINDS", "constraint_of", "closed", "grammar", "check",
-    "satisfied", "answer_kinds", "MAX_ANSWER_FIELDS",
+    "satisfied", "answer_kinds", "requested_kinds", "merge_kinds", "MAX_ANSWER_FIELDS", "MAX_ANSWER_COLUMNS",
 ]  # fmt: skip
 
 KINDS = ("json_schema", "json_object", "regex", "choice")
@@ -203,6 +203,7 @@ ANSWER_KINDS = (*_SCALARS, *(f"list<{k}>" for k in _SCALARS), "json")  # how an 
 
 
 MAX_ANSWER_FIELDS = 64  # a schema naming more top-level properties gets no answer columns
+MAX_ANSWER_COLUMNS = 1024  # answer columns of one output, its schemas together: it stays a table
 
 
 MAX_FIELD_NAME = 100
@@ -273,8 +274,47 @@ def answer_kinds(c: Constraint) -> tuple[tuple[str, str], ...]:
 CONSTRAINT_FIELDS = ("response_format", "json_schema", "guided_json", "guided_choice", "guided_regex")
 
 
+def merge_kinds(union: dict[str, str], kinds: tuple[tuple[str, str], ...]) -> None:
+    """The union rule of answer columns over schemas: a field two schemas type differently is
+    JSON text; past MAX_ANSWER_COLUMNS a new field gets no column (its answers stay in `parsed`)."""
+    for name, kind in kinds:
+        if name in union:
+            union[name] = kind if union[name] == kind else "json"
+        elif len(union) < MAX_ANSWER_COLUMNS:
+            union[name] = kind
+
+
+_SCHEMA_FIELDS = ("response_format", "json_schema", "guided_json")  # the fields that can name a schema
+
+
+def requested_kinds(value: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The answer columns of the JSON schema a row value asks for, found without compiling it:
+    the job's scan takes them from every row before the first result is written."""
+    if not any(value.get(n) is not None for n in _SCHEMA_FIELDS):
+        return ()
+    try:
+        c = _requested(value, [])
+    except (ValueError, TypeError, RecursionError):  # a value JSON cannot hold: the row's parse says so
+        return ()
+    return answer_kinds(c) if c is not None else ()
+
+
+
 def constraint_of(value: dict[str, Any], problems: list[Problem]) -> Constraint | None:
     """The row's output constraint, checked (a schema llguidance cannot compile is a problem)."""
+    c = _requested(value, problems)
+    if c is None:
+        return None
+    why = check(c)
+    if why:
+        name = next(n for n in CONSTRAINT_FIELDS if value.get(n) is not None)
+        problems.append((name, f"cannot be compiled ({why})"))
+        return None
+    return c
+
+
+def _requested(value: dict[str, Any], problems: list[Problem]) -> Constraint | None:
+    """The constraint a row value gives, as given (not yet compiled)."""
     given = [name for name in CONSTRAINT_FIELDS if value.get(name) is not None]
     if not given:
         return None
@@ -318,8 +358,4 @@ def constraint_of(value: dict[str, Any], problems: list[Problem]) -> Constraint 
             problems.append((name, f"expected a regular expression, got {spec!r:.60}"))
             return None
         c = Constraint("regex", spec)
-    why = check(c)
-    if why:
-        problems.append((name, f"cannot be compiled ({why})"))
-        return None
     return c

@@ -53,9 +53,11 @@ MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its 
 
 
 def _answers(v: Any) -> tuple[Any, str | None]:
-    """Answers to score: none (an empty list: the run's flag not given), or up to 64 strings."""
+    """Answers to score: none (an empty list: the run's flag not given), or up to 64 strings,
+    each once (scores keep the answers' positions: a repeat dropped would shift them)."""
     if isinstance(v, (list, tuple)) and len(v) <= MOST_SCORED and all(isinstance(c, str) and c for c in v):
-        return tuple(dict.fromkeys(v)), None
+        twice = next((c for i, c in enumerate(v) if c in v[:i]), None)
+        return (None, f"{twice!r:.60} given twice: give each answer once") if twice else (tuple(v), None)
     return None, f"expected up to {MOST_SCORED} non-empty strings, got {v!r:.60}"
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..core.constraints import answer_kinds, merge_kinds
 from ..core.errors import ConfigError, FailFastError, Interrupted, JobFileError, StopRequested, short
 from ..core.records import TOTALS, CacheStats, Finished
 from ..core.settings import RunConfig, WorkSettings, work_settings
@@ -25,6 +26,7 @@ from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import write_batch_output
 from ..output.resume import Resume, settings_of
+from ..output.store import strict_json
 from ..output.tables import dropped_columns
 from ..output.write import (
     JOB_KEY,
@@ -179,7 +181,8 @@ def _run(
     settings = settings_of(config)
     mirrored = index.source is not None and index.source.folder  # a folder of job files: a shard each
     options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
-                           config.overwrite, config.left_out, mirrored)  # fmt: skip
+                           config.overwrite, config.left_out, mirrored,
+                           _answer_columns(config, index))  # fmt: skip
     writer = ResultWriter(
         config.output, index, settings, options, skip=dropped, about=_about(config, index, dropped)
     )
@@ -237,6 +240,16 @@ def _run(
         return _conclude(config, writer, summary, started)
 
 
+def _answer_columns(config: RunConfig, index: JobIndex) -> dict[str, str]:
+    """The output's answer columns, decided before the first row is written: the run's
+    schema's fields, then those of the schemas the job's rows give (their union)."""
+    default = config.defaults.constraint
+    union: dict[str, str] = {}
+    merge_kinds(union, answer_kinds(default) if default is not None else ())
+    merge_kinds(union, tuple(index.answers.items()))
+    return union
+
+
 def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes, str]:
     """What readers of the output need that its rows do not say: where the job's relative
     media paths start (report shows the pictures from any folder) and the prompt template."""
@@ -283,5 +296,5 @@ def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, star
             figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         except (OSError, ValueError):
             pass  # an unreadable stats file is replaced
-    writer.store.write_text(path, json.dumps(figures, indent=2) + "\n")
+    writer.store.write_text(path, strict_json(figures, indent=2) + "\n")
     return summary

@@ -4,6 +4,7 @@ strings and its final text."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -76,7 +77,9 @@ def token_logprobs(
         values = mx.take_along_axis(lp, top, axis=-1)
         mx.eval(chosen, top, values)
         rows = zip(top.tolist(), values.tolist(), ks, strict=True)
-        tops = [sorted(zip(t, v, strict=True), key=lambda x: -x[1])[:n] for t, v, n in rows]
+        # a token a constraint masked has logprob -inf: no alternative (and no number JSON can hold)
+        tops = [sorted(((u, x) for u, x in zip(t, v, strict=True) if x > -math.inf), key=lambda x: -x[1])[:n]
+                for t, v, n in rows]  # fmt: skip
     else:
         mx.eval(chosen)
         tops = [[] for _ in picked]

@@ -8,6 +8,7 @@ import functools
 import json
 import re
 import string
+from collections import Counter
 from typing import Any
 
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
@@ -48,19 +49,27 @@ def _scoring(
     value: dict[str, Any], params: GenParams, constraint: Any, problems: list[Problem]
 ) -> Scoring | None:
     """The answers a row asks to be scored: its (or the run's) `choices_to_score`, else a
-    guided_choice's choices; and `score_text`."""
+    guided_choice's choices; and `score_text`. A choice given twice is refused (scores keep
+    the choices' positions; params refuses a repeated choices_to_score)."""
     choices: Any = params.choices_to_score or None
     asked = choices is not None
     if choices is None and constraint is not None and constraint.kind == "choice":
         given = json.loads(constraint.spec)
         choices = given if len(given) <= MOST_SCORED else None  # a longer list constrains, unscored
+        if choices is None and params.score_only:
+            problems.append(("score_only", f"a guided_choice of {len(given):,} choices is over the "
+                                           f"{MOST_SCORED} that can be scored"))  # fmt: skip
+    twice = [c for c, n in Counter(choices or ()).items() if n > 1]
+    if twice:
+        problems.append(("guided_choice", f"{twice[0]!r:.60} given twice: give each answer once"))
+        choices = None
     text = value.get("score_text")
     if text is not None and not isinstance(text, str):
         problems.append(("score_text", f"expected a string, got {text!r:.60}"))
         text = None
     if not choices and text is None:
         return None
-    return Scoring(tuple(dict.fromkeys(choices or ())), text, asked or text is not None)
+    return Scoring(tuple(choices or ()), text, asked or text is not None)
 
 
 @functools.lru_cache(maxsize=4096)  # a job has a few column names; a hostile one's many stay bounded
@@ -292,8 +301,9 @@ def _parse_row(
     constraint = constraint_of(value, problems)
     if constraint is not None:
         job.params = dataclasses.replace(job.params, constraint=constraint)
+    before = len(problems)
     job.scoring = _scoring(value, job.params, constraint, problems)
-    if job.params.score_only and job.scoring is None:
+    if job.params.score_only and job.scoring is None and len(problems) == before:  # none said why
         problems.append(
             ("score_only", "nothing to score: give choices_to_score, guided_choice or score_text")
         )

@@ -14,8 +14,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..core.constraints import merge_kinds, requested_kinds
 from ..core.errors import JobFileError
 from .formats import FORMATS
+from .openai_batch import is_batch_request
 from .rows import START, Mark, RawRow, ReadPolicy, checked, valid_id
 from .source import Source, resolve
 
@@ -44,6 +46,7 @@ class JobIndex:
     columns: list[str] = field(default_factory=list)  # the file's columns (JSONL: the keys rows have)
     binary: set[str] = field(default_factory=set)  # columns holding bytes (images): not copied by default
     id_column: str | None = None  # where ids come from (--id-column)
+    answers: dict[str, str] = field(default_factory=dict)  # answer columns of the rows' schemas, their union
 
     rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
     kept_ids: list[Any] | None = None  # ids the output keeps, in order (the shard's); None = ids
@@ -176,6 +179,7 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
     columns: dict[str, None] = {n: None for s in schemas for n in s.names}
     binary = {f.name for s in schemas for f in s if holds_bytes(f.type)}
     seen: set[str] = set()
+    answers: dict[str, str] = {}
     marks = [START]
     parsed = 0
     try:
@@ -187,9 +191,12 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
                 marks.append(mark)
             row.id_column = id_column
             parsed += row.error is None
-            if not schemas and isinstance(row.value, dict):
-                columns.update(dict.fromkeys(row.value))
-                binary.update(k for k, v in row.value.items() if k not in binary and _has_bytes(v))
+            if isinstance(row.value, dict):
+                if not schemas:
+                    columns.update(dict.fromkeys(row.value))
+                    binary.update(k for k, v in row.value.items() if k not in binary and _has_bytes(v))
+                asked = row.value["body"] if is_batch_request(row.value) else row.value
+                merge_kinds(answers, requested_kinds(asked))
 
             key = id_key(row.id)
             if key in seen:
@@ -207,7 +214,8 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
     if ids and not parsed and fmt == "jsonl":
         raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
     return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests,
-                    marks=marks, columns=list(columns), binary=binary, id_column=id_column)  # fmt: skip
+                    marks=marks, columns=list(columns), binary=binary, id_column=id_column,
+                    answers=answers)  # fmt: skip
 
 
 def _unified(schemas: list[pa.Schema]) -> pa.Schema | None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .store import atomic_write
+from .store import atomic_write, strict_json
 
 __all__ = ["write_batch_output"]
 
@@ -89,5 +89,5 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
             }
         else:
             line["error"] = {"code": f"{row['error_stage']}_error", "message": row["error"]}
-        lines.append(json.dumps(line) + "\n")
+        lines.append(strict_json(line) + "\n")
     atomic_write(path, lambda p: p.write_text("".join(lines)))

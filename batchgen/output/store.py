@@ -8,6 +8,8 @@ services make visible only once complete), listings, reads of a few columns, rem
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import secrets
 import shutil
@@ -22,7 +24,22 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, JobFileError, OutputLockedError
 from ..core.uris import filesystem, is_uri
 
-__all__ = ["Store", "OutputLock", "atomic_write", "stale_temps"]
+__all__ = ["Store", "OutputLock", "atomic_write", "stale_temps", "strict_json"]
+
+
+def strict_json(value: Any, **options: Any) -> str:
+    """JSON that every parser reads: a number JSON cannot hold (NaN, ±Infinity) is null."""
+    return json.dumps(_finite(value), allow_nan=False, **options)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 TEMP_PREFIX, TEMP_SUFFIX = ".batchgen-", ".tmp"  # a temporary file's name: short, hidden, ours

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..core.constraints import MAX_ANSWER_FIELDS
+from ..core.constraints import merge_kinds
 from ..core.records import RESULT_COLUMNS, Result
 from ..input.read import JobIndex
 
@@ -70,17 +70,18 @@ def _answer_type(kind: str) -> pa.DataType:
     return _SCALAR_TYPES.get(kind, pa.string())  # "json": the value as JSON text
 
 
-def _answers(results: list[Result]) -> dict[str, pa.Array]:
+def _answers(results: list[Result], union: dict[str, str] | None = None) -> dict[str, pa.Array]:
     """Typed columns of the answers' top-level fields, from each row's schema: the union over
-    the rows (a field whose kind differs between schemas is kept as JSON text), null where a
-    row's schema lacks the field, its output misses it or the row failed."""
-    kinds: dict[str, str] = {}
+    the job's schemas when the scan found it (`union`: every part and shard of one output
+    then types a field alike), else over these rows (a field whose kind differs between
+    schemas is kept as JSON text); null where a row's schema lacks the field, its output
+    misses it or the row failed."""
+    kinds: dict[str, str] = dict(union) if union is not None else {}
     values: list[dict[str, Any]] = []
     for r in results:
         named = dict(json.loads(r.answer_kinds)) if r.answer_kinds else {}
-        for name, kind in named.items():
-            if len(kinds) < MAX_ANSWER_FIELDS or name in kinds:
-                kinds[name] = kind if kinds.setdefault(name, kind) == kind else "json"
+        if union is None:
+            merge_kinds(kinds, tuple(named.items()))
         answer = json.loads(r.parsed) if r.parsed and named else None
         values.append({k: v for k, v in answer.items() if k in named} if isinstance(answer, dict) else {})
     columns = {}
@@ -146,9 +147,11 @@ def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str
 
 
 def rows_to_table(
-    rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None, skip: set[str] = frozenset()
+    rows: list[tuple[dict[str, Any], Result]], schema: pa.Schema | None, skip: set[str] = frozenset(),
+    answers: dict[str, str] | None = None,
 ) -> pa.Table:
-    """Input columns but `skip` (typed by the input schema when there is one), then our columns."""
+    """Input columns but `skip` (typed by the input schema when there is one), then our
+    columns, with `answers` (the job's answer columns and their kinds) when known."""
     input_names: dict[str, None] = {}
     for raw, _ in rows:
         input_names.update(dict.fromkeys(k for k in raw if k != "id" and k not in skip))
@@ -160,7 +163,7 @@ def rows_to_table(
     results = [asdict(r) for _, r in rows]
     for field in _WRITTEN:
         columns[field.name] = pa.array([r[field.name] for r in results], field.type)
-    columns.update(_answers([r for _, r in rows]))
+    columns.update(_answers([r for _, r in rows], answers))
     return pa.table(columns)
 
 

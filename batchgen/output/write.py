@@ -72,6 +72,7 @@ class WriteOptions:
     overwrite: bool = False  # earlier results are removed, not resumed
     left_out: frozenset[str] = frozenset()  # our columns the output does not hold (never KEPT_COLUMNS)
     mirrored: bool = False  # sharded: a shard per job file, named as it is (`00000.tar` → `00000.parquet`)
+    answers: dict[str, str] | None = None  # the job's answer columns and kinds: every shard types them alike
 
 
 @dataclass(slots=True)
@@ -157,14 +158,19 @@ class ResultWriter:
         as results, or overwritten, so the run is refused before any work."""
         for path in self.store.listed(str(self.output), "", ".parquet"):
             name = path.rsplit("/", 1)[-1]
-            ours = _SHARD_NAME.fullmatch(name) is not None or (self.mirrored and path in self._names)
-            if ours:
-                try:
-                    names = self.store.metadata_schema(path).names
-                except (OSError, pa.ArrowException):
-                    names = []
-                ours = {"id", "input_hash", "status"} <= set(names)
-            if not ours:
+            named = _SHARD_NAME.fullmatch(name) is not None or (self.mirrored and path in self._names)
+            try:
+                ours = {"id", "input_hash", "status"} <= set(self.store.metadata_schema(path).names)
+            except (OSError, pa.ArrowException):
+                ours = False
+            if ours and not named and self.mirrored:  # its job file was removed or renamed since
+                stem = name[: -len(".parquet")]
+                raise ConfigError(
+                    f"-o {self.output}/: {name} holds batchgen's results for a job file no longer in the "
+                    f"job ({stem}.* removed or renamed?); put that job file back, or move {name} out "
+                    "of the folder to keep its results apart"
+                )
+            if not (ours and named):
                 raise ConfigError(
                     f"-o {self.output}/: {name} is not a shard batchgen wrote; give a folder of "
                     "batchgen's shards or an empty one"
@@ -235,7 +241,7 @@ class ResultWriter:
             for raw, result in self._buffer:
                 groups.setdefault(self._file_of(id_key(result.id)), []).append((raw, result))
         for k, rows in groups.items():
-            table = rows_to_table(rows, self.index.schema, self.skip)
+            table = rows_to_table(rows, self.index.schema, self.skip, self.options.answers)
             if k is not None:
                 table = table.replace_schema_metadata({INPUT_FILE_KEY: str(k).encode()})
             self._parts += 1
@@ -288,7 +294,11 @@ class ResultWriter:
             return
         written = [name for name in self._names if name not in empty and self.store.exists(name)]
         schema = self.store.metadata_schema(written[0]) if written else None
-        table = schema.empty_table() if schema is not None else self._tidy(rows_to_table([], None))
+        table = (
+            schema.empty_table()
+            if schema is not None
+            else self._tidy(rows_to_table([], None, answers=self.options.answers))
+        )
         for name in empty:
             self.store.makedirs(name.rsplit("/", 1)[0])
             self.store.write_table(name, table)

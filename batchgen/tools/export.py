@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
 from ..input.read import id_key
-from ..output.store import atomic_write
+from ..output.store import atomic_write, strict_json
 from ..output.tables import ANSWER_PREFIX
 from .caption import MEDIA_EXTENSIONS
 from .export_files import (
@@ -221,6 +221,6 @@ def _write_table(items: list[Item], columns: dict[str, list[int]], types: dict[s
         table = pa.Table.from_pylist(records, pa.schema([(n, types.get(n, pa.string())) for n in names]))
         atomic_write(out, lambda p: pq.write_table(table, p))
     else:
-        lines = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records)
+        lines = "".join(strict_json(r, ensure_ascii=False) + "\n" for r in records)
         atomic_write(out, lambda p: p.write_text(lines))
     summary.where = [str(out)]

@@ -28,7 +28,7 @@ from PIL import Image
 from ..core.errors import ConfigError, describe, short
 from ..input.formats import EXTENSIONS
 from ..input.read import id_key
-from ..output.store import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, stale_temps
+from ..output.store import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, stale_temps, strict_json
 from ..output.write import partial_dir, stats_path
 from .results import MediaPolicy, cell_refs, job_pictures, media_columns
 
@@ -340,8 +340,8 @@ def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: 
             summary.errors.append(f"{describe(str(target))} ({short(e)})")
             continue
         name = target.relative_to(folder.resolve()).as_posix()
-        lines.append(json.dumps({"file_name": name, **texts, **item_fields(item, fields)}, ensure_ascii=False,
-                                allow_nan=False) + "\n")  # fmt: skip
+        record = {"file_name": name, **texts, **item_fields(item, fields)}
+        lines.append(strict_json(record, ensure_ascii=False) + "\n")
         summary.written += 1
     folders.ready(folder)
     text = "".join(lines)

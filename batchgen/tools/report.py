@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 from collections import Counter
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def _score_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+_STATS_BYTES = 1 << 20  # a run's figures are a few KB: a larger stats file is not one
+
+
+def _stats(path: Path) -> dict:
+    """The last run's figures, if its stats file is one: a regular file, bounded, JSON of an
+    object. Anything else (damaged, a FIFO, a folder) is left out: the Parquet says the rest."""
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode):
+            return {}
+        with open(path, "rb") as f:
+            data = f.read(_STATS_BYTES + 1)
+        stats = json.loads(data) if len(data) <= _STATS_BYTES else None
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return stats if isinstance(stats, dict) else {}
+
+
 def summarize(path: Path, slowest: int = 5) -> str:
     """Rows by status, errors by stage with their commonest messages, tokens and speed,
     prefix reuse, draft acceptance, and the slowest rows."""
@@ -65,9 +83,9 @@ def summarize(path: Path, slowest: int = 5) -> str:
     prompt = sum(r["prompt_tokens"] or 0 for r in rows)
     completion = sum(r["completion_tokens"] or 0 for r in rows)
     stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
-    speed, stats = "", {}
-    if stats_file.exists():
-        stats = json.loads(stats_file.read_text())
+    stats = _stats(stats_file)
+    speed = ""
+    if all(isinstance(stats.get(k), (int, float)) for k in ("tokens_per_s", "rows_per_s", "wall_s")):
         speed = (
             f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
             f" over {stats['wall_s']:.1f} s"
@@ -81,9 +99,10 @@ def summarize(path: Path, slowest: int = 5) -> str:
     except ValueError:
         done = {}
     done = done if isinstance(done, dict) and done else stats  # a shard folder says it in _stats.json
-    if done.get("complete") is False:
-        lines.insert(1, f"incomplete: {len(rows):,} of {done.get('job_rows', 0):,} rows, "
-                        f"{done.get('pending', 0):,} pending (rerun without --limit to finish)")  # fmt: skip
+    job_rows, pending = done.get("job_rows"), done.get("pending")
+    if done.get("complete") is False and isinstance(job_rows, int) and isinstance(pending, int):
+        lines.insert(1, f"incomplete: {len(rows):,} of {job_rows:,} rows, "
+                        f"{pending:,} pending (rerun without --limit to finish)")  # fmt: skip
     cached = [r["cached_tokens"] or 0 for r in rows if r["status"] == "ok"]
     reused = sum(c > 0 for c in cached)
     if cached and "cached_tokens" in recorded:

@@ -128,8 +128,14 @@ class Forbidden:
 
     def why(self, target: Path, source: Path | None = None) -> str | None:
         """Why `target` may not be written (None: it may); `source` is the picture whose own
-        place it is (a picture copied onto itself is kept, not refused)."""
-        resolved = target.resolve()
+        place it is (a picture copied onto itself is kept, not refused). A name the filesystem
+        cannot even look up (too long) is left to its write, which names it and goes on."""
+        try:
+            return self._why(target.resolve(), source)
+        except OSError:
+            return None
+
+    def _why(self, resolved: Path, source: Path | None) -> str | None:
         results = self.results
         if resolved in self.media and resolved != source:
             return "a media file of these results"
@@ -471,6 +477,8 @@ def _regular(path: Path) -> bool:
 
 def _same(source: Path, target: Path, link: str) -> bool:
     try:
+        if target.parent.resolve() / target.name == source.resolve():
+            return True  # --to the pictures' own folder: each picture is already in its place
         if link == "symbolic":
             return target.is_symlink() and Path(os.readlink(target)) == source.resolve()
         if not _regular(target):

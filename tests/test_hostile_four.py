@@ -257,8 +257,13 @@ def test_metadata_goes_only_where_the_pictures_share_a_folder_and_is_never_someo
     out = tmp_path / "jobs" / "r.parquet"
     assert batch(job, out)[0] == 0
     code, output = run_cli("export", str(out), "--format", "imagefolder")
-    assert code == 2 and "the pictures share no folder inside" in output and "give --to DIR" in output
+    assert code == 2 and "the pictures share no folder of their own" in output and "give --to DIR" in output
     assert not (tmp_path / "metadata.jsonl").exists()
+    photos = tmp_path / "photos"  # captioned from another folder: their own folder takes it
+    _picture(photos / "p.png", 4)
+    assert _caption(photos, tmp_path / "runs" / "p.parquet")[0] == 0
+    assert run_cli("export", str(tmp_path / "runs" / "p.parquet"), "--format", "imagefolder")[0] == 0
+    assert json.loads((photos / "metadata.jsonl").read_text())["file_name"] == "p.png"
     folder = tmp_path / "ds"
     _picture(folder / "c.png", 3)
     (folder / "metadata.jsonl").write_text('{"file_name": "c.png", "text": "hand-written"}\n')

@@ -358,13 +358,17 @@ def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: 
 
 
 def _check_root(root: Path, policy: MediaPolicy) -> None:
-    """Without --to, metadata.jsonl goes into the folder the pictures share, which must be
-    inside the folder the job's paths start from: never `/` for unrelated trees."""
+    """Without --to, metadata.jsonl goes into the folder the pictures share: inside the folder
+    the job's paths start from, or a folder of pictures elsewhere (`caption ~/photos` from
+    another folder), never a filesystem root or a folder above the job's (`/` or the home
+    folder for unrelated trees)."""
     within = policy.root or policy.base
-    resolved = root.resolve()
-    if within is None or resolved == Path(resolved.anchor) or not resolved.is_relative_to(within.resolve()):
-        raise ConfigError(f"the pictures share no folder inside {within or 'the job'} (their common folder "
-                          f"is {root}): give --to DIR for a new dataset folder")  # fmt: skip
+    shared = root.resolve()
+    inside = within is not None and shared.is_relative_to(within.resolve())
+    above = within is None or within.resolve().is_relative_to(shared)
+    if shared == Path(shared.anchor) or not inside and above:
+        raise ConfigError(f"the pictures share no folder of their own (their common folder is {root}, "
+                          f"above the job's): give --to DIR for a new dataset folder")  # fmt: skip
 
 
 def _check_ours(metadata: Path) -> None:

@@ -164,12 +164,9 @@ class ResultWriter:
             except (OSError, pa.ArrowException):
                 ours = False
             if ours and not named and self.mirrored:  # its job file was removed or renamed since
-                stem = name[: -len(".parquet")]
-                raise ConfigError(
-                    f"-o {self.output}/: {name} holds batchgen's results for a job file no longer in the "
-                    f"job ({stem}.* removed or renamed?); put that job file back, or move {name} out "
-                    "of the folder to keep its results apart"
-                )
+                raise ConfigError(f"-o {self.output}/: {name} holds batchgen's results for a job file "
+                                  f"no longer in the job ({name[:-8]}.* removed or renamed?); put that job "
+                                  f"file back, or move {name} out of the folder")  # fmt: skip
             if not (ours and named):
                 raise ConfigError(
                     f"-o {self.output}/: {name} is not a shard batchgen wrote; give a folder of "
@@ -294,11 +291,8 @@ class ResultWriter:
             return
         written = [name for name in self._names if name not in empty and self.store.exists(name)]
         schema = self.store.metadata_schema(written[0]) if written else None
-        table = (
-            schema.empty_table()
-            if schema is not None
-            else self._tidy(rows_to_table([], None, answers=self.options.answers))
-        )
+        columns = rows_to_table([], None, answers=self.options.answers)
+        table = schema.empty_table() if schema is not None else self._tidy(columns)
         for name in empty:
             self.store.makedirs(name.rsplit("/", 1)[0])
             self.store.write_table(name, table)

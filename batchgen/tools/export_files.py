@@ -1,6 +1,5 @@
 """What `export` puts on disk beside or into a dataset: caption files, pictures copied (or
-linked) or written out from bytes, an imagefolder's `metadata.jsonl` — and the records that
-say what to write and what was written.
+linked) or written out from bytes, an imagefolder's `metadata.jsonl`.
 
 Every target is checked before the first write: none may be a media file the results name,
 the results themselves or the job, two pictures may not share one caption file, and a
@@ -19,158 +18,21 @@ import secrets
 import shutil
 import stat
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
 from PIL import Image
 
 from ..core.errors import ConfigError, describe, short
-from ..input.formats import EXTENSIONS
 from ..input.read import id_key
 from ..output.store import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, stale_temps, strict_json
-from ..output.write import partial_dir, stats_path
+from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
 from .results import MediaPolicy, cell_refs, job_pictures, media_columns
 
-__all__ = [
-    "ExportOptions", "ExportSummary", "Item", "Origin", "Forbidden", "write_txt", "write_imagefolder",
-    "item_text", "item_fields",
-]  # fmt: skip
+__all__ = ["write_txt", "write_imagefolder"]
 
 _CAPTION_BYTES = 1 << 20  # an existing caption file read for append/prepend: more is no caption file
 _MANIFEST = ".batchgen-export.json"  # in an imagefolder: the digest of the metadata.jsonl batchgen wrote
 _SHOWN = 3  # names a message lists
-
-
-@dataclass(frozen=True, slots=True)
-class ExportOptions:
-    """What to write and how; each default carries its reason."""
-
-    format: Literal["txt", "imagefolder", "wide", "jsonl"]
-    to: Path | None = None  # txt: mirror under this folder; imagefolder: a new dataset folder
-    output: Path | None = None  # wide / jsonl: the file
-    caption_extension: str = ".txt"  # kohya's --caption_extension default
-    prompt: str | None = None  # one prompt's answers (its number or its text) as `text`
-    field: str | None = None  # a structured answer's field as the text (a list joined by ", ": tags)
-    join: str | None = None  # every prompt's answers, in prompt order, joined by this
-    prefix: str = ""  # trigger words, written as given (include your separator)
-    suffix: str = ""
-    on_existing: Literal["skip", "overwrite", "append", "prepend"] = "skip"  # a caption file already there
-    separator: str = " "  # between an existing caption and the new one (append, prepend)
-    caption_name: Literal["stem", "with-extension"] = "stem"  # a.png → a.txt (kohya's), or a.png.txt
-    link: Literal["copy", "hard", "symbolic"] = "copy"  # imagefolder --to: a copy the trainer may edit
-
-
-@dataclass(slots=True)
-class ExportSummary:
-    """What an export wrote and what it left out, for the line the CLI prints."""
-
-    written: int = 0  # caption files, metadata lines or rows
-    skipped: int = 0  # caption files already there (--on-existing skip)
-    failed: int = 0  # media whose chosen answers include a failed row: nothing written for them
-    empty: int = 0  # media whose caption is empty: nothing written for them
-    missing: int = 0  # media files the results name that are not there (or the run's policy refuses)
-    without_media: int = 0  # rows with no image or video (txt, imagefolder leave them out)
-    remote: int = 0  # media the run fetched from a URL: no local file to put a caption beside
-    as_bytes: int = 0  # txt: pictures held as bytes (a dataset's), no file to put a caption beside
-    pictures: int = 0  # imagefolder --to: pictures copied, linked or written out from bytes
-    refused: list[str] = field(default_factory=list)  # targets left alone: a FIFO, a link, a device
-    errors: list[str] = field(default_factory=list)  # files that could not be written, and why
-    where: list[str] = field(default_factory=list)
-    note: str = ""  # why nothing could be written, when that is the answer
-
-    @property
-    def ok(self) -> bool:
-        """Something was written (or was already there) and nothing was refused or broke."""
-        return bool(self.written or self.skipped) and not self.refused and not self.errors
-
-
-@dataclass(slots=True)
-class Item:
-    """One media file (or one row without media) and its answers by prompt number."""
-
-    key: str  # how a table row names it: the captioning run's `file`, else the reference or id
-    ref: str | None  # the reference as the run read it (None: bytes, or no media)
-    source: Literal["file", "bytes", "url", "none"]  # what the run read it from
-    path: Path | None = None  # a file's, under the run's policy (None: not there, or refused)
-    digest: str | None = None  # media held as bytes: their sha256
-    ids: list[str] = field(default_factory=list)  # its rows' id keys, and their input hashes
-    hashes: list[str | None] = field(default_factory=list)
-    answers: dict[int, str | None] = field(default_factory=dict)  # None: that row failed
-    fields: dict[int, dict[str, Any]] = field(default_factory=dict)  # a structured answer's fields
-    errors: list[str] = field(default_factory=list)
-    data: bytes | None = None  # a bytes item's picture, once found
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    """Where pictures held as bytes are found again: the results' rows (a kept `jpg`), and
-    the job the run read, under its media policy."""
-
-    rows: list[dict[str, Any]]
-    about: dict[bytes, bytes]
-    policy: MediaPolicy
-
-
-@dataclass(frozen=True, slots=True)
-class Forbidden:
-    """Files an export must never write over: every media file the results name, the results
-    (a file and its stats, or everything in a shard folder) and the job's files."""
-
-    media: frozenset[Path]
-    results: Path
-    job: Path | None
-
-    @classmethod
-    def of(cls, results: Path, items: list[Item], job: dict[str, Any]) -> Forbidden:
-        job_path = Path(job["path"]).resolve() if isinstance(job.get("path"), str) else None
-        return cls(frozenset(i.path for i in items if i.path is not None), results.resolve(), job_path)
-
-    def why(self, target: Path, source: Path | None = None) -> str | None:
-        """Why `target` may not be written (None: it may); `source` is the picture whose own
-        place it is (a picture copied onto itself is kept, not refused). A name the filesystem
-        cannot even look up (too long) is left to its write, which names it and goes on."""
-        try:
-            return self._why(target.resolve(), source)
-        except OSError:
-            return None
-
-    def _why(self, resolved: Path, source: Path | None) -> str | None:
-        results = self.results
-        if resolved in self.media and resolved != source:
-            return "a media file of these results"
-        if results.is_dir() and resolved.is_relative_to(results) or resolved in (
-            results, Path(stats_path(results)), Path(partial_dir(results))
-        ):  # fmt: skip
-            return "part of the results"
-        job = self.job
-        if job is not None and (
-            resolved == job or job.is_dir() and resolved.is_relative_to(job) and resolved.suffix in EXTENSIONS
-        ):
-            return "part of the job"
-        if resolved.is_dir():
-            return "a folder"
-        return None
-
-    def check(self, target: Path, what: str) -> None:
-        why = self.why(target)
-        if why:
-            raise ConfigError(f"{what} {describe(str(target))}: is {why}; choose another")
-
-
-def item_text(item: Item, ks: list[int], options: ExportOptions) -> str | None:
-    """An item's caption: its chosen answers joined, between the prefix and the suffix; None
-    when one of its rows failed, "" when its answers are empty."""
-    answers = [item.answers.get(k) for k in ks]
-    if any(a is None for a in answers):
-        return None
-    if not all(answers):
-        return ""
-    return options.prefix + (options.join or "").join(answers) + options.suffix  # type: ignore[arg-type]
-
-
-def item_fields(item: Item, fields: dict[str, tuple[int, str]]) -> dict[str, Any]:
-    return {out: item.fields.get(k, {}).get(key) for out, (k, key) in fields.items()}
 
 
 def _left_out(item: Item, summary: ExportSummary) -> None:

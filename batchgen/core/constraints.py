@@ -299,7 +299,6 @@ def requested_kinds(value: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return answer_kinds(c) if c is not None else ()
 
 
-
 def constraint_of(value: dict[str, Any], problems: list[Problem]) -> Constraint | None:
     """The row's output constraint, checked (a schema llguidance cannot compile is a problem)."""
     c = _requested(value, problems)

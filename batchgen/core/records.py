@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -19,6 +20,7 @@ __all__ = [
     "MediaRef",
     "MediaFile",
     "local_path",
+    "file_digest",
     "Job",
     "Scoring",
     "Media",
@@ -112,6 +114,15 @@ def local_path(source: str, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
+def file_digest(path: Path) -> str:
+    """sha256 of a file's whole content, read a MiB at a time (MediaFile.sha256)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 @dataclass(slots=True, frozen=True)
 class MediaFile:
     """One media item as the run read it, kept with the row's result (`media_files`): export
@@ -123,10 +134,6 @@ class MediaFile:
     size: int
     mtime_ns: int | None = None  # a local file's, when the run read it
     sha256: str | None = None  # of the content, where the run read it whole anyway (images, video)
-
-    @property
-    def local(self) -> bool:
-        return self.mtime_ns is not None
 
 
 @dataclass(slots=True, frozen=True)

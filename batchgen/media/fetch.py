@@ -26,7 +26,7 @@ import urllib3
 
 from ..core.errors import RowError, describe, short
 from ..core.memo import Memo
-from ..core.records import MediaFile, MediaRef, local_path
+from ..core.records import MediaFile, MediaRef, file_digest, local_path
 from ..core.settings import MediaConfig
 from .url_policy import Target, check_url
 
@@ -73,14 +73,9 @@ class Fetched:
     def digest(self) -> str:
         """sha256 of all the bytes: equal prefixes (one renderer's JPEG headers) never collide."""
         if self._digest is None:
-            h = hashlib.sha256()
-            if self.data is not None:
-                h.update(self.data)
-            else:
-                with open(self.path, "rb") as f:  # type: ignore[arg-type]
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-            self._digest = h.hexdigest()
+            self._digest = (
+                hashlib.sha256(self.data).hexdigest() if self.data is not None else file_digest(self.path)  # type: ignore[arg-type]
+            )
         return self._digest
 
 

@@ -4,7 +4,6 @@ rows to try again — decided in one place (`Resume`), before any work."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import stat
 from collections.abc import Iterable, Iterator
@@ -15,7 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError, describe
-from ..core.records import GenParams, local_path
+from ..core.records import GenParams, file_digest, local_path
 from ..core.settings import RunConfig
 from ..input.read import JobIndex, RawRow, id_key, iter_rows
 from .write import Earlier
@@ -157,14 +156,10 @@ def _replaced(path: Path, recorded: dict[str, Any]) -> bool:
         return False
     if now.st_size != recorded["size"] or recorded["sha256"] is None or not stat.S_ISREG(now.st_mode):
         return True
-    h = hashlib.sha256()
     try:
-        with path.open("rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
+        return file_digest(path) != recorded["sha256"]
     except OSError:
         return True
-    return h.hexdigest() != recorded["sha256"]
 
 
 def check_unchanged(index: JobIndex, done: dict[str, str | None], policy: str = "refuse",

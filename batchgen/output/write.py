@@ -291,8 +291,10 @@ class ResultWriter:
             return
         written = [name for name in self._names if name not in empty and self.store.exists(name)]
         schema = self.store.metadata_schema(written[0]) if written else None
-        columns = rows_to_table([], None, answers=self.options.answers)
-        table = schema.empty_table() if schema is not None else self._tidy(columns)
+        if schema is not None:
+            table = schema.empty_table()
+        else:
+            table = self._tidy(rows_to_table([], None, answers=self.options.answers))
         for name in empty:
             self.store.makedirs(name.rsplit("/", 1)[0])
             self.store.write_table(name, table)

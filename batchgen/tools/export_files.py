@@ -23,6 +23,7 @@ from pathlib import Path
 from PIL import Image
 
 from ..core.errors import ConfigError, describe, short
+from ..core.records import file_digest
 from ..input.read import id_key
 from ..output.store import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, stale_temps, strict_json
 from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
@@ -239,20 +240,12 @@ def _check_ours(metadata: Path) -> None:
         return
     try:
         recorded = json.loads((metadata.parent / _MANIFEST).read_text()).get("metadata.jsonl")
-        ours = stat.S_ISREG(metadata.lstat().st_mode) and _digest(metadata) == recorded
+        ours = stat.S_ISREG(metadata.lstat().st_mode) and file_digest(metadata) == recorded
     except (OSError, ValueError, AttributeError):
         ours = False
     if not ours:
         raise ConfigError(f"{metadata}: already there and not written by batchgen (or edited since); move "
                           "it away or give --to DIR for a new dataset folder")  # fmt: skip
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _places(items: list[Item], root: Path, folder: Path, forbidden: Forbidden) -> list[Path]:

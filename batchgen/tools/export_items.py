@@ -88,42 +88,46 @@ class Origin:
 @dataclass(frozen=True, slots=True)
 class Forbidden:
     """Files an export must never write over: every media file the results name, the results
-    (a file and its stats, or everything in a shard folder) and the job's files."""
+    (a file and its stats and parts, or everything in a shard folder) and the job's files (a
+    file, or the job-format files in its folder)."""
 
     media: frozenset[Path]
-    results: Path
+    results: frozenset[Path]
+    results_folder: Path | None
     job: Path | None
+    job_folder: Path | None
 
     @classmethod
     def of(cls, results: Path, items: list[Item], job: dict[str, Any]) -> Forbidden:
+        results = results.resolve()
         job_path = Path(job["path"]).resolve() if isinstance(job.get("path"), str) else None
-        return cls(frozenset(i.path for i in items if i.path is not None), results.resolve(), job_path)
+        folder = results.is_dir()
+        return cls(
+            frozenset(i.path for i in items if i.path is not None),
+            frozenset(() if folder else (results, Path(stats_path(results)), Path(partial_dir(results)))),
+            results if folder else None,
+            job_path,
+            job_path if job_path is not None and job_path.is_dir() else None,
+        )
 
     def why(self, target: Path, source: Path | None = None) -> str | None:
         """Why `target` may not be written (None: it may); `source` is the picture whose own
         place it is (a picture copied onto itself is kept, not refused). A name the filesystem
         cannot even look up (too long) is left to its write, which names it and goes on."""
         try:
-            return self._why(target.resolve(), source)
+            resolved = target.resolve()
+            if resolved in self.media and resolved != source:
+                return "a media file of these results"
+            folder = self.results_folder
+            if resolved in self.results or folder is not None and resolved.is_relative_to(folder):
+                return "part of the results"
+            if resolved == self.job or (
+                self.job_folder and resolved.is_relative_to(self.job_folder) and resolved.suffix in EXTENSIONS
+            ):
+                return "part of the job"
+            return "a folder" if resolved.is_dir() else None
         except OSError:
             return None
-
-    def _why(self, resolved: Path, source: Path | None) -> str | None:
-        results = self.results
-        if resolved in self.media and resolved != source:
-            return "a media file of these results"
-        if results.is_dir() and resolved.is_relative_to(results) or resolved in (
-            results, Path(stats_path(results)), Path(partial_dir(results))
-        ):  # fmt: skip
-            return "part of the results"
-        job = self.job
-        if job is not None and (
-            resolved == job or job.is_dir() and resolved.is_relative_to(job) and resolved.suffix in EXTENSIONS
-        ):
-            return "part of the job"
-        if resolved.is_dir():
-            return "a folder"
-        return None
 
     def check(self, target: Path, what: str) -> None:
         why = self.why(target)

@@ -21,6 +21,10 @@
     python bench/memory.py i2d      # the dataset job: peak RSS growth 2k→200k
     python bench/memory.py bytes    # the byte bombs alone
     python bench/memory.py i2d 20000
+    python bench/memory.py plan     # the plan over a 1M-row prompt-major JSONL job: its peak and time
+5. The whole-job plan (input/plan.py) of a 1,000,000-row JSONL job laid out prompt-major
+   (333,334 pictures x 3 questions): the scan with its share keys and the grouping, then the
+   rows streamed in plan order (held back up to the 512 MiB default horizon).
 """
 
 from __future__ import annotations
@@ -58,6 +62,38 @@ with pq.ParquetWriter(path, schema, compression="zstd") as w:
     for i in range(8):
         w.write_table(pa.table({"id": [f"r{i}"], "image": [bytes(size)], "prompt": ["What?"]}, schema))
 """
+
+
+PLAN_CHILD = """
+import resource, sys, time
+from batchgen.core.settings import Columns
+from batchgen.input.plan import Grouping, share_keys
+from batchgen.input.read import iter_rows, scan
+t0 = time.perf_counter()
+index = scan(sys.argv[1], share=share_keys(None, Columns()))
+grouping = Grouping(index)
+t1 = time.perf_counter()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, round(t1 - t0, 1), grouping.figures.groups)
+rows = sum(1 for _ in grouping.ordered(iter_rows(index.source), 512 * 2**20, 256))
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, round(time.perf_counter() - t1, 1), rows)
+"""
+
+
+def plan_peak(folder: Path, rows: int = 1_000_000) -> None:
+    """Peak RSS and time of the scan and plan of a prompt-major job, then of its rows in plan order."""
+    job = folder / "plan.jsonl"
+    pictures = -(-rows // 3)
+    with job.open("w") as f:
+        for i in range(rows):
+            q, p = divmod(i, pictures)
+            row = {"id": f"r{i}", "image": f"pics/{p:07d}.jpg", "prompt": f"Question {q}?"}
+            f.write(json.dumps(row) + "\n")
+    done = subprocess.run([sys.executable, "-c", PLAN_CHILD, str(job)], capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    (mb, seconds, groups), (mb2, seconds2, count) = (line.split() for line in done.stdout.split("\n")[:2])
+    print(f"{rows:,}-row job: scan + plan peak RSS {mb} MB in {seconds} s ({int(groups):,} groups); "
+          f"rows streamed in plan order: peak RSS {mb2} MB, {seconds2} s more "
+          f"({int(count):,} rows)")  # fmt: skip
 
 
 def run_child(
@@ -188,6 +224,9 @@ def main() -> None:
     if sys.argv[1:] == ["bytes"]:
         with tempfile.TemporaryDirectory() as tmp:
             return byte_bombs(Path(tmp))
+    if sys.argv[1:] == ["plan"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            return plan_peak(Path(tmp))
     if sys.argv[1:] == ["media"]:
         with tempfile.TemporaryDirectory() as tmp:
             return hostile_media(Path(tmp))

@@ -386,8 +386,21 @@ def test_a_killed_exports_temporary_file_is_cleared_and_a_failed_write_leaves_no
 
 def _hostile_folder(root, r: random.Random) -> None:
     """Pictures with odd names, and odd things where their caption files would go."""
-    names = ["a.png", "A.PNG", "a b.png", "ünï cødé.png", "x" * 240 + ".png", ".hidden.png", "-dash.png",
-             "dots.in.name.png", "sub/a.png", "sub/deep/b.jpg", "sub/deep/b.png", "c.png.png", "d.gif"]
+    names = [
+        "a.png",
+        "A.PNG",
+        "a b.png",
+        "ünï cødé.png",
+        "x" * 240 + ".png",
+        ".hidden.png",
+        "-dash.png",
+        "dots.in.name.png",
+        "sub/a.png",
+        "sub/deep/b.jpg",
+        "sub/deep/b.png",
+        "c.png.png",
+        "d.gif",
+    ]
     for i, name in enumerate(r.sample(names, 7)):
         _picture(root / name, i)
         target = (root / name).with_suffix(".txt")
@@ -421,8 +434,11 @@ def test_fuzzed_exports_write_nothing_outside_their_folder_and_over_no_picture(t
             extensions = [".txt", ".txt", ".caption", ".json", ".png", ".PNG", "../x"]
             args += ["--caption-extension", r.choice(extensions)]
         if r.random() < 0.4:
-            args += ["--caption-name", "with-extension"] if fmt == "txt" else ["--link", r.choice(["hard",
-                                                                                                   "symbolic"])]
+            args += (
+                ["--caption-name", "with-extension"]
+                if fmt == "txt"
+                else ["--link", r.choice(["hard", "symbolic"])]
+            )
         to = r.choice([None, None, base / "export", root / "sub", root])
         if to is not None:
             args += ["--to", str(to)]

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import click
 
-from ..core.errors import BatchgenError, ConfigError, Interrupted
-from ..core.uris import is_uri
+from ..core.errors import BatchgenError, Interrupted
 from ..input.formats import FORMATS
 from ..tools.export import FORMATS as EXPORT_FORMATS
 from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS
+from .flags import config_from_flags, default_output, fail
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, option, run_options, variables
 from .process import ProgressDisplay, Signals, configure_logging
 
@@ -22,11 +22,6 @@ __all__ = ["main"]
 
 
 CRASH_EXIT = 3  # an internal error (a bug), not a row (1) or a setting (2); finished rows are kept
-
-
-def _fail(e: BatchgenError) -> None:
-    click.echo(f"error: {e}", err=True)
-    sys.exit(e.exit_code)
 
 
 def _crashed(e: Exception) -> None:
@@ -84,8 +79,9 @@ def main(verbose: int, log_level: str | None) -> None:
     help="Job format [by extension; .tar: webdataset].",
 )
 @option("--limit", type=int, help="Only the first N rows of the job file.")
+@option("--dry-run", is_flag=True, help="Say what the run would do and cost (`batchgen plan`); run nothing.")
 @run_options
-def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
+def run(job_file: str, output: str | None, fmt: str | None, dry_run: bool, **flags) -> None:
     """Generate for every row of JOB_FILE; rerun the same command to resume.
 
     JOB_FILE is a JSONL, Parquet, CSV or OpenAI Batch file, a folder or glob of such shards
@@ -99,12 +95,48 @@ def run(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
       batchgen run shards/ -o out/ --image-column jpg --id-column key --prompt-template "Describe it."
       batchgen run jobs.jsonl -o out.parquet --limit 10        # try a few rows first
     Rerun the same command to resume; `batchgen inspect out.parquet` to see how it went."""
-    if output is None:
-        if is_uri(job_file):
-            _fail(ConfigError("a job given as a URI needs -o (a file, DIR/ for shards, or a URI)"))
-        job = Path(job_file.rstrip("/") or job_file)
-        output = str(job.with_name(job.name.split(".")[0].rstrip("*") + ".results.parquet"))
+    output = output or default_output(job_file)
+    if dry_run:
+        _plan(job_file, output, format=fmt, **flags)
+        return
     sys.exit(_run(job_file, output, format=fmt, **flags))
+
+
+@main.command(cls=Sectioned)
+@click.argument("job_file")
+@option("-o", "--output", help="The run's output: rows already in it are not to do [as run].")
+@option("--format", "fmt", type=click.Choice(list(FORMATS)), help="Job format [by extension].")
+@option("--limit", type=int, help="Only the first N rows of the job file.")
+@option(
+    "--calibrate",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Generate the plan's first N rows (into no output) and project the run's wall time.",
+)
+@option("--json", "as_json", is_flag=True, help="The plan as one JSON object on stdout.")
+@run_options
+def plan(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
+    """Say what `batchgen run JOB_FILE` with these options would do, before it runs: rows and rows
+    to do, distinct pictures and clips, rows sharing them, the prompt tokens the model will see
+    (counted with its tokenizer, chat template and processor; no weights read), the prefill the
+    prefix cache would serve, the lanes rows go to and why a row runs alone. Writes nothing."""
+    _plan(job_file, output or default_output(job_file), format=fmt, **flags)
+
+
+def _plan(job_file: str, output: str, calibrate: int = 0, as_json: bool = False, **flags) -> None:
+    import json
+
+    from ..execution.plan import plan_job
+
+    config, _ = config_from_flags(job_file, output, **flags)
+    try:
+        report = plan_job(config, calibrate)
+    except BatchgenError as e:
+        fail(e)
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2))
+    else:
+        click.echo("\n".join(report.lines()))
 
 
 @main.command(cls=Sectioned)
@@ -126,12 +158,12 @@ def caption(
     from ..tools.caption import SIDECAR_FIELD, write_caption_jobs
 
     if not prompts and not flags.get("prompt_template"):
-        _fail(BatchgenError("give at least one --prompt (or a --prompt-template)"))
+        fail(BatchgenError("give at least one --prompt (or a --prompt-template)"))
     try:
         sidecars = SIDECAR_FIELD in (flags.get("prompt_template") or "")
         job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None, sidecars)
     except BatchgenError as e:
-        _fail(e)
+        fail(e)
     try:
         code = _run(job_file, output, **flags)
     except SystemExit as e:
@@ -143,32 +175,11 @@ def caption(
     sys.exit(code)
 
 
-def _run(job_file: str | Path, output: str | Path, preset: str | None, output_format: str, **flags) -> int:
+def _run(job_file: str | Path, output: str | Path, **flags) -> int:
     """Run a job as the CLI does (progress, signals, the closing lines); the exit code."""
-    from ..core.settings import GEN_FIELDS, build_config, read_json_settings
     from ..execution.runner import run as run_job
 
-    generation = {k: flags.pop(k) for k in GEN_FIELDS if k in flags}
-    generation["stop"] = list(generation["stop"]) or None
-    schema_file = flags.pop("json_schema_file", None)
-    if schema_file is not None:
-        try:
-            generation["json_schema"] = read_json_settings(schema_file, "--json-schema")
-        except ConfigError as e:
-            _fail(e)
-    generation["guided_choice"] = list(flags.pop("guided_choice", ()) or ()) or None
-    generation["guided_regex"] = flags.pop("guided_regex", None)
-    media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
-                   "fetch_workers", "decode_workers")  # fmt: skip
-    media = {k: flags.pop(k) for k in media_flags}
-    columns = {key: flags.pop(flag, None) for flag, key in COLUMN_FLAGS.items()}  # caption has none
-    output, openai_output = _outputs(output, output_format)
-    try:
-        config = build_config(
-            job_file, output, preset, generation, media, columns, openai_output=openai_output, **flags
-        )
-    except BatchgenError as e:
-        _fail(e)
+    config, openai_output = config_from_flags(job_file, output, **flags)
     display = ProgressDisplay(config, config.quiet, config.progress_seconds)
     try:
         with Signals() as signals:
@@ -179,30 +190,15 @@ def _run(job_file: str | Path, output: str | Path, preset: str | None, output_fo
         sys.exit(signals.exit_code)
     except BatchgenError as e:
         display.close()
-        _fail(e)
+        fail(e)
     except Exception as e:  # noqa: BLE001 - a bug: its own exit code, the traceback kept for the report
         display.close()
         _crashed(e)
     display.close()
     click.echo(summary.line(), err=True)
-    written = ", ".join(str(p) for p in (output, openai_output) if p)
+    written = ", ".join(str(p) for p in (config.output, openai_output) if p)
     click.echo(f"wrote {written}" if summary.generated else f"up to date: {written}", err=True)
     return summary.exit_code
-
-
-def _outputs(given: str | Path, output_format: str) -> tuple[str | Path, Path | None]:
-    """(Parquet path, OpenAI output path). With `openai` the Parquet, which holds the state a
-    rerun resumes from, sits beside the JSONL under the same name."""
-    if output_format == "parquet":
-        return given, None
-    if is_uri(str(given)) or str(given).endswith("/"):
-        _fail(ConfigError("--output-format openai/both writes a local file: give -o a file name"))
-    output = Path(given)
-    if output_format == "openai":
-        return output.with_suffix(".parquet") if output.suffix != ".parquet" else output.with_suffix(
-            ".results.parquet"
-        ), output
-    return output, output.with_suffix(".openai.jsonl")
 
 
 @main.command()
@@ -233,7 +229,7 @@ def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flag
             click.echo(finding.line())
             count += 0 if finding.warning else finding.rows
     except BatchgenError as e:
-        _fail(e)
+        fail(e)
     if count:
         click.echo(f"{count} problem(s) in {job_file}", err=True)
         sys.exit(1)
@@ -303,7 +299,7 @@ def inspect_results(results: Path, slowest: int) -> None:
     try:
         click.echo(summarize(results, slowest))
     except BatchgenError as e:
-        _fail(e)
+        fail(e)
 
 
 @main.command()
@@ -349,7 +345,7 @@ def _export(results: Path, options: ExportOptions) -> None:
     try:
         summary = run_export(results, options)
     except BatchgenError as e:
-        _fail(e)
+        fail(e)
     counts = ((summary.skipped, "already there, kept"), (summary.failed, "failed"),
               (summary.empty, "empty, not written"), (summary.missing, "media not found"),
               (summary.remote, "fetched from a URL, no local file"),
@@ -386,7 +382,7 @@ def report(results: Path, output: Path, media_base: Path | None, media_column: t
     try:
         cards, missing, base = write_gallery(results, output, media_base, media_column)
     except BatchgenError as e:
-        _fail(e)
+        fail(e)
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         where = f"relative paths start at {base}" if base else "a remote job's local paths are not opened"
@@ -410,7 +406,7 @@ def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None
     try:
         rows, missing, duplicated = merge_outputs(list(parts), scan(job_file, fmt), output)
     except BatchgenError as e:
-        _fail(e)
+        fail(e)
     click.echo(f"wrote {output} ({rows} rows from {len(parts)} parts)", err=True)
     for label, ids in (("missing", missing), ("duplicated", duplicated)):
         if ids:

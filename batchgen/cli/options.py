@@ -60,7 +60,7 @@ _SECTIONS = {
     "Models": ("model", "text_model", "preset"),
     "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
               "fetch_workers", "decode_workers"),
-    "Reuse and batching": ("batch_size", "continuous", "window", "cache", "row_timeout"),
+    "Reuse and batching": ("batch_size", "continuous", "window", "plan_horizon", "cache", "row_timeout"),
     "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
     "Scale-out": ("engine", "ray_address", "workers"),
     "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns",
@@ -210,7 +210,11 @@ def run_options(command, columns: bool = True):
         option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
         option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
         option("--workers", type=int, help="Ray actors, one model load each [1]."),
-        option("--shard", help="Only shard i of N (a stable hash of the id), e.g. 0/4, for job arrays."),
+        option(
+            "--shard",
+            help="Only shard i of N, e.g. 0/4, for job arrays: by a stable hash of the row's "
+            "pictures (rows sharing one are one shard's), else of its id.",
+        ),
         option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
         option(
             "--max-attempts",
@@ -257,6 +261,12 @@ def run_options(command, columns: bool = True):
             help="Run batches to their end (no refilling of finished rows' slots), to compare.",
         ),  # fmt: skip
         option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
+        option(
+            "--plan-horizon",
+            type=int,
+            help="MiB of rows held back so rows sharing a picture run together, wherever they stand "
+            "in the job; 0: job order [512].",
+        ),  # fmt: skip
         option("--row-timeout", type=float, help="Seconds a row may generate; past it, a row error [none]."),
         option(
             "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."

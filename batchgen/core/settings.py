@@ -125,6 +125,7 @@ class RunConfig:
     batch_size: int = 32  # rows decoded together; 1 turns batching off
     continuous: bool = True  # a finished row's slot goes to a waiting row; False: static batches
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
+    plan_horizon: int = 512  # MiB of rows held back to meet the rest of their group (input/plan); 0: off
     output_shards: bool = False  # -o DIR/: a folder of Parquet shards, never one table in memory
     shard_rows: int = 100_000  # rows per shard: a few hundred MB at most for captioning rows
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
@@ -345,6 +346,8 @@ def build_config(
         raise ConfigError("--row-timeout must be > 0 seconds")
     if data.get("limit") is not None and int(data["limit"]) < 0:
         raise ConfigError("--limit must be >= 0")
+    if data.get("plan_horizon") is not None and int(data["plan_horizon"]) < 0:
+        raise ConfigError("--plan-horizon must be >= 0 (MiB; 0 runs the rows in job order)")
     if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
         data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
     if data.get("output_shards") and data.get("openai_output") is not None:

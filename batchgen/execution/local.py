@@ -23,6 +23,7 @@ from ..generate.lanes import completions
 from ..generate.router import Engines, Plan
 from ..generate.schedule import schedule
 from ..input.parse import near_miss, parse_row
+from ..input.plan import Grouping
 from ..input.read import RawRow
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.resume import Pending
@@ -195,7 +196,14 @@ class LocalExecutor(Executor):
         return job
 
     def run(self, todo: Pending) -> Iterator[list[Finished]]:
-        return self.generate(todo.rows())
+        rows = todo.rows()
+        if self.config.plan_horizon:  # rows sharing a picture or prefix brought together over the job
+            grouping = Grouping(todo.index, todo.done)
+            f = grouping.figures
+            log.info("plan: %d rows to do, %d in %d groups sharing a picture or prefix (largest %d), "
+                     "%d alone", f.rows, f.grouped, f.groups, f.largest, f.alone)  # fmt: skip
+            rows = grouping.ordered(rows, self.config.plan_horizon * 2**20, self.work.window)
+        return self.generate(rows)
 
     def generate(self, rows: Iterable[RawRow]) -> Iterator[list[Finished]]:
         """Finished rows for these raw rows (a Ray actor's share, or the pending rows here)."""

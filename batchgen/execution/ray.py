@@ -37,6 +37,7 @@ from ..core.records import Finished, Result
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.uris import is_uri
 from ..generate.router import Engines
+from ..input.plan import Grouping
 from ..input.read import Mark, RawRow, iter_rows
 from ..input.source import Source
 from ..output.resume import Pending
@@ -56,34 +57,44 @@ _OUT_SCHEMA = pa.schema(
         ("stats", pa.string()),
     ]
 )
-_GAP = 64  # pending rows further apart than this start a new item: an actor never reads far for nothing
+_GAP = 64  # pending rows further apart than this start a new segment: an actor never reads far for nothing
 
 
 def pending_items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
-    """The pending rows as items of at most `per_item` rows: the mark to read from, the first
-    row, and a bitmap of the wanted rows from there."""
+    """The pending rows as items of about `per_item` rows, in the plan's order: a group (rows
+    sharing a picture) stays in one item up to 4 × `per_item` rows, so one actor encodes its
+    picture. Each item is a list of segments: the mark to read from, the first row, and a
+    bitmap of the wanted rows from there."""
     marks = todo.index.marks
     starts = [m.index for m in marks]
 
-    def item(group: list[int]) -> dict[str, Any]:
-        mark = marks[bisect.bisect_right(starts, group[0]) - 1]
-        bits = bytearray((group[-1] - group[0]) // 8 + 1)
-        for i in group:
-            bits[(i - group[0]) // 8] |= 1 << ((i - group[0]) % 8)
-        return {
-            "mark": [mark.index, mark.seek, mark.base, mark.shard],
-            "first": group[0],
-            "want": bytes(bits),
-        }
+    def segment(rows: list[int]) -> dict[str, Any]:
+        mark = marks[bisect.bisect_right(starts, rows[0]) - 1]
+        bits = bytearray((rows[-1] - rows[0]) // 8 + 1)
+        for i in rows:
+            bits[(i - rows[0]) // 8] |= 1 << ((i - rows[0]) % 8)
+        return {"mark": [mark.index, mark.seek, mark.base, mark.shard], "first": rows[0], "want": bytes(bits)}
 
-    items, group = [], []
-    for i in todo.indices():
-        if group and (len(group) == per_item or i - group[-1] > _GAP):
-            items.append(item(group))
-            group = []
-        group.append(i)
-    if group:
-        items.append(item(group))
+    def item(rows: list[int]) -> dict[str, Any]:
+        rows.sort()
+        runs, run = [], [rows[0]]
+        for i in rows[1:]:
+            if i - run[-1] > _GAP:  # an actor never reads far for nothing
+                runs.append(run)
+                run = []
+            run.append(i)
+        return {"segments": [segment(r) for r in [*runs, run]]}
+
+    grouping = Grouping(todo.index, todo.done)
+    items, rows, group = [], [], -2
+    for i, g in grouping.in_groups(todo.indices()):
+        if rows and len(rows) >= per_item and (g != group or g < 0 or len(rows) >= 4 * per_item):
+            items.append(item(rows))
+            rows = []
+        rows.append(i)
+        group = g
+    if rows:
+        items.append(item(rows))
     return items
 
 
@@ -143,7 +154,8 @@ class RowWorker:
     def __call__(self, batch: pa.Table) -> pa.Table:
         rows: list[RawRow] = []
         for item in batch.to_pylist():
-            rows += self.rows.pick(Mark(*item["mark"]), wanted_rows(item["first"], item["want"]))
+            for seg in item["segments"]:
+                rows += self.rows.pick(Mark(*seg["mark"]), wanted_rows(seg["first"], seg["want"]))
         out: dict[str, list] = {name: [] for name in _OUT_SCHEMA.names}
         for finished in self.executor.generate(rows):
             for done in finished:

@@ -22,6 +22,7 @@ from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.stop import Stop
 from ..generate.router import Engines
 from ..input.parse import near_miss, template_fields
+from ..input.plan import share_keys
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import write_batch_output
@@ -43,7 +44,7 @@ from .local import LocalExecutor
 from .ray import RayExecutor
 from .summary import TRACE, Progress, RunSummary, finish
 
-__all__ = ["run", "check_paths", "check_columns", "record_row"]
+__all__ = ["run", "open_job", "writer_for", "check_paths", "check_columns", "record_row"]
 
 log = logging.getLogger(__name__)
 
@@ -79,15 +80,8 @@ def run(
     written, then Interrupted), and a `core.stop.Stop` also learns what a hard exit must clean."""
     started = time.perf_counter()
     stop = stop if stop is not None else Stop()
-    source = dataclasses.replace(
-        resolve(config.input, config.format), caps=config.media.caps, video_columns=config.columns.video
-    )
-    check_paths(config, source)
-    index = scan(source, id_column=config.columns.id)
-    check_columns(config, index)
-    if config.shard is not None or config.limit is not None:
-        index.narrow(config.shard, config.limit)
-    work = work_settings(config, source.base)
+    index = open_job(config)
+    work = work_settings(config, index.source.base)  # type: ignore[union-attr]
     engines = Engines.from_config(work.engine)
     with OutputLock(config.output) as lock:
         cleanups = getattr(stop, "cleanups", [])
@@ -96,6 +90,32 @@ def run(
             return _run(config, work, index, engines, _Caller(progress, stop), started)
         finally:
             cleanups.clear()
+
+
+def open_job(config: RunConfig) -> JobIndex:
+    """The job scanned and checked (its outputs writable, its columns there, its ids unique),
+    narrowed to its --shard and --limit: what a run or a plan starts from."""
+    source = dataclasses.replace(
+        resolve(config.input, config.format), caps=config.media.caps, video_columns=config.columns.video
+    )
+    check_paths(config, source)
+    share = share_keys(config.prompt_template, config.columns)
+    index = scan(source, id_column=config.columns.id, share=share)
+    check_columns(config, index)
+    if config.shard is not None or config.limit is not None:
+        index.narrow(config.shard, config.limit)
+    return index
+
+
+def writer_for(config: RunConfig, index: JobIndex) -> ResultWriter:
+    """The run's writer (a plan only peeks at what it holds)."""
+    dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
+    mirrored = index.source is not None and index.source.folder  # a folder of job files: a shard each
+    options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
+                           config.overwrite, config.left_out, mirrored,
+                           _answer_columns(config, index))  # fmt: skip
+    return ResultWriter(config.output, index, settings_of(config), options, skip=dropped,
+                        about=_about(config, index, dropped))  # fmt: skip
 
 
 def check_paths(config: RunConfig, source: Source) -> None:
@@ -177,24 +197,16 @@ def _run(
     caller: _Caller,
     started: float,
 ) -> RunSummary:
-    dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
-    settings = settings_of(config)
-    mirrored = index.source is not None and index.source.folder  # a folder of job files: a shard each
-    options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
-                           config.overwrite, config.left_out, mirrored,
-                           _answer_columns(config, index))  # fmt: skip
-    writer = ResultWriter(
-        config.output, index, settings, options, skip=dropped, about=_about(config, index, dropped)
-    )
-    resume = Resume(writer.open(), writer.store, index, settings, config.max_attempts, config.retry_failed,
-                    config.changed)  # fmt: skip
+    writer = writer_for(config, index)
+    resume = Resume(writer.open(), writer.store, index, writer.settings, config.max_attempts,
+                    config.retry_failed, config.changed)  # fmt: skip
     if writer.mirrored:
         writer.expect(resume.pending.keys())
     todo = resume.todo
     summary = RunSummary(
         output=str(config.output),
         job_rows=len(index.output_ids),
-        dropped_columns=sorted(dropped),
+        dropped_columns=sorted(writer.skip),
         private_urls_allowed=config.media.allow_private_urls,
     )
 

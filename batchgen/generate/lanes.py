@@ -25,7 +25,7 @@ from .adapters import LMAdapter, Sequence
 from .decoder import Watch, decode_stream
 from .loading import Models
 from .models import ModelInfo
-from .one_row import generate_draft_lm, generate_vlm
+from .one_row import generate_draft_lm, generate_vlm, vlm_prompt_ids
 from .prefix_cache import PrefixCache
 from .prompts import apply_template, check_length, message_bounds, text_only
 from .sampling import logprob_records
@@ -75,6 +75,10 @@ class Lane:
 
     def plan(self, job: Job, media: Media) -> Plan:
         raise NotImplementedError
+
+    def prompt_tokens(self, plan: Plan) -> int:
+        """What the row's `prompt_tokens` will be."""
+        return len(plan.seq.ids) if plan.seq is not None else 0
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
         """(index in plans, outcome) of each row as it finishes, at most `width` rows at once."""
@@ -209,6 +213,10 @@ class SingleLane(_OneByOne):
 
     def plan(self, job: Job, media: Media) -> Plan:
         return Plan(job, media, self)
+
+    def prompt_tokens(self, plan: Plan) -> int:
+        model, processor = self.models.vlm()
+        return len(vlm_prompt_ids(model, processor, self.info, plan.job, plan.media))
 
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
         model, processor = self.models.vlm()

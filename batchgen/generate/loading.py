@@ -96,10 +96,14 @@ def mend_processor(processor: Any) -> None:
 
 class Models:
     """The run's checkpoints, each loaded once on first use. A load failure is a ConfigError,
-    kept and raised again for every later use rather than retried for every row."""
+    kept and raised again for every later use rather than retried for every row. `lazy`
+    (batchgen plan): the weights are mapped, never read — tokenizers, processors and configs
+    are all a plan needs."""
 
-    def __init__(self, vision_info: ModelInfo, text_info: ModelInfo, drafter: Drafter | None = None):
+    def __init__(self, vision_info: ModelInfo, text_info: ModelInfo, drafter: Drafter | None = None,
+                 lazy: bool = False):  # fmt: skip
         self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
+        self.lazy = lazy
         self._vlm: tuple[Any, Any] | None = None
         self._lm: tuple[Any, Any] | None = None
         self._failed: dict[str, ConfigError] = {}
@@ -118,7 +122,7 @@ class Models:
 
             hf_logging.set_verbosity_error()  # one kwargs notice per row otherwise
             try:
-                model, processor = mlx_vlm.load(str(self.vision_info.path))
+                model, processor = mlx_vlm.load(str(self.vision_info.path), lazy=self.lazy)
             except Exception as e:  # loaders fail in many ways; all of them stop the run the same way
                 self._failed["vlm"] = ConfigError(
                     f"model {self.vision_info.name!r}: mlx-vlm cannot load it ({e})"
@@ -143,7 +147,7 @@ class Models:
             import mlx_lm
 
             try:
-                model, tokenizer = mlx_lm.load(str(self.text_info.path))
+                model, tokenizer = mlx_lm.load(str(self.text_info.path), lazy=self.lazy)
             except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
                 if not self.text_info.multimodal:
                     self._failed["lm"] = ConfigError(

@@ -24,7 +24,7 @@ from .sampling import (
     token_logprobs,
 )
 
-__all__ = ["collect", "generate_vlm", "generate_draft_lm"]
+__all__ = ["collect", "generate_vlm", "generate_draft_lm", "vlm_prompt_ids"]
 
 
 def collect(
@@ -104,6 +104,24 @@ def generate_draft_lm(
     return gen
 
 
+def _vlm_inputs(processor: Any, info: ModelInfo, job: Job, media: Media) -> tuple[str, list, list]:
+    """(prompt, images, videos) as mlx-vlm's generate takes them for this row."""
+    messages = template_parts(job.messages) if media else text_only(job.messages)
+    prompt = apply_template(processor, messages, job.params.chat_template_kwargs)
+    images, videos = list(media.images), list(media.videos)
+    if videos and not info.video:  # models without a video token see frames as images
+        from PIL import Image
+
+        images += [Image.fromarray(f) for v in videos for f in v]
+        videos = []
+    return prompt, images, videos
+
+
+def vlm_prompt_ids(model: Any, processor: Any, info: ModelInfo, job: Job, media: Media) -> list[int]:
+    """The row's prompt token ids as mlx-vlm's generate makes them (batchgen plan counts them)."""
+    return _prompt_ids(model, processor, *_vlm_inputs(processor, info, job, media))
+
+
 def _prompt_ids(model: Any, processor: Any, prompt: str, images: list, videos: list) -> list[int]:
     """The prompt's token ids as the model sees them (media slots expanded)."""
     from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
@@ -150,17 +168,9 @@ def generate_vlm(
     from mlx_vlm import stream_generate
 
     p = job.params
-    messages = template_parts(job.messages) if media else text_only(job.messages)
-    prompt = apply_template(processor, messages, p.chat_template_kwargs)
+    prompt, images, videos = _vlm_inputs(processor, info, job, media)
     tokenizer = getattr(processor, "tokenizer", processor)
     tokenizer.stopping_criteria.reset(model.config.eos_token_id)
-    images = list(media.images)
-    videos = list(media.videos)
-    if videos and not info.video:  # models without a video token see frames as images
-        from PIL import Image
-
-        images += [Image.fromarray(f) for v in videos for f in v]
-        videos = []
     if p.seed is not None:
         mx.random.seed(p.seed)
     processors = logits_processors_for(p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))

@@ -34,11 +34,12 @@ class Engines:
         prefix_cache: PrefixCache | None = None,
         drafter: Drafter | None = None,
         row_timeout: float | None = None,
+        lazy: bool = False,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
         self.prefixes = prefix_cache
-        self.models = Models(self.vision_info, self.text_info, drafter)
+        self.models = Models(self.vision_info, self.text_info, drafter, lazy)
         self.text = TextLane(self.models, self.text_info, prefix_cache)
         self.vision = VisionLane(self.models, self.vision_info, prefix_cache)
         self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache)
@@ -50,15 +51,16 @@ class Engines:
         self.one_at_a_time: dict[str, int] = {}  # media rows that could not batch, by reason
 
     @classmethod
-    def from_config(cls, config: EngineSettings) -> Engines:
-        """The engines a run asks for: its models, a prefix cache unless --no-cache, its drafter."""
+    def from_config(cls, config: EngineSettings, lazy: bool = False) -> Engines:
+        """The engines a run asks for: its models, a prefix cache unless --no-cache, its drafter;
+        `lazy`: to plan rows only (no weights read, nothing generated)."""
         prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
         drafter = None
         if config.draft_model:
             drafter = inspect_drafter(
                 config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
             )
-        return cls(config.model, config.text_model, prefixes, drafter, config.row_timeout)
+        return cls(config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy)
 
     # -- loading ---------------------------------------------------------------
     def load(self, vision: bool, text: bool) -> None:
@@ -127,6 +129,10 @@ class Engines:
             raise
         except Exception as e:  # a template or processor that rejects this row
             raise row_error(e) from e
+
+    def prompt_tokens(self, plan: Plan) -> int:
+        """The prompt's tokens as the row's generation will count them (media slots expanded)."""
+        return plan.lane.prompt_tokens(plan)
 
     # -- generation ------------------------------------------------------------
     def run(self, plans: list[Plan], width: int) -> Iterator[tuple[int, Generation | RowError]]:

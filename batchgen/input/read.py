@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import tarfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ __all__ = [
     "checked",
 ]  # fmt: skip
 _DIGEST = 16  # bytes of a row's fingerprint (RawRow.digest, 32 hex digits)
+SHARE = 8  # bytes of a row's share key (what it shares with other rows; zeros: nothing)
+NO_SHARE = bytes(SHARE)
 _MARK_ROWS = 64  # JSONL/CSV rows between two marks: a reader starting at a row reads at most this many more
 
 
@@ -47,6 +49,7 @@ class JobIndex:
     binary: set[str] = field(default_factory=set)  # columns holding bytes (images): not copied by default
     id_column: str | None = None  # where ids come from (--id-column)
     answers: dict[str, str] = field(default_factory=dict)  # answer columns of the rows' schemas, their union
+    shares: bytearray | None = None  # each row's share key (SHARE bytes, aligned with ids): input/plan.py
 
     rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
     kept_ids: list[Any] | None = None  # ids the output keeps, in order (the shard's); None = ids
@@ -65,6 +68,10 @@ class JobIndex:
         """RawRow.digest of the i-th row kept."""
         return self.digests[i * _DIGEST : (i + 1) * _DIGEST].hex()  # type: ignore[index]
 
+    def share(self, i: int) -> bytes:
+        """The i-th kept row's share key: rows with one key (a picture, a long prefix) reuse work."""
+        return bytes(self.shares[i * SHARE : (i + 1) * SHARE]) if self.shares is not None else NO_SHARE
+
     def wheres(self, indices: list[int]) -> list[str]:
         """How messages name these rows (indices into ids), read again from the job: only
         failures need them, so the index does not hold one a row."""
@@ -78,10 +85,13 @@ class JobIndex:
         return [found.get(i, f"row {i}") for i in indices]
 
     def narrow(self, shard: tuple[int, int] | None = None, limit: int | None = None) -> None:
-        """Keep shard i of n (by a stable hash of the id), then work on its first `limit` rows."""
+        """Keep shard i of n, then work on its first `limit` rows. A row goes by its share key
+        when it has one, else by its id: rows sharing a picture are one shard's, so no two
+        machines encode it."""
         keep = [
-            i for i, row_id in enumerate(self.ids) if shard is None or shard_of(row_id, shard[1]) == shard[0]
-        ]
+            i for i, row_id in enumerate(self.ids)
+            if shard is None or shard_of(row_id, shard[1], self.share(i)) == shard[0]
+        ]  # fmt: skip
         self.kept_ids = [self.ids[i] for i in keep]
         self.kept_rows = [self.rows[i] for i in keep] if self.rows is not None else keep
         keep = keep[:limit] if limit is not None else keep
@@ -90,6 +100,9 @@ class JobIndex:
         if self.digests is not None:
             d, n = self.digests, _DIGEST
             self.digests = bytearray(b"".join(d[i * n : (i + 1) * n] for i in keep))
+        if self.shares is not None:
+            d, n = self.shares, SHARE
+            self.shares = bytearray(b"".join(d[i * n : (i + 1) * n] for i in keep))
 
     def files_of_output(self) -> list[int]:
         """Each output id's job file (its number in `source.shards`), in output order."""
@@ -98,8 +111,11 @@ class JobIndex:
         return [files[bisect.bisect_right(starts, r) - 1] for r in rows]
 
 
-def shard_of(row_id: Any, shards: int) -> int:
-    """Which of `shards` shards a row belongs to: the same on every machine and every run."""
+def shard_of(row_id: Any, shards: int, share: bytes = NO_SHARE) -> int:
+    """Which of `shards` shards a row belongs to: the same on every machine and every run;
+    by its share key when it has one (see JobIndex.narrow)."""
+    if share != NO_SHARE:
+        return int.from_bytes(share, "big") % shards
     return int(hashlib.sha256(id_key(row_id).encode()).hexdigest()[:16], 16) % shards
 
 
@@ -161,8 +177,14 @@ def iter_rows(
         yield row
 
 
-def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None = None) -> JobIndex:
-    """Check the job's files are readable and its ids unique, before any work starts."""
+def scan(
+    job: Source | Path | str,
+    fmt: str | None = None,
+    id_column: str | None = None,
+    share: Callable[[RawRow], bytes] | None = None,
+) -> JobIndex:
+    """Check the job's files are readable and its ids unique, before any work starts; with
+    `share`, each row's share key (SHARE bytes) is kept too, for the plan."""
     source = _source(job, fmt)
     fmt = source.format
     schemas: list[pa.Schema] = []
@@ -176,6 +198,7 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
     schema = _unified(schemas)
     ids: list[Any] = []
     digests = bytearray()
+    shares = bytearray() if share is not None else None
     columns: dict[str, None] = {n: None for s in schemas for n in s.names}
     binary = {f.name for s in schemas for f in s if holds_bytes(f.type)}
     seen: set[str] = set()
@@ -209,13 +232,15 @@ def scan(job: Source | Path | str, fmt: str | None = None, id_column: str | None
             seen.add(key)
             ids.append(row.id)
             digests += bytes.fromhex(row.digest)
+            if shares is not None:
+                shares += share(row)  # type: ignore[misc]
     except OSError as e:
         raise JobFileError(f"{source.given}: cannot read ({e})") from e
     if ids and not parsed and fmt == "jsonl":
         raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
     return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests,
                     marks=marks, columns=list(columns), binary=binary, id_column=id_column,
-                    answers=answers)  # fmt: skip
+                    answers=answers, shares=shares)  # fmt: skip
 
 
 def _unified(schemas: list[pa.Schema]) -> pa.Schema | None:

@@ -132,6 +132,29 @@ class ResultWriter:
             self.store.remove_tree(partial)
             for shard in self._shards():
                 self.store.remove(shard)
+        finals, settings, where, self._manifest["overwrite"] = self._look()
+        covered = self._covered()
+        for part in self._part_files():  # made into a shard before the run stopped: already there
+            if _number(part) in covered:
+                self.store.remove(part)
+        self._parts = max([0, *covered, *map(_number, self._part_files())])
+        self._earlier = finals
+        return Earlier(finals + self._part_files(), settings, where)
+
+    def peek(self) -> Earlier:
+        """What `open` would say, changing nothing (batchgen plan): with `overwrite`, nothing."""
+        if self.options.overwrite:
+            return Earlier([], None, str(self.output))
+        if self.sharded:
+            self._check_folder()
+        finals, settings, where, _ = self._look()
+        return Earlier(finals + self._part_files(), settings, where)
+
+    def _look(self) -> tuple[list[str], dict[str, Any] | None, str, bool]:
+        """The finished output's files, the settings earlier rows were made with, how to name
+        them, and whether an interrupted --overwrite run left the parts (then only they count)."""
+        partial = str(self.partial)
+        overwrite = self.options.overwrite
         manifest_path = f"{partial}/manifest.json"
         settings, where = None, str(self.output)
         if self.store.exists(manifest_path):
@@ -143,14 +166,7 @@ class ResultWriter:
             meta = self.store.metadata(finals[0])
             if SETTINGS_KEY in meta:
                 settings = json.loads(meta[SETTINGS_KEY])
-        self._manifest["overwrite"] = overwrite
-        covered = self._covered()
-        for part in self._part_files():  # made into a shard before the run stopped: already there
-            if _number(part) in covered:
-                self.store.remove(part)
-        self._parts = max([0, *covered, *map(_number, self._part_files())])
-        self._earlier = finals
-        return Earlier(finals + self._part_files(), settings, where)
+        return finals, settings, where, overwrite
 
     def _check_folder(self) -> None:
         """A shard folder holds batchgen's shards only: another tool's Parquet there (Spark's

@@ -73,14 +73,15 @@ def test_items_carry_exactly_the_pending_rows_and_the_picker_reads_them(tmp_path
     done = {f"r{i}": None for i in range(300) if i % 3 == 0 or 100 <= i < 250}
     todo = Pending(index, done)
     items = pending_items(todo, per_item=10)
-    picked = [wanted_rows(item["first"], item["want"]) for item in items]
+    segments = [seg for item in items for seg in item["segments"]]
+    picked = [wanted_rows(seg["first"], seg["want"]) for seg in segments]
     assert sum(picked, []) == list(todo.indices()) == [r.index for r in todo.rows()]
-    assert all(len(p) <= 10 for p in picked)
+    assert all(sum(len(wanted_rows(s["first"], s["want"])) for s in item["segments"]) <= 10 for item in items)
     assert all(b - a <= 64 for p in picked for a, b in zip(p, p[1:], strict=False))
     picker = RowPicker(index.source)
     from batchgen.input.read import Mark
 
     rows = [
-        r for item, want in zip(items, picked, strict=True) for r in picker.pick(Mark(*item["mark"]), want)
+        r for seg, want in zip(segments, picked, strict=True) for r in picker.pick(Mark(*seg["mark"]), want)
     ]
     assert _key(rows) == _key(todo.rows())

@@ -1,0 +1,227 @@
+"""`batchgen plan` (and `run --dry-run`): what a run of the job will do and cost, said before
+it starts — its rows, what they share, the prompt tokens the model will see, the lanes rows
+go to — from the same scan, resume, plan order, parse, media stage and lanes as the run, with
+the weights mapped but never read. With `calibrate`, that many rows are really generated (in
+plan order, into no output) and the run's wall time is projected from them."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+import time
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..core.errors import RowError
+from ..core.records import Job, Media
+from ..core.settings import RunConfig, work_settings
+from ..generate.router import Engines, Plan
+from ..input.parse import parse_row
+from ..input.plan import Grouping
+from ..input.read import RawRow
+from ..media.resolve import MediaStage
+from ..output.resume import Resume
+from .local import LocalExecutor
+from .runner import open_job, writer_for
+
+__all__ = ["PlanReport", "Calibration", "plan_job"]
+
+
+@dataclass(slots=True)
+class Calibration:
+    """Rows really run to time the job, in two halves: the first pays what a run pays once (a
+    shared system prompt's prefill, the first compiles), the second runs at the rate the rest
+    of the job will."""
+
+    rows: int
+    load_s: float  # loading the models, once per run
+    once_s: float  # what the first half took beyond the rate: paid once per run
+    row_s: float  # seconds a row, from the second half
+    projected_s: float  # the whole run: its scan, the load, the once-paid part, every row at the rate
+
+
+@dataclass(slots=True)
+class PlanReport:
+    """What a run of the job would do, before it starts."""
+
+    job_rows: int  # rows of the job (its --shard's)
+    todo: int  # ... not done yet (resume): the rows a run would generate
+    done_before: int
+    grouped: int  # rows to do that share a picture or a long prefix with another
+    groups: int
+    pictures: int  # distinct image references among the rows to do
+    clips: int  # ... video references
+    media_rows: int  # rows to do with media
+    prompt_tokens: int  # the rows' prompts as the model sees them (media slots expanded)
+    media_tokens: int  # ... of which image and video tokens
+    reused_tokens: int  # prefill the prefix cache would serve, in plan order (an estimate)
+    lanes: dict[str, int] = field(default_factory=dict)  # rows per lane
+    one_at_a_time: dict[str, int] = field(default_factory=dict)  # why rows cannot batch
+    failing: dict[str, int] = field(default_factory=dict)  # rows that fail before generating, by stage
+    plan_s: float = 0.0  # scanning, reading and tokenizing the job
+    calibration: Calibration | None = None
+
+    @property
+    def rows_per_picture(self) -> float:
+        return self.media_rows / self.pictures if self.pictures else 0.0
+
+    @property
+    def reused_share(self) -> float:
+        return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "rows_per_picture": round(self.rows_per_picture, 3),
+                "reused_share": round(self.reused_share, 4)}  # fmt: skip
+
+    def lines(self) -> list[str]:
+        """The report as a person reads it."""
+        out = [
+            f"rows: {self.job_rows:,} in the job, {self.todo:,} to do ({self.done_before:,} done before)",
+            f"shared: {self.grouped:,} rows in {self.groups:,} groups sharing a picture or prefix, "
+            f"run side by side wherever they stand in the job",
+            f"media: {self.pictures:,} distinct pictures, {self.clips:,} clips; {self.media_rows:,} rows "
+            f"with media, {self.rows_per_picture:.2f} rows per picture",
+            f"prompt tokens: {self.prompt_tokens:,} ({self.media_tokens:,} image/video tokens); the prefix "
+            f"cache would serve about {self.reused_tokens:,} ({self.reused_share:.0%} of prefill)",
+            "lanes: " + (", ".join(f"{name} {n:,}" for name, n in sorted(self.lanes.items())) or "none"),
+        ]
+        out += [f"  one at a time ({n:,} rows): {why}" for why, n in sorted(self.one_at_a_time.items())]
+        if self.failing:
+            out.append("fail before generating: " + ", ".join(f"{s} {n:,}" for s, n in self.failing.items()))
+        if (c := self.calibration) is not None:
+            out.append(f"calibration: {c.rows} rows, {c.row_s:.2f} s a row (+{c.once_s:.1f} s once, "
+                       f"{c.load_s:.1f} s model load); projected run: "
+                       f"{_duration(c.projected_s)}")  # fmt: skip
+        return out
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+class _Counts:
+    """The figures gathered row by row, in plan order."""
+
+    def __init__(self, cache_entries: int):
+        self.pictures: set[Any] = set()
+        self.clips: set[Any] = set()
+        self.media_rows = self.prompt_tokens = self.media_tokens = self.reused = 0
+        self.lanes: Counter[str] = Counter()
+        self.failing: Counter[str] = Counter()
+        self._cache: OrderedDict[str, None] = OrderedDict()  # the prefix cache's keys, LRU like it
+        self._entries = cache_entries
+
+    def media(self, job: Job) -> None:
+        self.media_rows += bool(job.media)
+        for ref in job.media:
+            (self.pictures if ref.kind == "image" else self.clips).add(ref.source)
+
+    def planned(self, plan: Plan, tokens: int, media_ids: set[int]) -> None:
+        self.lanes[plan.lane.name] += 1
+        self.prompt_tokens += tokens
+        seq = plan.seq
+        if seq is None:
+            return
+        self.media_tokens += sum(t in media_ids for t in seq.ids)
+        hit = max((pos for pos, key in seq.boundaries if key in self._cache), default=0)
+        self.reused += hit
+        for _, key in seq.boundaries:
+            self._cache[key] = None
+            self._cache.move_to_end(key)
+        while len(self._cache) > self._entries:
+            self._cache.popitem(last=False)
+
+
+def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
+    """The plan of a run of `config`, changing nothing on disk. Errors that would stop the run
+    (unreadable job, duplicate ids, settings that differ from the output's) stop it too."""
+    started = time.perf_counter()
+    index = open_job(config)
+    scan_s = time.perf_counter() - started
+    writer = writer_for(config, index)
+    resume = Resume(writer.peek(), writer.store, index, writer.settings, config.max_attempts,
+                    config.retry_failed, config.changed)  # fmt: skip
+    grouping = Grouping(index, resume.done)
+    work = work_settings(config, index.source.base)  # type: ignore[union-attr]
+    engines = Engines.from_config(work.engine, lazy=True)
+    counts = _Counts(config.cache_entries if config.cache else 0)
+    horizon = config.plan_horizon * 2**20
+    first: list[RawRow] = []  # the rows a calibration runs: the plan's first
+    with tempfile.TemporaryDirectory(prefix="batchgen-plan-") as tmp:
+        stage = MediaStage(work.media, work.base_dir, Path(tmp), engines.vision_info.audio,
+                           engines.vision_info.max_pixels)  # fmt: skip
+        rows = resume.pending.rows()
+        for raw in grouping.ordered(rows, horizon, config.window) if horizon else rows:
+            if len(first) < calibrate:
+                first.append(raw)
+            _count(raw, config, stage, engines, counts)
+    f = grouping.figures
+    report = PlanReport(
+        len(index.output_ids), resume.todo, resume.done_before, f.grouped, f.groups, len(counts.pictures),
+        len(counts.clips), counts.media_rows, counts.prompt_tokens, counts.media_tokens, counts.reused,
+        dict(counts.lanes), dict(engines.one_at_a_time), dict(counts.failing),
+    )  # fmt: skip
+    report.plan_s = time.perf_counter() - started
+    if first:
+        report.calibration = _calibrate(config, work.base_dir and str(work.base_dir), first, resume.todo,
+                                        scan_s)  # fmt: skip
+    return report
+
+
+def _count(raw: RawRow, config: RunConfig, stage: MediaStage, engines: Engines, counts: _Counts) -> None:
+    job, _ = parse_row(raw, config.defaults, config.prompt_template, config.columns)
+    if job.error:
+        counts.failing["read"] += 1
+        return
+    counts.media(job)
+    media = Media()
+    if job.media:
+        prepared = stage.resolve(job)
+        if prepared.error is not None:
+            counts.failing[prepared.error.stage] += 1
+            return
+        media = prepared.media
+    try:
+        plan = engines.plan(job, media)
+        tokens = engines.prompt_tokens(plan)
+    except RowError as e:
+        counts.failing[e.stage] += 1
+        return
+    counts.planned(plan, tokens, _media_ids(engines.models.vlm()[0].config) if job.media else set())
+
+
+def _media_ids(config: Any) -> set[int]:
+    """The token ids that stand for image and video patches in the vision model's prompts."""
+    names = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+    return {v for n in names if isinstance(v := getattr(config, n, None), int)}
+
+
+def _calibrate(
+    config: RunConfig, base: str | None, rows: list[RawRow], todo: int, scan_s: float
+) -> Calibration:
+    """Run `rows` for real (into no output), in two halves, and project the whole run."""
+    work = work_settings(config, base)
+    engines = Engines.from_config(work.engine)
+    half = max(1, len(rows) // 2)
+    with tempfile.TemporaryDirectory(prefix="batchgen-calibrate-") as tmp:
+        executor = LocalExecutor(config, work, engines, Path(tmp), threading.Event())
+        t0 = time.perf_counter()
+        queued = [parse_row(r, work.defaults, work.prompt_template, work.columns)[0] for r in rows]
+        engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
+        times = [time.perf_counter()]
+        try:
+            for part in (rows[:half], rows[half:]):
+                for _ in executor.generate(part):
+                    pass
+                times.append(time.perf_counter())
+        finally:
+            executor.close()
+    first, second = times[1] - times[0], times[2] - times[1]
+    row_s = second / len(rows[half:]) if rows[half:] else first / half
+    once_s = max(first - row_s * half, 0.0)
+    load_s = times[0] - t0
+    return Calibration(len(rows), load_s, once_s, row_s, scan_s + load_s + once_s + row_s * todo)

@@ -1,0 +1,163 @@
+"""The plan over the whole job: what each row shares with others (its share key, found by the
+scan), and the pending rows in an order that puts rows sharing a picture or a long prefix
+side by side, wherever they stand in the job — so a prompt-major job (every picture with the
+first question, then every picture with the second) reuses each vision pass and prefill as
+an image-major one does, although its rows meet in no look-ahead window."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..core.records import GenParams
+from ..core.settings import Columns
+from .parse import parse_row
+from .read import NO_SHARE, SHARE, JobIndex, RawRow, id_key
+
+__all__ = ["share_keys", "PlanFigures", "Grouping"]
+
+LONG_PREFIX = 200  # characters of text before a row's last turn that make it worth sharing (~50 tokens)
+_ROW_BYTES = 200  # what a held row costs beyond its strings (the row, its dict, their headers)
+
+
+def share_keys(template: str | None, columns: Columns) -> Callable[[RawRow], bytes]:
+    """The scan's share function: a row's key from its media references in order (path,
+    URL, data URL or bytes, by digest), else from its text before the last turn when that
+    is long (a system prompt with few-shot turns); NO_SHARE for a row sharing nothing that
+    can be known before its media are read (a tar sample's own members, a row that does not
+    parse)."""
+    defaults = GenParams()
+
+    def key(row: RawRow) -> bytes:
+        if row.fingerprint is not None or row.error is not None:
+            return NO_SHARE
+        job, _ = parse_row(row, defaults, template, columns)
+        h = hashlib.blake2b(digest_size=SHARE)
+        if job.media:
+            for ref in job.media:
+                h.update(ref.kind.encode())
+                h.update(ref.source if isinstance(ref.source, bytes) else str(ref.source).encode())
+                h.update(b"\0")
+        elif len(job.messages) > 1:
+            head = json.dumps(job.messages[:-1], sort_keys=True, default=str)
+            if len(head) < LONG_PREFIX:
+                return NO_SHARE
+            h.update(head.encode())
+        else:
+            return NO_SHARE
+        digest = h.digest()
+        return digest if digest != NO_SHARE else b"\1" + digest[1:]
+
+    return key
+
+
+@dataclass(slots=True)
+class PlanFigures:
+    """What the plan found among the pending rows."""
+
+    rows: int  # pending rows
+    groups: int  # share keys held by two rows or more
+    grouped: int  # rows in those groups
+    largest: int  # rows of the largest group
+
+    @property
+    def alone(self) -> int:
+        return self.rows - self.grouped
+
+
+class Grouping:
+    """The pending rows' groups, by position in the index: `group[p]` is the group of the row
+    at position p (-1: it shares nothing with another pending row), `left[g]` the members of
+    group g not read yet. Built from the scan's share keys with numpy: a few bytes a row."""
+
+    def __init__(self, index: JobIndex, done: Iterable[str] | dict[str, Any] = ()):
+        n = len(index.ids)
+        done = done if isinstance(done, (set, dict)) else set(done)
+        pending = np.fromiter((id_key(i) not in done for i in index.ids), dtype=bool, count=n)
+        keys = (
+            np.frombuffer(bytes(index.shares), dtype=">u8")
+            if index.shares is not None
+            else np.zeros(n, dtype=">u8")
+        )
+        usable = pending & (keys != 0)
+        self.group = np.full(n, -1, dtype=np.int64)
+        unique, inverse, counts = np.unique(keys[usable], return_inverse=True, return_counts=True)
+        shared = counts >= 2
+        renumber = np.cumsum(shared) - 1  # groups of two or more, numbered 0..
+        self.group[np.flatnonzero(usable)] = np.where(shared[inverse], renumber[inverse], -1)
+        self.left = counts[shared].astype(np.int64)
+        self.figures = PlanFigures(
+            int(pending.sum()), int(shared.sum()), int(counts[shared].sum()),
+            int(counts.max()) if counts.size else 0,
+        )  # fmt: skip
+        self._positions = np.asarray(index.rows, dtype=np.int64) if index.rows is not None else None
+
+    def position(self, row_index: int) -> int:
+        """Where a row of the file (its index) stands among the index's kept rows."""
+        if self._positions is None:
+            return row_index
+        return int(np.searchsorted(self._positions, row_index))
+
+    def in_groups(self, indices: Iterable[int]) -> list[tuple[int, int]]:
+        """(row index, group) of these pending row indices, each group's rows together at its
+        first member's place (the Ray driver's items; the indices only, never the rows)."""
+        members: dict[int, list[int]] = {}
+        order: list[tuple[int, int]] = []
+        for i in indices:
+            g = int(self.group[self.position(i)])
+            if g < 0:
+                order.append((i, g))
+            elif g not in members:
+                members[g] = [i]
+                order.append((-1, g))  # the group's place, filled below
+            else:
+                members[g].append(i)
+        return [(i, g) for place, g in order for i in ([place] if g < 0 else members[g])]
+
+    def ordered(self, rows: Iterable[RawRow], horizon: int, chunk: int) -> Iterator[RawRow]:
+        """The rows (pending, in job order) with each group's members brought together: a
+        member waits until its group's last member is read or `chunk` of them wait (a run of
+        rows that large reuses the picture anyway), and the waiting rows hold at most about
+        `horizon` bytes: past it the group waiting longest goes as it is, as a window would
+        have taken it. Rows sharing nothing pass at once."""
+        held: dict[int, list[RawRow]] = {}
+        held_bytes = 0
+        sizes: dict[int, int] = {}
+        for row in rows:
+            g = int(self.group[self.position(row.index)])
+            if g < 0:
+                yield row
+                continue
+            members = held.setdefault(g, [])
+            members.append(row)
+            size = _ROW_BYTES + _text_bytes(row.value)
+            sizes[g] = sizes.get(g, 0) + size
+            held_bytes += size
+            self.left[g] -= 1
+            if self.left[g] <= 0 or len(members) >= chunk:
+                held_bytes -= sizes.pop(g)
+                yield from held.pop(g)
+            while held_bytes > horizon and held:
+                oldest = next(iter(held))
+                held_bytes -= sizes.pop(oldest)
+                yield from held.pop(oldest)
+        for members in held.values():
+            yield from members
+
+
+def _text_bytes(value: Any, depth: int = 0) -> int:
+    """About what a row's values hold in memory: their strings and bytes (a few levels deep)."""
+    if isinstance(value, (str, bytes, bytearray)):
+        return len(value)
+    if depth > 4:
+        return 0
+    if isinstance(value, dict):
+        return sum(_text_bytes(v, depth + 1) + 50 for v in value.values())
+    if isinstance(value, list):
+        return sum(_text_bytes(v, depth + 1) + 8 for v in value)
+    return 8

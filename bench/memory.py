@@ -70,7 +70,7 @@ from batchgen.core.settings import Columns
 from batchgen.input.plan import Grouping, share_keys
 from batchgen.input.read import iter_rows, scan
 t0 = time.perf_counter()
-index = scan(sys.argv[1], share=share_keys(None, Columns()))
+index = scan(sys.argv[1], share=share_keys(Columns()))
 grouping = Grouping(index)
 t1 = time.perf_counter()
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, round(t1 - t0, 1), grouping.figures.groups)

@@ -99,7 +99,7 @@ def open_job(config: RunConfig) -> JobIndex:
         resolve(config.input, config.format), caps=config.media.caps, video_columns=config.columns.video
     )
     check_paths(config, source)
-    share = share_keys(config.prompt_template, config.columns)
+    share = share_keys(config.columns)
     index = scan(source, id_column=config.columns.id, share=share)
     check_columns(config, index)
     if config.shard is not None or config.limit is not None:

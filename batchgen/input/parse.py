@@ -19,7 +19,7 @@ from ..core.settings import Columns
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
 
-__all__ = ["parse_row", "media_like", "template_fields", "near_miss", "FIELDS"]
+__all__ = ["parse_row", "shared_parts", "media_like", "template_fields", "near_miss", "FIELDS"]
 
 # OpenAI content-part types and (kind, key holding the reference).
 _PART_TYPES = {
@@ -248,6 +248,36 @@ def _mapped(value: dict[str, Any], columns: Columns, problems: list[Problem]) ->
         if not found:
             problems.append((names[0], f"no {kind} in {' or '.join(map(repr, names))} (empty)"))
     return out
+
+
+def shared_parts(value: Any, columns: Columns) -> tuple[list[tuple[str, str | bytes]], Any]:
+    """What a row could share with others, read as parse_row reads it but checking nothing:
+    its media references in prompt order ((kind, source): flat columns first, as the prompt
+    has them) and its text before the last turn (system prompt, earlier turns). The plan's
+    share keys come from it, for every row of a job, so it costs a few microseconds."""
+    if not isinstance(value, dict):
+        return [], None
+    if is_batch_request(value):
+        value = {"messages": value["body"].get("messages")}
+    if columns.named():
+        value = _mapped(value, columns, [])
+    media: list[tuple[str, str | bytes]] = []
+    for name, kind in MEDIA_COLUMNS.items():
+        cell = value.get(name)
+        for v in cell if isinstance(cell, list) else [] if cell is None else [cell]:
+            if (source := _source(v)) is not None:
+                media.append((kind, source))
+    messages = value.get("messages")
+    if not isinstance(messages, list):
+        return media, value.get("system")
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") in _PART_TYPES:
+                kind, key = _PART_TYPES[part["type"]]
+                if (source := _part_reference(part, key)) is not None:
+                    media.append((kind, source))
+    return media, [value.get("system"), messages[:-1]] if len(messages) > 1 else value.get("system")
 
 
 def parse_row(

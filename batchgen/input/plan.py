@@ -14,42 +14,41 @@ from typing import Any
 
 import numpy as np
 
-from ..core.records import GenParams
 from ..core.settings import Columns
-from .parse import parse_row
+from .parse import shared_parts
 from .read import NO_SHARE, SHARE, JobIndex, RawRow, id_key
 
 __all__ = ["share_keys", "PlanFigures", "Grouping"]
 
 LONG_PREFIX = 200  # characters of text before a row's last turn that make it worth sharing (~50 tokens)
-_ROW_BYTES = 200  # what a held row costs beyond its strings (the row, its dict, their headers)
+_ROW_BYTES = 120  # a held RawRow itself, beyond its values
 
 
-def share_keys(template: str | None, columns: Columns) -> Callable[[RawRow], bytes]:
+def share_keys(columns: Columns) -> Callable[[RawRow], bytes]:
     """The scan's share function: a row's key from its media references in order (path,
     URL, data URL or bytes, by digest), else from its text before the last turn when that
     is long (a system prompt with few-shot turns); NO_SHARE for a row sharing nothing that
     can be known before its media are read (a tar sample's own members, a row that does not
-    parse)."""
-    defaults = GenParams()
+    parse). A --prompt-template only fills the last turn: it changes no key."""
 
     def key(row: RawRow) -> bytes:
         if row.fingerprint is not None or row.error is not None:
             return NO_SHARE
-        job, _ = parse_row(row, defaults, template, columns)
-        h = hashlib.blake2b(digest_size=SHARE)
-        if job.media:
-            for ref in job.media:
-                h.update(ref.kind.encode())
-                h.update(ref.source if isinstance(ref.source, bytes) else str(ref.source).encode())
-                h.update(b"\0")
-        elif len(job.messages) > 1:
-            head = json.dumps(job.messages[:-1], sort_keys=True, default=str)
-            if len(head) < LONG_PREFIX:
-                return NO_SHARE
-            h.update(head.encode())
-        else:
+        try:
+            media, head = shared_parts(row.value, columns)
+        except Exception:  # noqa: BLE001 - a hostile row shares nothing; its parse names its problem
             return NO_SHARE
+        h = hashlib.blake2b(digest_size=SHARE)
+        if media:
+            for kind, source in media:
+                h.update(kind.encode())
+                h.update(source if isinstance(source, bytes) else source.encode())
+                h.update(b"\0")
+        else:
+            text = head if isinstance(head, str) else json.dumps(head, sort_keys=True, default=str)
+            if head is None or len(text) < LONG_PREFIX:
+                return NO_SHARE
+            h.update(text.encode())
         digest = h.digest()
         return digest if digest != NO_SHARE else b"\1" + digest[1:]
 
@@ -78,21 +77,27 @@ class Grouping:
     def __init__(self, index: JobIndex, done: Iterable[str] | dict[str, Any] = ()):
         n = len(index.ids)
         done = done if isinstance(done, (set, dict)) else set(done)
-        pending = np.fromiter((id_key(i) not in done for i in index.ids), dtype=bool, count=n)
         keys = (
-            np.frombuffer(bytes(index.shares), dtype=">u8")
+            np.frombuffer(index.shares, dtype=">u8")  # a view: no copy
             if index.shares is not None
             else np.zeros(n, dtype=">u8")
         )
-        usable = pending & (keys != 0)
-        self.group = np.full(n, -1, dtype=np.int64)
-        unique, inverse, counts = np.unique(keys[usable], return_inverse=True, return_counts=True)
+        usable = keys != 0
+        if done:
+            usable &= np.fromiter((id_key(i) not in done for i in index.ids), dtype=bool, count=n)
+        every = bool(usable.all())
+        rows = slice(None) if every else np.flatnonzero(usable).astype(np.int32)  # a few bytes a row
+        del usable
+        _, inverse, counts = np.unique(keys if every else keys[rows], return_inverse=True, return_counts=True)
         shared = counts >= 2
-        renumber = np.cumsum(shared) - 1  # groups of two or more, numbered 0..
-        self.group[np.flatnonzero(usable)] = np.where(shared[inverse], renumber[inverse], -1)
+        renumber = (np.cumsum(shared) - 1).astype(np.int32)  # groups of two or more, numbered 0..
+        self.group = np.full(n, -1, dtype=np.int32)
+        self.group[rows] = np.where(shared[inverse], renumber[inverse], -1)
+        del rows, inverse, renumber
         self.left = counts[shared].astype(np.int64)
+        pending = n - sum(id_key(i) in done for i in index.ids) if done else n
         self.figures = PlanFigures(
-            int(pending.sum()), int(shared.sum()), int(counts[shared].sum()),
+            pending, int(shared.sum()), int(counts[shared].sum()),
             int(counts.max()) if counts.size else 0,
         )  # fmt: skip
         self._positions = np.asarray(index.rows, dtype=np.int64) if index.rows is not None else None
@@ -135,7 +140,7 @@ class Grouping:
                 continue
             members = held.setdefault(g, [])
             members.append(row)
-            size = _ROW_BYTES + _text_bytes(row.value)
+            size = _ROW_BYTES + _footprint(row.value)
             sizes[g] = sizes.get(g, 0) + size
             held_bytes += size
             self.left[g] -= 1
@@ -150,14 +155,17 @@ class Grouping:
             yield from members
 
 
-def _text_bytes(value: Any, depth: int = 0) -> int:
-    """About what a row's values hold in memory: their strings and bytes (a few levels deep)."""
-    if isinstance(value, (str, bytes, bytearray)):
-        return len(value)
+def _footprint(value: Any, depth: int = 0) -> int:
+    """About what a row's values hold in memory, as CPython lays them out (a string's 49-byte
+    header, a dict's table), a few levels deep: what the hold counts against its horizon."""
+    if isinstance(value, str):
+        return 49 + len(value)
+    if isinstance(value, (bytes, bytearray)):
+        return 33 + len(value)
     if depth > 4:
         return 0
     if isinstance(value, dict):
-        return sum(_text_bytes(v, depth + 1) + 50 for v in value.values())
+        return 232 + sum(24 + _footprint(v, depth + 1) for v in value.values())
     if isinstance(value, list):
-        return sum(_text_bytes(v, depth + 1) + 8 for v in value)
-    return 8
+        return 56 + sum(8 + _footprint(v, depth + 1) for v in value)
+    return 32

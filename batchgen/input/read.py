@@ -6,11 +6,13 @@ from __future__ import annotations
 import bisect
 import hashlib
 import tarfile
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -201,7 +203,7 @@ def scan(
     shares = bytearray() if share is not None else None
     columns: dict[str, None] = {n: None for s in schemas for n in s.names}
     binary = {f.name for s in schemas for f in s if holds_bytes(f.type)}
-    seen: set[str] = set()
+    hashes = array("q")  # each id's hash: a set of a million ids would hold four times the memory
     answers: dict[str, str] = {}
     marks = [START]
     parsed = 0
@@ -221,15 +223,7 @@ def scan(
                 asked = row.value["body"] if is_batch_request(row.value) else row.value
                 merge_kinds(answers, requested_kinds(asked))
 
-            key = id_key(row.id)
-            if key in seen:
-                rows = iter_rows(source, id_column=id_column)
-                first = next((r.where for r in rows if id_key(r.id) == key), "an earlier row")
-                raise JobFileError(
-                    f"{source.given}: duplicate id {row.id!r:.80} at {first} and {row.where}; "
-                    "ids must be unique"
-                )
-            seen.add(key)
+            hashes.append(hash(id_key(row.id)))
             ids.append(row.id)
             digests += bytes.fromhex(row.digest)
             if shares is not None:
@@ -238,9 +232,33 @@ def scan(
         raise JobFileError(f"{source.given}: cannot read ({e})") from e
     if ids and not parsed and fmt == "jsonl":
         raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
+    _check_unique(source, ids, hashes, id_column)
     return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests,
                     marks=marks, columns=list(columns), binary=binary, id_column=id_column,
                     answers=answers, shares=shares)  # fmt: skip
+
+
+def _check_unique(source: Source, ids: list[Any], hashes: array, id_column: str | None) -> None:
+    """The first id that repeats an earlier one stops the run, naming both rows."""
+    h = np.frombuffer(hashes, dtype=np.int64)
+    order = np.argsort(h, kind="stable")  # equal hashes in job order
+    same = np.flatnonzero(h[order[1:]] == h[order[:-1]])
+    repeats = [int(order[k + 1]) for k in same if id_key(ids[order[k]]) == id_key(ids[order[k + 1]])]
+    if not repeats:
+        return
+    second = min(repeats)
+    key = id_key(ids[second])
+    first = next(i for i, row_id in enumerate(ids) if id_key(row_id) == key)
+    wheres = {}
+    for raw in iter_rows(source, id_column=id_column):
+        if raw.index in (first, second):
+            wheres[raw.index] = raw.where
+            if len(wheres) == 2:
+                break
+    raise JobFileError(
+        f"{source.given}: duplicate id {ids[second]!r:.80} at {wheres.get(first, 'an earlier row')} and "
+        f"{wheres.get(second, f'row {second}')}; ids must be unique"
+    )
 
 
 def _unified(schemas: list[pa.Schema]) -> pa.Schema | None:

@@ -24,7 +24,7 @@ def _prompt_major(path, pictures=40, questions=3, extra=()):
 
 
 def _index(path, columns=None):
-    return scan(path, share=share_keys(None, columns or Columns()))
+    return scan(path, share=share_keys(columns or Columns()))
 
 
 def _ids(rows):

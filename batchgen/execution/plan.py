@@ -32,13 +32,13 @@ __all__ = ["PlanReport", "Calibration", "plan_job"]
 @dataclass(slots=True)
 class Calibration:
     """Rows really run to time the job, in two halves: the first pays what a run pays once (a
-    shared system prompt's prefill, the first compiles), the second runs at the rate the rest
-    of the job will."""
+    shared system prompt's prefill, the first compiles) on top of the rate, the second runs at
+    the rate the rest of the job will; the faster half's rate is taken."""
 
     rows: int
     load_s: float  # loading the models, once per run
     once_s: float  # what the first half took beyond the rate: paid once per run
-    row_s: float  # seconds a row, from the second half
+    row_s: float  # seconds a row
     projected_s: float  # the whole run: its scan, the load, the once-paid part, every row at the rate
 
 
@@ -221,7 +221,8 @@ def _calibrate(
         finally:
             executor.close()
     first, second = times[1] - times[0], times[2] - times[1]
-    row_s = second / len(rows[half:]) if rows[half:] else first / half
+    # A machine's noise only ever slows a run: the faster half's rate is the nearer one.
+    row_s = min(first / half, second / len(rows[half:])) if rows[half:] else first / half
     once_s = max(first - row_s * half, 0.0)
     load_s = times[0] - t0
     return Calibration(len(rows), load_s, once_s, row_s, scan_s + load_s + once_s + row_s * todo)

@@ -6,8 +6,9 @@ plan order, into no output) and the run's wall time is projected from them."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import tempfile
-import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -23,7 +24,7 @@ from ..input.plan import Grouping
 from ..input.read import RawRow
 from ..media.resolve import MediaStage
 from ..output.resume import Resume
-from .local import LocalExecutor
+from .local import generate_window
 from .runner import open_job, writer_for
 
 __all__ = ["PlanReport", "Calibration", "plan_job"]
@@ -31,15 +32,23 @@ __all__ = ["PlanReport", "Calibration", "plan_job"]
 
 @dataclass(slots=True)
 class Calibration:
-    """Rows really run to time the job, in two halves: the first pays what a run pays once (a
-    shared system prompt's prefill, the first compiles) on top of the rate, the second runs at
-    the rate the rest of the job will; the faster half's rate is taken."""
+    """Rows really run to time the job. The first half pays what a run pays once (a shared
+    system prompt's prefill, the first compiles) on top of the rate. The second half is timed
+    in two passes, since a few rows decode narrower than a run does (a decode step costs a
+    fixed part plus a part per row, so a narrow batch pays more per row): its prefill alone
+    (max_tokens 1), then its decoding at the run's batch width (each row as copies of itself,
+    their prefixes now cached)."""
 
     rows: int
     load_s: float  # loading the models, once per run
     once_s: float  # what the first half took beyond the rate: paid once per run
-    row_s: float  # seconds a row
+    prefill_s: float  # a row's prefill (its media and planning included)
+    decode_s: float  # a row's decoding, at the run's batch width
     projected_s: float  # the whole run: its scan, the load, the once-paid part, every row at the rate
+
+    @property
+    def row_s(self) -> float:
+        return self.prefill_s + self.decode_s
 
 
 @dataclass(slots=True)
@@ -91,9 +100,10 @@ class PlanReport:
         if self.failing:
             out.append("fail before generating: " + ", ".join(f"{s} {n:,}" for s, n in self.failing.items()))
         if (c := self.calibration) is not None:
-            out.append(f"calibration: {c.rows} rows, {c.row_s:.2f} s a row (+{c.once_s:.1f} s once, "
-                       f"{c.load_s:.1f} s model load); projected run: "
-                       f"{_duration(c.projected_s)}")  # fmt: skip
+            out.append(f"calibration: {c.rows} rows, {c.row_s:.2f} s a row ({c.prefill_s:.2f} s prefill, "
+                       f"{c.decode_s:.2f} s decode; +{c.once_s:.1f} s once, {c.load_s:.1f} s model load); "
+                       f"projected run: {_duration(c.projected_s)}")  # fmt: skip
+        out.append(f"planned in {self.plan_s:.1f} s")
         return out
 
 
@@ -107,8 +117,8 @@ class _Counts:
     """The figures gathered row by row, in plan order."""
 
     def __init__(self, cache_entries: int):
-        self.pictures: set[Any] = set()
-        self.clips: set[Any] = set()
+        self.pictures: set[bytes] = set()
+        self.clips: set[bytes] = set()
         self.media_rows = self.prompt_tokens = self.media_tokens = self.reused = 0
         self.lanes: Counter[str] = Counter()
         self.failing: Counter[str] = Counter()
@@ -117,8 +127,11 @@ class _Counts:
 
     def media(self, job: Job) -> None:
         self.media_rows += bool(job.media)
-        for ref in job.media:
-            (self.pictures if ref.kind == "image" else self.clips).add(ref.source)
+        for ref in job.media:  # by digest: a dataset's pictures held as bytes are never kept
+            source = ref.source if isinstance(ref.source, bytes) else str(ref.source).encode()
+            (self.pictures if ref.kind == "image" else self.clips).add(
+                hashlib.blake2b(source, digest_size=8).digest()
+            )
 
     def planned(self, plan: Plan, tokens: int, media_ids: set[int]) -> None:
         self.lanes[plan.lane.name] += 1
@@ -203,26 +216,37 @@ def _media_ids(config: Any) -> set[int]:
 def _calibrate(
     config: RunConfig, base: str | None, rows: list[RawRow], todo: int, scan_s: float
 ) -> Calibration:
-    """Run `rows` for real (into no output), in two halves, and project the whole run."""
+    """Run `rows` for real (into no output) as Calibration says, and project the whole run."""
     work = work_settings(config, base)
     engines = Engines.from_config(work.engine)
     half = max(1, len(rows) // 2)
+    jobs = [parse_row(r, work.defaults, work.prompt_template, work.columns)[0] for r in rows]
     with tempfile.TemporaryDirectory(prefix="batchgen-calibrate-") as tmp:
-        executor = LocalExecutor(config, work, engines, Path(tmp), threading.Event())
+        stage = MediaStage(work.media, work.base_dir, Path(tmp), engines.vision_info.audio,
+                           engines.vision_info.max_pixels)  # fmt: skip
         t0 = time.perf_counter()
-        queued = [parse_row(r, work.defaults, work.prompt_template, work.columns)[0] for r in rows]
-        engines.load(vision=any(j.media for j in queued), text=any(not j.media for j in queued))
-        times = [time.perf_counter()]
-        try:
-            for part in (rows[:half], rows[half:]):
-                for _ in executor.generate(part):
-                    pass
-                times.append(time.perf_counter())
-        finally:
-            executor.close()
-    first, second = times[1] - times[0], times[2] - times[1]
-    # A machine's noise only ever slows a run: the faster half's rate is the nearer one.
-    row_s = min(first / half, second / len(rows[half:])) if rows[half:] else first / half
-    once_s = max(first - row_s * half, 0.0)
-    load_s = times[0] - t0
-    return Calibration(len(rows), load_s, once_s, row_s, scan_s + load_s + once_s + row_s * todo)
+        engines.load(vision=any(j.media for j in jobs), text=any(not j.media for j in jobs))
+        load_s = time.perf_counter() - t0
+        first = _timed(jobs[:half], stage, engines, work.batch_size)
+        rest = jobs[half:] or jobs[:half]
+        prefill = _timed(rest, stage, engines, work.batch_size, max_tokens=1)
+        copies = max(1, work.batch_size // len(rest))
+        decode = _timed(rest, stage, engines, work.batch_size, completions=copies)
+    prefill_s, decode_s = prefill / len(rest), decode / (len(rest) * copies)
+    once_s = max(first - (prefill_s + decode_s) * half, 0.0)
+    projected = scan_s + load_s + once_s + (prefill_s + decode_s) * todo
+    return Calibration(len(rows), load_s, once_s, prefill_s, decode_s, projected)
+
+
+def _timed(jobs: list[Job], stage: MediaStage, engines: Engines, width: int, **params: int) -> float:
+    """Seconds these rows take through the media stage and a window's generation, with
+    `params` (max_tokens, completions) in place of their own."""
+    t0 = time.perf_counter()
+    window = []
+    for job in jobs:
+        if params and not job.error:
+            job = dataclasses.replace(job, params=dataclasses.replace(job.params, **params))
+        window.append((job, stage.resolve(job) if job.media and not job.error else None))
+    for _ in generate_window(window, engines, width):
+        pass
+    return time.perf_counter() - t0

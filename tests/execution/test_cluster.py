@@ -122,6 +122,24 @@ def test_a_ray_run_reports_the_local_runs_media_and_cache_figures(workdir):
     assert figures["ray"] == figures["local"]
 
 
+def test_ray_actors_never_decode_one_picture_twice(workdir):
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(5)
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(workdir / f"p{i}.png")
+    rows = [{"id": f"p{i}-q{q}", "image": f"p{i}.png", "prompt": f"Question {q}?"}
+            for q in range(3) for i in range(12)]  # fmt: skip
+    job = write_jsonl(workdir / "jobs.jsonl", rows)  # prompt-major: a picture's rows 12 rows apart
+    out = workdir / "ray.parquet"
+    code, output = _run(job, out, "--engine", "ray", "--workers", "2", "--window", "4")
+    assert code == 0, output
+    stats = json.loads(out.with_name(out.name + ".stats.json").read_text())
+    assert stats["media"]["image_decodes"] == 12 and stats["media"]["image_decode_reuses"] == 24
+    assert [r["id"] for r in read(out)] == [r["id"] for r in rows]
+
+
 def test_sigterm_during_a_ray_run_exits_143_and_the_rerun_completes(tmp_path):
     rows = [{"id": f"r{i}", "prompt": f"Tell a long story number {i}.", "max_tokens": 150} for i in range(40)]
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)

@@ -90,7 +90,8 @@ def test_calibration_projects_the_run(tmp_path, sensitive_vlm):
                          "--temperature", "0", "--max-tokens", "6")  # fmt: skip
     assert code == 0, text
     c = json.loads(text)["calibration"]
-    assert c["rows"] == 4 and c["row_s"] > 0 and c["projected_s"] > c["load_s"] + 6 * 2 * c["row_s"] * 0.99
+    assert c["rows"] == 4 and c["prefill_s"] > 0 and c["decode_s"] > 0
+    assert c["projected_s"] > c["load_s"] + 12 * (c["prefill_s"] + c["decode_s"]) * 0.99
     assert not list(tmp_path.glob("*.parquet*"))
 
 

@@ -88,10 +88,10 @@ class PlanReport:
         """The report as a person reads it."""
         out = [
             f"rows: {self.job_rows:,} in the job, {self.todo:,} to do ({self.done_before:,} done before)",
-            f"shared: {self.grouped:,} rows in {self.groups:,} groups sharing a picture or prefix, "
+            f"shared: {_n(self.grouped, 'row')} in {_n(self.groups, 'group')} sharing a picture or prefix, "
             f"run side by side wherever they stand in the job",
-            f"media: {self.pictures:,} distinct pictures, {self.clips:,} clips; {self.media_rows:,} rows "
-            f"with media, {self.rows_per_picture:.2f} rows per picture",
+            f"media: {_n(self.pictures, 'distinct picture')}, {_n(self.clips, 'clip')}; "
+            f"{_n(self.media_rows, 'row')} with media, {self.rows_per_picture:.2f} rows per picture",
             f"prompt tokens: {self.prompt_tokens:,} ({self.media_tokens:,} image/video tokens); the prefix "
             f"cache would serve about {self.reused_tokens:,} ({self.reused_share:.0%} of prefill)",
             "lanes: " + (", ".join(f"{name} {n:,}" for name, n in sorted(self.lanes.items())) or "none"),
@@ -105,6 +105,10 @@ class PlanReport:
                        f"projected run: {_duration(c.projected_s)}")  # fmt: skip
         out.append(f"planned in {self.plan_s:.1f} s")
         return out
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def _duration(seconds: float) -> str:

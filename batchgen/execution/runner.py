@@ -203,12 +203,9 @@ def _run(
     if writer.mirrored:
         writer.expect(resume.pending.keys())
     todo = resume.todo
-    summary = RunSummary(
-        output=str(config.output),
-        job_rows=len(index.output_ids),
-        dropped_columns=sorted(writer.skip),
-        private_urls_allowed=config.media.allow_private_urls,
-    )
+    summary = RunSummary(output=str(config.output), job_rows=len(index.output_ids),
+                         dropped_columns=sorted(writer.skip),
+                         private_urls_allowed=config.media.allow_private_urls)  # fmt: skip
 
     def report(rows: int, cache: CacheStats | None) -> Progress:
         elapsed = time.perf_counter() - started

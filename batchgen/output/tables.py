@@ -14,11 +14,11 @@ import pyarrow as pa
 
 from ..core.constraints import merge_kinds
 from ..core.records import RESULT_COLUMNS, Result
-from ..input.read import JobIndex
+from ..input.read import JobIndex, id_key
 
 __all__ = [
     "RESULT_SCHEMA", "ROW_GROUP_ROWS", "ANSWER_PREFIX", "rows_to_table", "ordered", "concat_tables",
-    "dropped_columns",
+    "dropped_columns", "in_order",
 ]  # fmt: skip
 
 ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
@@ -196,3 +196,16 @@ def concat_tables(tables: list[pa.Table]) -> pa.Table:
                 t = t.set_column(i, name, _jsonish(t.column(name).to_pylist()))
             fixed.append(t)
         return pa.concat_tables(fixed, promote_options="permissive")
+
+
+def in_order(table: pa.Table, position: dict[str, int]) -> pa.Table:
+    """The rows whose ids have a position, each id once (a later row, a retried one, wins), in
+    that order."""
+    latest: dict[str, int] = {}
+    for row, i in enumerate(table.column("id").to_pylist()):
+        if id_key(i) in position:
+            latest[id_key(i)] = row
+    rows = [latest[k] for k in sorted(latest, key=position.__getitem__)]
+    if rows != list(range(table.num_rows)):  # usually already in order: no copy then
+        table = table.take(pa.array(rows, pa.int64()))
+    return table

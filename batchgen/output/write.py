@@ -27,7 +27,7 @@ from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
 from ..input.source import Source
 from .store import OutputLock, Store, atomic_write
-from .tables import ROW_GROUP_ROWS, concat_tables, ordered, rows_to_table
+from .tables import ROW_GROUP_ROWS, concat_tables, in_order, ordered, rows_to_table
 
 __all__ = [
     "WriteOptions", "Earlier", "ResultWriter", "OutputLock", "atomic_write", "partial_dir",
@@ -289,7 +289,7 @@ class ResultWriter:
         if not parts:
             return
         table = self._tidy(
-            _in_order(concat_tables([self.store.read_table(s) for s in sources]), self._position)
+            in_order(concat_tables([self.store.read_table(s) for s in sources]), self._position)
         )
         self.store.makedirs(target.rsplit("/", 1)[0])
         self.store.write_table(target, table, row_group_size=ROW_GROUP_ROWS)
@@ -362,7 +362,7 @@ class ResultWriter:
                 return previous
         tables = [self.store.read_table(p) for p in self._sources()]
         table = concat_tables(tables) if tables else rows_to_table([], self.index.schema)
-        table = self._tidy(_in_order(table, {k: i for i, k in enumerate(keys)}))
+        table = self._tidy(in_order(table, {k: i for i, k in enumerate(keys)}))
         pending = len(keys) - table.num_rows  # a --limit: a reader must not take it for the whole job
         done = json.dumps({"complete": not pending, "pending": pending, "job_rows": len(keys)})
         table = table.replace_schema_metadata({**table.schema.metadata, COMPLETE_KEY: done.encode()})
@@ -400,19 +400,6 @@ class ResultWriter:
             )
             tables[k] = tables[k].take(keep)
         return tables
-
-
-def _in_order(table: pa.Table, position: dict[str, int]) -> pa.Table:
-    """The rows whose ids have a position, each id once (a later row, a retried one, wins), in
-    that order."""
-    latest: dict[str, int] = {}
-    for row, i in enumerate(table.column("id").to_pylist()):
-        if id_key(i) in position:
-            latest[id_key(i)] = row
-    rows = [latest[k] for k in sorted(latest, key=position.__getitem__)]
-    if rows != list(range(table.num_rows)):  # usually already in order: no copy then
-        table = table.take(pa.array(rows, pa.int64()))
-    return table
 
 
 def mirrored_names(source: Source) -> list[str]:

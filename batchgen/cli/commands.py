@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ..core.errors import BatchgenError, Interrupted
+from ..core.params import LOOP_SPAN
 from ..input.formats import FORMATS
 from ..tools.export import FORMATS as EXPORT_FORMATS
 from ..tools.export import ExportOptions
@@ -164,6 +165,8 @@ def caption(
         job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None, sidecars)
     except BatchgenError as e:
         fail(e)
+    if flags.get("stop_repetition") is None and not flags.get("preset"):
+        flags["stop_repetition"] = LOOP_SPAN  # a caption that loops ends there (a preset decides for itself)
     try:
         code = _run(job_file, output, **flags)
     except SystemExit as e:

@@ -61,6 +61,18 @@ def _answers(v: Any) -> tuple[Any, str | None]:
     return None, f"expected up to {MOST_SCORED} non-empty strings, got {v!r:.60}"
 
 
+LOOP_SPAN = 64  # `stop_repetition: true`: a cycle repeated over this many tokens ends the row
+
+
+def _loop_span(v: Any) -> tuple[Any, str | None]:
+    """true (64 tokens), false (off), or the tokens a repeating cycle must span: 0 or 8 .. 65536."""
+    if isinstance(v, bool):
+        return (LOOP_SPAN if v else 0), None
+    if is_int(v) and (v == 0 or 8 <= v <= 65536):
+        return v, None
+    return None, f"expected true, false or a number of tokens (0 = off, or 8 to 65536), got {v!r:.60}"
+
+
 def _logit_bias(v: Any) -> tuple[Any, str | None]:
     """OpenAI's {"token id": bias in [-100, 100]}, as (id, bias) pairs."""
     try:
@@ -123,6 +135,9 @@ PARAMS = (
     Param("choices_to_score", _answers, "An answer to score (repeatable): choice_scores", str),
     Param("score_only", _rule(lambda v: isinstance(v, bool), "true or false"),
           "Score the row's choices or text without generating", bool),
+    Param("stop_repetition", _loop_span,
+          "End a row whose last N tokens repeat a cycle of up to 32 tokens (finish_reason repetition, "
+          "its text up to the first repeat); 0 is off", int),
 )  # fmt: skip
 
 NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells

@@ -76,6 +76,7 @@ class GenParams:
     top_logprobs: int = 0  # ... and its k likeliest alternatives (asks for logprobs too)
     choices_to_score: tuple[str, ...] = ()  # answers to score as the assistant's reply
     score_only: bool = False  # score the row's choices / text without generating
+    stop_repetition: int = 0  # end a row once its last N tokens repeat a cycle (sampling.Loops); 0: off
 
     @property
     def wants_logprobs(self) -> bool:

@@ -65,6 +65,7 @@ def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config
         log.log(TRACE, "row %s: %s, %s (%.0f ms)", done.where, result.status, what, result.generate_ms)
     summary.generated += 1
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
+    summary.repetitions += result.finish_reason == "repetition"
     for name in TOTALS:
         setattr(summary, name, getattr(summary, name) + getattr(result, name))
 

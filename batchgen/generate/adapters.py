@@ -34,6 +34,7 @@ class Sequence:
     positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
     capped: bool = False  # max_tokens was lowered to fit the model's context
+    loops: Any = None  # sampling.Loops, with params.stop_repetition
     # outputs
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"

@@ -26,7 +26,7 @@ from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 from ..core.errors import StopRequested
 from .adapters import Adapter, Sequence, embedded
 from .prefix_cache import PrefixCache
-from .sampling import HISTORY, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
+from .sampling import HISTORY, Loops, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
 
 __all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
 
@@ -159,6 +159,8 @@ class DecodeBatch:
         # `tokenizer`: a constraint's mask needs it
         self.processors = [logits_processors_for(s.params, tokenizer, eos) for s in seqs]
         self.deadlines = [float("inf")] * len(seqs)
+        for s in seqs:
+            s.loops = Loops(s.params.stop_repetition) if s.params.stop_repetition else None
         self.waiting = list(range(len(seqs)))[::-1]  # popped from the end: in the order given
         self.slots: list[int | None] = []  # the row in each row of `merged`; None: finished, free
         self.merged: list[Any] | None = None  # one left-padded batch cache per layer
@@ -280,6 +282,10 @@ class DecodeBatch:
                 seq.finish_reason = "stop"
             elif seq.params.stop and hit_stop(seq.tokens, seq.params.stop, self.decode):
                 seq.finish_reason = "stop"
+            elif seq.loops is not None and (keep := seq.loops.cut(seq.tokens)) is not None:
+                seq.finish_reason = "repetition"
+                seq.text = final_text(seq.tokens[:keep], self.eos, seq.params.stop, self.decode)
+                continue
             elif len(seq.tokens) >= seq.params.max_tokens:
                 seq.finish_reason = "length"
             elif now > self.deadlines[i]:

@@ -16,6 +16,7 @@ from .models import ModelInfo
 from .prompts import apply_template, template_parts, text_only
 from .sampling import (
     HISTORY,
+    Loops,
     final_text,
     hit_stop,
     logits_processors_for,
@@ -40,6 +41,7 @@ def collect(
     logprobs: list[tuple[float, list[tuple[int, float]]]] = []
     last = None
     stopped = capped = timed_out = False
+    loops, keep = (Loops(p.stop_repetition) if p.stop_repetition else None), None
     for last in stream:
         watch.check_stop()
         final_ids = getattr(last, "token_ids", None)
@@ -55,6 +57,8 @@ def collect(
         if p.stop and hit_stop(tokens, p.stop, tokenizer.decode):
             stopped = True
             break
+        if loops is not None and (keep := loops.cut(tokens)) is not None:
+            break
         if watch.context and int(last.prompt_tokens) + len(tokens) >= watch.context:
             capped = tokens[-1] not in eos
             break
@@ -65,9 +69,10 @@ def collect(
         return Generation("", "length", 0, 0)
     completion = len(tokens)
     ended = stopped or (tokens and tokens[-1] in eos) or (completion < p.max_tokens and not capped)
+    reason = "timeout" if timed_out and not ended else "stop" if ended else "length"
     return Generation(
-        text=final_text(tokens, eos, p.stop, tokenizer.decode),
-        finish_reason="timeout" if timed_out and not ended else "stop" if ended else "length",
+        text=final_text(tokens if keep is None else tokens[:keep], eos, p.stop, tokenizer.decode),
+        finish_reason="repetition" if keep is not None else reason,
         prompt_tokens=int(last.prompt_tokens),
         completion_tokens=completion,
         cached_tokens=int(getattr(last, "cached_tokens", 0) or 0),

@@ -17,6 +17,8 @@ __all__ = [
     "sampler_for",
     "logits_processors_for",
     "hit_stop",
+    "Loops",
+    "MAX_PERIOD",
     "final_text",
     "token_logprobs",
     "log_softmax",
@@ -97,6 +99,34 @@ def logprob_records(
          "top_logprobs": [{"token": decode([u]), "id": u, "logprob": v} for u, v in top]}
         for t, (lp, top) in zip(tokens, logprobs, strict=True)
     ]  # fmt: skip
+
+
+MAX_PERIOD = 32  # the longest cycle the loop stop looks for, in tokens
+
+
+class Loops:
+    """Whether a row's tokens have fallen into a loop: its last `span` tokens repeat a cycle of
+    at most MAX_PERIOD tokens ("a red, red, red, ..."). Kept up to date a token at a time:
+    for each period p, how many tokens in a row have equalled the one p before — a fixed
+    MAX_PERIOD comparisons a token, however long the row."""
+
+    __slots__ = ("span", "runs")
+
+    def __init__(self, span: int):
+        self.span = span
+        self.runs = [0] * MAX_PERIOD
+
+    def cut(self, tokens: list[int]) -> int | None:
+        """After the newest token: None, or how many tokens to keep (up to the end of the
+        cycle's first occurrence) when the loop spans `span` tokens."""
+        n, last = len(tokens), tokens[-1]
+        found = None
+        for p in range(1, MAX_PERIOD + 1):
+            run = self.runs[p - 1] + 1 if n > p and tokens[-1 - p] == last else 0
+            self.runs[p - 1] = run
+            if found is None and run >= p and run + p >= self.span:
+                found = n - run  # the loop started p tokens before its first repeat
+        return found
 
 
 def hit_stop(tokens: list[int], stop: tuple[str, ...], decode: Callable[[list[int]], str]) -> bool:

@@ -78,8 +78,11 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
                         {
                             "index": k,
                             "message": {"role": "assistant", "content": c["text"]},
-                            # a scored row (score_only) was not generated: the API knows no such reason
-                            "finish_reason": "stop" if c["finish_reason"] == "score" else c["finish_reason"],
+                            # a scored row (score_only), a row the loop stop ended: the API knows no such
+                            # reasons; the Parquet keeps them
+                            "finish_reason": "stop"
+                            if c["finish_reason"] in ("score", "repetition")
+                            else c["finish_reason"],
                             "logprobs": _logprobs(c.get("logprobs")),
                         }
                         for k, c in enumerate(_choices(row))

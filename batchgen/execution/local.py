@@ -219,6 +219,8 @@ class LocalExecutor(Executor):
         # rows split over windows would decode in narrower batches.
         least, patience = max(1, c.batch_size // 4), FIRST_WINDOW_PATIENCE
         while not self.stop.is_set() and (window := prefetcher.take(c.window, least, patience)):
+            if self.stop.is_set():  # a download the stop cut short is no row's failure: the rows run again
+                return
             least, patience = c.batch_size, 0.0
             log.debug("window: %d rows (%d with media, %d failed before generation)", len(window),
                       sum(bool(job.media) for job, _ in window),

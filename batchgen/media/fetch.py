@@ -342,7 +342,9 @@ class Fetcher:
                             "fetch", f"{describe(ref.source)}: body over the {ref.kind} cap of {cap} bytes"
                         )
                     if self.stop.is_set():
-                        raise RowError("fetch", f"{describe(ref.source)}: stopped (the run is stopping)")
+                        raise RowError(
+                            "fetch", f"{describe(ref.source)}: stopped (the run is stopping)", transient=True
+                        )
                     if time.monotonic() > deadline:
                         raise _Retry(f"download took over {self._timeout(ref.kind):g} s")
                     h.update(chunk)

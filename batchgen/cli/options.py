@@ -65,7 +65,8 @@ _SECTIONS = {
     "Scale-out": ("engine", "ray_address", "workers"),
     "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns",
                           "result_columns", "drop_result_columns", "overwrite",
-                          "fail_fast", "max_attempts", "retry_failed", "changed", "quiet", "help"),
+                          "fail_fast", "max_attempts", "retry_failed", "redo_repetition", "changed", "quiet",
+                          "help"),
 }  # fmt: skip
 
 
@@ -222,6 +223,12 @@ def run_options(command, columns: bool = True):
             help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
         ),  # fmt: skip
         option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
+        option(
+            "--redo-repetition",
+            type=float,
+            metavar="PENALTY",
+            help="Generate the rows the loop stop ended again, with this repetition penalty (e.g. 1.3).",
+        ),  # fmt: skip
         option(
             "--changed",
             type=click.Choice(["refuse", "redo", "keep"]),

@@ -111,6 +111,7 @@ class RunConfig:
     fail_fast: bool = False
     max_attempts: int = 3  # runs a transiently failed row gets (a server down at 3 a.m. is back at 4)
     retry_failed: bool = False  # a rerun tries every failed row again, transient or not
+    redo_repetition: float | None = None  # a rerun generates the loop stop's rows again with this penalty
     changed: str = "refuse"  # rows changed under a finished id: refuse (exit 2), redo them, or keep
     draft_model: str | None = None  # speculative decoding: a text draft model or an mlx-vlm drafter
     num_draft_tokens: int = 3  # text drafts per round
@@ -329,6 +330,9 @@ def build_config(
         raise ConfigError(f"--changed {data['changed']!r}: expected refuse, redo or keep")
     if data.get("engine", "local") not in ("local", "ray"):
         raise ConfigError(f"--engine {data['engine']!r}: expected local or ray")
+    redo = data.get("redo_repetition")
+    if redo is not None and (data.get("engine") == "ray" or not float(redo) > 0):
+        raise ConfigError("--redo-repetition: a repetition penalty > 0 (e.g. 1.3), with the local engine")
     for key in ("batch_size", "window", "cache_entries", "workers", "max_attempts"):
         if data.get(key) is not None and int(data[key]) < 1:
             raise ConfigError(f"{key} must be >= 1")

@@ -24,7 +24,7 @@ from ..generate.router import Engines, Plan
 from ..generate.schedule import schedule
 from ..input.parse import near_miss, parse_row
 from ..input.plan import Grouping
-from ..input.read import RawRow
+from ..input.read import RawRow, id_key
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.resume import Pending
 from .executor import Executor, ExecutorStats
@@ -180,8 +180,12 @@ class LocalExecutor(Executor):
         self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
         self.near_misses: dict[str, int] = {}  # rows with a field one slip from a field of ours
         self.said_model = False  # an OpenAI Batch file's body.model, said once
+        self.looped: frozenset[str] = frozenset()  # rows to generate again with --redo-repetition's penalty
 
     def _counted(self, job: Job) -> Job:
+        if self.looped and not job.error and id_key(job.id) in self.looped:
+            penalty = self.config.redo_repetition
+            job.params = dataclasses.replace(job.params, repetition_penalty=penalty)
         for name in job.unused_media:
             self.unused_media[name] = self.unused_media.get(name, 0) + 1
         if job.asked_model and not self.said_model:
@@ -196,6 +200,7 @@ class LocalExecutor(Executor):
         return job
 
     def run(self, todo: Pending) -> Iterator[list[Finished]]:
+        self.looped = todo.looped
         rows = todo.rows()
         if self.config.plan_horizon:  # rows sharing a picture or prefix brought together over the job
             grouping = Grouping(todo.index, todo.done)

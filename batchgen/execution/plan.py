@@ -161,7 +161,8 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     scan_s = time.perf_counter() - started
     writer = writer_for(config, index)
     resume = Resume(writer.peek(), writer.store, index, writer.settings, config.max_attempts,
-                    config.retry_failed, config.changed)  # fmt: skip
+                    config.retry_failed, config.changed,
+                    config.redo_repetition is not None)  # fmt: skip
     grouping = Grouping(index, resume.done)
     work = work_settings(config, index.source.base)  # type: ignore[union-attr]
     engines = Engines.from_config(work.engine, lazy=True)

@@ -200,13 +200,15 @@ def _run(
 ) -> RunSummary:
     writer = writer_for(config, index)
     resume = Resume(writer.open(), writer.store, index, writer.settings, config.max_attempts,
-                    config.retry_failed, config.changed)  # fmt: skip
+                    config.retry_failed, config.changed,
+                    config.redo_repetition is not None)  # fmt: skip
     if writer.mirrored:
         writer.expect(resume.pending.keys())
     todo = resume.todo
     summary = RunSummary(output=str(config.output), job_rows=len(index.output_ids),
                          dropped_columns=sorted(writer.skip),
-                         private_urls_allowed=config.media.allow_private_urls)  # fmt: skip
+                         private_urls_allowed=config.media.allow_private_urls,
+                         looped_again=len(resume.pending.looped))  # fmt: skip
 
     def report(rows: int, cache: CacheStats | None) -> Progress:
         elapsed = time.perf_counter() - started

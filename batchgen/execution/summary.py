@@ -40,6 +40,7 @@ class RunSummary:
     acceptance_rate: float = 0.0  # accepted / drafted
     max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
     repetitions: int = 0  # this run's rows the loop stop ended (finish_reason repetition)
+    looped_again: int = 0  # rows an earlier run's loop stop ended, generated again (--redo-repetition)
     one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
     unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
     near_misses: dict[str, tuple[int, str]] = field(default_factory=dict)  # field → (rows, the field meant)
@@ -70,6 +71,8 @@ class RunSummary:
         if self.mtp_drafts:
             drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
         capped = f" · {self.max_tokens_capped} rows capped at the context" if self.max_tokens_capped else ""
+        if self.looped_again:
+            capped += f" · {self.looped_again} looping rows generated again (--redo-repetition)"
         if self.repetitions:
             capped += f" · {self.repetitions} rows stopped repeating themselves (finish_reason repetition)"
         capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())

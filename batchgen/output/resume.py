@@ -19,7 +19,7 @@ from ..core.settings import RunConfig
 from ..input.read import JobIndex, RawRow, id_key, iter_rows
 from .write import Earlier
 
-__all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchanged", "Pending"]
+__all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchanged", "looped", "Pending"]
 
 
 _MODELS = ("model", "text_model", "draft_model")
@@ -116,6 +116,18 @@ def to_retry(
     }
 
 
+def looped(sources: Iterable[Path | str], store: Any) -> set[str]:
+    """Rows whose latest record the loop stop ended (finish_reason repetition); a slim output
+    keeps no finish reasons, so none."""
+    latest: dict[str, Any] = {}
+    for path in sources:
+        if "finish_reason" not in store.metadata_schema(str(path)).names:
+            continue
+        t = store.read_table(str(path), ["id", "finish_reason"]).to_pydict()
+        latest.update(zip(map(id_key, t["id"]), t["finish_reason"], strict=True))
+    return {key for key, reason in latest.items() if reason == "repetition"}
+
+
 def replaced_media(sources: Iterable[Path | str], store: Any, base: str | None,
                    keys: set[str]) -> dict[str, str]:  # fmt: skip
     """The rows among `keys` whose local media file was replaced since their result was
@@ -196,6 +208,7 @@ class Pending:
 
     index: JobIndex
     done: dict[str, str | None]
+    looped: frozenset[str] = frozenset()  # id keys of rows the loop stop ended, generated again
 
     def indices(self) -> Iterator[int]:
         """Their row indices in the file."""
@@ -227,7 +240,8 @@ class Resume:
     record replaces the old one) or kept as they are (`keep`)."""
 
     def __init__(self, earlier: Earlier, store: Any, index: JobIndex, settings: dict[str, Any],
-                 max_attempts: int, every_failure: bool, changed: str = "refuse"):  # fmt: skip
+                 max_attempts: int, every_failure: bool, changed: str = "refuse",
+                 redo_looped: bool = False):  # fmt: skip
         if earlier.settings is not None:
             check_settings(earlier.where, earlier.settings, settings)
         self.done = finished(earlier.files, store)
@@ -244,7 +258,10 @@ class Resume:
         for key in retry:
             self.done.pop(key, None)
         self.retry = retry
-        self.pending = Pending(index, self.done)
+        again = looped(earlier.files, store) & set(self.done) if redo_looped and self.done else set()
+        for key in again:  # --redo-repetition: the rows the loop stop ended
+            self.done.pop(key, None)
+        self.pending = Pending(index, self.done, frozenset(again))
         self.todo = sum(id_key(i) not in self.done for i in index.ids)
         self.done_before = len(index.ids) - self.todo
 

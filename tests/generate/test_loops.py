@@ -115,3 +115,30 @@ def test_a_bad_value_is_the_rows_error(tmp_path):
     rows = {r["id"]: r for r in read(out)}
     assert code == 1 and rows["a"]["error_stage"] == "read" and "stop_repetition" in rows["a"]["error"]
     assert rows["b"]["status"] == "ok"
+
+
+def test_redo_repetition_generates_the_looped_rows_again_with_a_penalty(tmp_path):
+    rows = [
+        {"id": f"r{i}", "prompt": f"Tell me about item {i} and more.", "max_tokens": 120} for i in range(4)
+    ]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "o.parquet"
+    base = ["run", str(job), "-o", str(out), "--model", str(MODELS / "tiny-lm"), "--temperature", "0", "-q",
+            "--stop-repetition", "64"]  # fmt: skip
+    code, text = run_cli(*base)
+    assert code == 0, text
+    first = {r["id"]: r for r in read(out)}
+    looped = {k for k, r in first.items() if r["finish_reason"] == "repetition"}
+    assert looped, first
+    code, text = run_cli(*base, "--redo-repetition", "1.5")
+    assert code == 0 and f"{len(looped)} looping rows generated again" in text, text
+    again = {r["id"]: r for r in read(out)}
+    for key, row in again.items():
+        if key in looped:  # another penalty: other tokens
+            assert row["generated_text"] != first[key]["generated_text"]
+        else:
+            assert row == first[key]
+    code, text = run_cli(*base)  # a plain rerun keeps them: nothing to do
+    assert code == 0 and "nothing to do" in text, text
+    code, text = run_cli(*base, "--redo-repetition", "1.5", "--engine", "ray")
+    assert code == 2 and "--redo-repetition" in text

@@ -63,6 +63,14 @@ def _stats(path: Path) -> dict:
     return stats if isinstance(stats, dict) else {}
 
 
+def _loop_lines(rows: list[dict]) -> list[str]:
+    looped = sum(r.get("finish_reason") == "repetition" for r in rows)
+    if not looped:
+        return []
+    return [f"loops: {looped} rows ended repeating themselves (finish_reason repetition, their text up to "
+            "the first repeat; a rerun with --redo-repetition 1.3 generates them again)"]  # fmt: skip
+
+
 def summarize(path: Path, slowest: int = 5) -> str:
     """Rows by status, errors by stage with their commonest messages, tokens and speed,
     prefix reuse, draft acceptance, and the slowest rows."""
@@ -110,11 +118,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%} of rows), "
             f"{sum(cached)} prompt tokens saved"
         )
-    looped = sum(r.get("finish_reason") == "repetition" for r in rows)
-    if looped:
-        lines.append(f"loops: {looped} rows ended repeating themselves (finish_reason repetition, their text "
-                     "up to the first repeat)")  # fmt: skip
-    lines += _score_lines(rows)
+    lines += _loop_lines(rows) + _score_lines(rows)
     drafted = sum(r.get("mtp_drafts") or 0 for r in rows)
     if drafted:
         accepted = sum(r.get("mtp_accepted") or 0 for r in rows)

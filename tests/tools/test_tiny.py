@@ -51,3 +51,19 @@ def test_rebuilt_checkpoint_matches_the_bundled_one_and_loads(tmp_path, kind):
 def test_another_seed_gives_other_weights(tmp_path):
     assert run_cli("make-tiny-model", str(tmp_path / "s1"), "--kind", "lm", "--seed", "1")[0] == 0
     assert _digest(tmp_path / "s1" / "model.safetensors") != _digest(MODELS / "tiny-lm" / "model.safetensors")
+
+
+def test_the_thinking_checkpoint_has_qwen3s_markers_and_template(tmp_path):
+    import mlx_lm
+
+    code, output = run_cli("make-tiny-model", str(tmp_path / "t"), "--kind", "thinking-lm", "--sensitive")
+    assert code == 0, output
+    model, tokenizer = mlx_lm.load(str(tmp_path / "t"))
+    assert tokenizer.has_thinking and (tokenizer.think_start, tokenizer.think_end) == ("<think>", "</think>")
+    messages = [{"role": "user", "content": "hello"}]
+    off = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
+    )
+    on = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert off == on + "<think>\n\n</think>\n\n"
+    assert mlx_lm.generate(model, tokenizer, on, max_tokens=3)  # it loads and generates

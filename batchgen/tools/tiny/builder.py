@@ -14,6 +14,8 @@ from ...core.families import FAMILIES
 from . import families
 from .parts import (
     CHAT_TEMPLATE,
+    THINK_TOKENS,
+    THINKING_TEMPLATE,
     build_tokenizer,
     build_vlm,
     store,
@@ -27,7 +29,7 @@ __all__ = ["KINDS", "make_tiny_model"]
 
 
 # A text model, its draft, and one checkpoint of every family the table names one for.
-KINDS = ("lm", "text-draft", *(f.tiny for f in FAMILIES.values() if f.tiny))
+KINDS = ("lm", "text-draft", "thinking-lm", *(f.tiny for f in FAMILIES.values() if f.tiny))
 
 
 def make_tiny_model(
@@ -49,6 +51,7 @@ def make_tiny_model(
     `kind="qwen2_5_vl"` the same with Qwen2.5-VL's windowed vision tower.
     Benchmarks pass larger `hidden`, `layers` and `vision_embed` so prefill costs something.
     `kind="text-draft"` is a smaller qwen2 with the same tokenizer, a draft model for "lm";
+    `kind="thinking-lm"` the "lm" with Qwen3's `<think>` markers and `enable_thinking` template;
     `kind="mtp-pair"` writes `out_dir/target` (a tiny qwen3_5 VLM whose weights also embed
     its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
     `kind="llava"` is a llava (llama text, CLIP vision, 16 tokens per 32² image) whose processor
@@ -71,12 +74,14 @@ def make_tiny_model(
         return families.make_mtp_pair(out, seed, sensitive)
     if kind in families.VISION_KINDS:
         return families.make_vision_family(out, kind, seed, sensitive)
-    vocab = build_tokenizer(out)  # one tokenizer for every kind, so drafts can pair with targets
+    thinking = kind == "thinking-lm"  # a text model whose tokenizer and template know <think>
+    extra, template = (THINK_TOKENS, THINKING_TEMPLATE) if thinking else ((), CHAT_TEMPLATE)
+    vocab = build_tokenizer(out, extra=extra, template=template)  # drafts pair with "lm" targets
     ids = token_ids(out)
     mx.random.seed(seed)
     if kind == "text-draft":
         kind, hidden, layers = "lm", hidden or 64, layers or 2
-    if kind == "lm":
+    if kind in ("lm", "thinking-lm"):
         from mlx_lm.models import qwen2
 
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}

@@ -9,7 +9,8 @@ import random
 from pathlib import Path
 
 __all__ = [
-    "SPECIAL_TOKENS", "CHAT_TEMPLATE", "WORDS", "build_tokenizer", "write_json", "token_ids", "text_config",
+    "SPECIAL_TOKENS", "CHAT_TEMPLATE", "THINK_TOKENS", "THINKING_TEMPLATE", "WORDS", "build_tokenizer",
+    "write_json", "token_ids", "text_config",
     "store", "sharpen", "write_generation_config", "build_vlm",
 ]  # fmt: skip
 
@@ -40,6 +41,17 @@ CHAT_TEMPLATE = (
     "<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+THINK_TOKENS = ("<think>", "</think>")  # mlx-lm's TokenizerWrapper finds a thinking model by these
+# Qwen3's rule: the model opens its reasoning itself; `enable_thinking: false` writes an empty
+# closed block after the generation prompt, so the answer starts at once.
+THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% endif %}",
 )
 
 

@@ -182,10 +182,13 @@ class LocalExecutor(Executor):
         self.said_model = False  # an OpenAI Batch file's body.model, said once
         self.looped: frozenset[str] = frozenset()  # rows to generate again with --redo-repetition's penalty
 
-    def _counted(self, job: Job) -> Job:
+    def _redone(self, job: Job) -> Job:
+        """A row the loop stop ended in an earlier run, with --redo-repetition's penalty."""
         if self.looped and not job.error and id_key(job.id) in self.looped:
-            penalty = self.config.redo_repetition
-            job.params = dataclasses.replace(job.params, repetition_penalty=penalty)
+            job.params = dataclasses.replace(job.params, repetition_penalty=self.config.redo_repetition)
+        return job
+
+    def _counted(self, job: Job) -> Job:
         for name in job.unused_media:
             self.unused_media[name] = self.unused_media.get(name, 0) + 1
         if job.asked_model and not self.said_model:
@@ -213,7 +216,8 @@ class LocalExecutor(Executor):
     def generate(self, rows: Iterable[RawRow]) -> Iterator[list[Finished]]:
         """Finished rows for these raw rows (a Ray actor's share, or the pending rows here)."""
         c = self.work
-        jobs = (self._counted(parse_row(raw, c.defaults, c.prompt_template, c.columns)[0]) for raw in rows)
+        parsed = (parse_row(raw, c.defaults, c.prompt_template, c.columns)[0] for raw in rows)
+        jobs = (self._counted(self._redone(job)) for job in parsed)
         prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)
         prefetcher.start()
         # Load the models the first rows need while their media download.

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..core.errors import RowError
 from ..core.records import Job, Media
-from ..core.settings import RunConfig, work_settings
+from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..generate.router import Engines, Plan
 from ..input.parse import parse_row
 from ..input.plan import Grouping
@@ -185,8 +185,7 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     )  # fmt: skip
     report.plan_s = time.perf_counter() - started
     if first:
-        report.calibration = _calibrate(config, work.base_dir and str(work.base_dir), first, resume.todo,
-                                        scan_s)  # fmt: skip
+        report.calibration = _calibrate(work, first, resume.todo, scan_s)
     return report
 
 
@@ -218,11 +217,8 @@ def _media_ids(config: Any) -> set[int]:
     return {v for n in names if isinstance(v := getattr(config, n, None), int)}
 
 
-def _calibrate(
-    config: RunConfig, base: str | None, rows: list[RawRow], todo: int, scan_s: float
-) -> Calibration:
+def _calibrate(work: WorkSettings, rows: list[RawRow], todo: int, scan_s: float) -> Calibration:
     """Run `rows` for real (into no output) as Calibration says, and project the whole run."""
-    work = work_settings(config, base)
     engines = Engines.from_config(work.engine)
     half = max(1, len(rows) // 2)
     jobs = [parse_row(r, work.defaults, work.prompt_template, work.columns)[0] for r in rows]

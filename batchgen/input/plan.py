@@ -71,8 +71,8 @@ class PlanFigures:
 
 class Grouping:
     """The pending rows' groups, by position in the index: `group[p]` is the group of the row
-    at position p (-1: it shares nothing with another pending row), `left[g]` the members of
-    group g not read yet. Built from the scan's share keys with numpy: a few bytes a row."""
+    at position p (-1: it shares nothing with another pending row), `size[g]` its members.
+    Built from the scan's share keys with numpy: a few bytes a row."""
 
     def __init__(self, index: JobIndex, done: Iterable[str] | dict[str, Any] = ()):
         n = len(index.ids)
@@ -83,8 +83,12 @@ class Grouping:
             else np.zeros(n, dtype=">u8")
         )
         usable = keys != 0
+        pending = n
         if done:
-            usable &= np.fromiter((id_key(i) not in done for i in index.ids), dtype=bool, count=n)
+            todo = np.fromiter((id_key(i) not in done for i in index.ids), dtype=bool, count=n)
+            pending = int(todo.sum())
+            usable &= todo
+            del todo
         every = bool(usable.all())
         rows = slice(None) if every else np.flatnonzero(usable).astype(np.int32)  # a few bytes a row
         del usable
@@ -94,8 +98,7 @@ class Grouping:
         self.group = np.full(n, -1, dtype=np.int32)
         self.group[rows] = np.where(shared[inverse], renumber[inverse], -1)
         del rows, inverse, renumber
-        self.left = counts[shared].astype(np.int64)
-        pending = n - sum(id_key(i) in done for i in index.ids) if done else n
+        self.size = counts[shared].astype(np.int64)
         self.figures = PlanFigures(
             pending, int(shared.sum()), int(counts[shared].sum()),
             int(counts.max()) if counts.size else 0,
@@ -130,6 +133,7 @@ class Grouping:
         rows that large reuses the picture anyway), and the waiting rows hold at most about
         `horizon` bytes: past it the group waiting longest goes as it is, as a window would
         have taken it. Rows sharing nothing pass at once."""
+        left = self.size.copy()  # members of each group not read yet
         held: dict[int, list[RawRow]] = {}
         held_bytes = 0
         sizes: dict[int, int] = {}
@@ -143,8 +147,8 @@ class Grouping:
             size = _ROW_BYTES + _footprint(row.value)
             sizes[g] = sizes.get(g, 0) + size
             held_bytes += size
-            self.left[g] -= 1
-            if self.left[g] <= 0 or len(members) >= chunk:
+            left[g] -= 1
+            if left[g] <= 0 or len(members) >= chunk:
                 held_bytes -= sizes.pop(g)
                 yield from held.pop(g)
             while held_bytes > horizon and held:

@@ -73,6 +73,15 @@ def _loop_span(v: Any) -> tuple[Any, str | None]:
     return None, f"expected true, false or a number of tokens (0 = off, or 8 to 65536), got {v!r:.60}"
 
 
+def _on_off(v: Any) -> tuple[Any, str | None]:
+    """true / false, or "on" / "off" as the command line gives it."""
+    if isinstance(v, bool):
+        return v, None
+    if isinstance(v, str) and v.lower() in ("on", "off", "true", "false"):
+        return v.lower() in ("on", "true"), None
+    return None, f"expected on or off (true or false), got {v!r:.60}"
+
+
 def _logit_bias(v: Any) -> tuple[Any, str | None]:
     """OpenAI's {"token id": bias in [-100, 100]}, as (id, bias) pairs."""
     try:
@@ -138,6 +147,12 @@ PARAMS = (
     Param("stop_repetition", _loop_span,
           "End a row whose last N tokens repeat a cycle of up to 32 tokens (finish_reason repetition, "
           "its text up to the first repeat); 0 is off", int),
+    Param("thinking", _on_off,
+          "on / off: a thinking model reasons before answering (its template's enable_thinking, or "
+          "an empty closed block); unset, the template's default", str),
+    Param("reasoning_budget", _rule(lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+          "A thinking model's most reasoning tokens: then its end marker is written and the answer "
+          "gets max_tokens", int, ("reasoning_budget", "thinking_token_budget")),
 )  # fmt: skip
 
 NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells

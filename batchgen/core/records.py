@@ -77,6 +77,8 @@ class GenParams:
     choices_to_score: tuple[str, ...] = ()  # answers to score as the assistant's reply
     score_only: bool = False  # score the row's choices / text without generating
     stop_repetition: int = 0  # end a row once its last N tokens repeat a cycle (sampling.Loops); 0: off
+    thinking: bool | None = None  # a thinking model reasons first (None: its template's default)
+    reasoning_budget: int | None = None  # reasoning tokens before the end marker is forced
 
     @property
     def wants_logprobs(self) -> bool:
@@ -193,10 +195,10 @@ class Media:
 class Generation:
     """What an engine returned for one row."""
 
-    text: str
+    text: str  # the answer: a thinking model's reasoning apart, in `reasoning`
     finish_reason: str
     prompt_tokens: int
-    completion_tokens: int
+    completion_tokens: int  # reasoning and answer
     cached_tokens: int = 0
     mtp_drafts: int = 0
     mtp_accepted: int = 0
@@ -207,6 +209,8 @@ class Generation:
     score_logprob: float | None = None  # score_text: its total log-probability as the answer
     score_mean: float | None = None  # ... per token
     score_tokens: int | None = None  # ... its tokens (the end-of-turn one included)
+    reasoning: str | None = None  # a thinking model's reasoning block, its markers out; None: none
+    reasoning_tokens: int = 0  # ... its tokens (markers not counted), part of completion_tokens
 
 
 @dataclass(slots=True)
@@ -215,12 +219,14 @@ class Result:
 
     id: Any
     status: Literal["ok", "error"] = "ok"
-    generated_text: str | None = None
+    generated_text: str | None = None  # the answer (a thinking model's reasoning in `reasoning`)
+    reasoning: str | None = None
     finish_reason: str | None = None
     error: str | None = None
     error_stage: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0
     cached_tokens: int = 0
     mtp_drafts: int = 0
     mtp_accepted: int = 0
@@ -250,10 +256,18 @@ RESULT_COLUMNS = tuple(name for name in Result.__slots__ if name != "answer_kind
 # (which rows are done, whether they changed, which failures to try again) and why a row failed.
 KEPT_COLUMNS = ("id", "status", "error", "error_stage", "input_hash", "media_files", "attempts", "transient")
 # ... and those the `slim` output leaves out: how a row was made rather than what it says.
-SLIM_DROPS = ("finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts",
-              "mtp_accepted", "fetch_ms", "decode_ms", "frames_ms", "generate_ms", "model")  # fmt: skip
+SLIM_DROPS = ("finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens",
+              "mtp_drafts", "mtp_accepted", "fetch_ms", "decode_ms", "frames_ms", "generate_ms",
+              "model")  # fmt: skip
 # Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
-TOTALS = ("prompt_tokens", "completion_tokens", "cached_tokens", "mtp_drafts", "mtp_accepted")
+TOTALS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "mtp_drafts",
+    "mtp_accepted",
+)
 
 
 @dataclass(slots=True)

@@ -57,6 +57,7 @@ def _result(
         result.transient = outcome.transient
     else:
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
+        result.reasoning = outcome.reasoning
         result.logprobs, result.choice_scores = outcome.logprobs, outcome.choice_scores
         result.score_logprob, result.score_mean, result.score_tokens = (
             outcome.score_logprob, outcome.score_mean, outcome.score_tokens)  # fmt: skip
@@ -93,10 +94,12 @@ def _combined(outcomes: list[Generation | RowError]) -> tuple[Generation | RowEr
     gens: list[Generation] = outcomes  # type: ignore[assignment]
     first = dataclasses.replace(
         gens[0], completion_tokens=sum(g.completion_tokens for g in gens),
+        reasoning_tokens=sum(g.reasoning_tokens for g in gens),
         mtp_drafts=sum(g.mtp_drafts for g in gens), mtp_accepted=sum(g.mtp_accepted for g in gens),
         capped=any(g.capped for g in gens),
     )  # fmt: skip
     choices = [{"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens,
+                **({"reasoning": g.reasoning} if g.reasoning is not None else {}),
                 **({"logprobs": g.logprobs} if g.logprobs is not None else {})} for g in gens]  # fmt: skip
     return first, json.dumps(choices)
 

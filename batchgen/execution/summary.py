@@ -34,6 +34,7 @@ class RunSummary:
     generated: int = 0  # rows processed by this run
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # ... of them a thinking model's reasoning
     cached_tokens: int = 0
     mtp_drafts: int = 0  # tokens proposed by the drafter
     mtp_accepted: int = 0
@@ -101,12 +102,14 @@ class RunSummary:
                 f" · incomplete: {self.rows:,} of {self.job_rows:,} rows, {self.pending:,} pending "
                 f"(rerun without --limit to finish){capped}"
             )
+        thought = f" ({self.reasoning_tokens} reasoning)" if self.reasoning_tokens else ""
         counts = f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped}"
         if not self.generated:  # a cron rerun with nothing left: no speed to speak of
             return f"{counts} · nothing to do"
         return (
             f"{counts} · "
-            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion{cache}{drafts} · "
+            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion"
+            f"{thought}{cache}{drafts} · "
             f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
 

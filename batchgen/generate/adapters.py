@@ -35,6 +35,7 @@ class Sequence:
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
     capped: bool = False  # max_tokens was lowered to fit the model's context
     loops: Any = None  # sampling.Loops, with params.stop_repetition
+    part: str = "answer"  # a thinking model's part when decoding starts (reasoning.Part)
     # outputs
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"

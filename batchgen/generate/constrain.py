@@ -51,10 +51,21 @@ class _Masking:
 
     def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
         if self.steps:  # the token sampled at the previous step ends the history
-            self.matcher.consume_token(history[-1].item())
+            self.consume(history[-1].item())
         self.steps += 1
+        return self.masked(logits)
+
+    def consume(self, token: int) -> None:
+        """The grammar moves past a token of the answer."""
+        self.matcher.consume_token(token)
+
+    def masked(self, logits: mx.array, also: tuple[int, ...] = ()) -> mx.array:
+        """What the grammar forbids next masked out; `also`: tokens let through besides (a
+        reasoning block's first marker token, before the answer)."""
         fill_next_token_bitmask(self.matcher, self.bits, 0)
         allowed = np.unpackbits(self.bits.view(np.uint8), count=logits.shape[-1], bitorder="little")
+        for token in also:
+            allowed[token] = 1
         return mx.where(mx.array(allowed, dtype=mx.bool_), logits, -mx.inf)
 
 

@@ -26,6 +26,7 @@ from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 from ..core.errors import StopRequested
 from .adapters import Adapter, Sequence, embedded
 from .prefix_cache import PrefixCache
+from .reasoning import markers_of
 from .sampling import HISTORY, Loops, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
 
 __all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
@@ -157,7 +158,8 @@ class DecodeBatch:
             mx.random.seed(seqs[0].params.seed)
         self.samplers = [sampler_for(s.params) for s in seqs]
         # `tokenizer`: a constraint's mask needs it
-        self.processors = [logits_processors_for(s.params, tokenizer, eos) for s in seqs]
+        markers = markers_of(tokenizer) if tokenizer is not None else None
+        self.processors = [logits_processors_for(s.params, tokenizer, eos, markers, s.part) for s in seqs]
         self.deadlines = [float("inf")] * len(seqs)
         for s in seqs:
             s.loops = Loops(s.params.stop_repetition) if s.params.stop_repetition else None

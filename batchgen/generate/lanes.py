@@ -27,7 +27,8 @@ from .loading import Models
 from .models import ModelInfo
 from .one_row import generate_draft_lm, generate_vlm, vlm_prompt_ids
 from .prefix_cache import PrefixCache
-from .prompts import apply_template, check_length, message_bounds, text_only
+from .prompts import check_length, message_bounds, render, template_kwargs, template_of, text_only
+from .reasoning import budgeted, initial_part, markers_of, split_generation
 from .sampling import logprob_records
 from .scoring import Scores, score_row
 
@@ -97,9 +98,14 @@ class Lane:
             keys.append((pos, h.hexdigest()))
         return keys
 
-    def _fit(self, seq: Sequence) -> Sequence:
-        """max_tokens lowered to what the model's context leaves after the prompt (the row then
-        ends with `length`): a row asking for a billion tokens stops where the model must."""
+    def _fit(self, seq: Sequence, template_owner: Any) -> Sequence:
+        """Where a thinking model's row starts (reasoning, free to open a block, or answering)
+        and its room for a reasoning budget; then max_tokens lowered to what the model's context
+        leaves after the prompt (the row then ends with `length`): a row asking for a billion
+        tokens stops where the model must."""
+        markers = markers_of(getattr(template_owner, "tokenizer", template_owner))
+        seq.part = initial_part(markers, seq.params, seq.ids, template_of(template_owner))
+        seq.params = budgeted(seq.params, markers, seq.part)
         context = self.info.context
         if context and seq.params.max_tokens > context - len(seq.ids):
             seq.params = dataclasses.replace(seq.params, max_tokens=max(context - len(seq.ids), 1))
@@ -148,6 +154,7 @@ class BatchedLane(Lane):
                 tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
                 logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
                 gen = Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs)
+                gen = split_generation(gen, s.tokens, markers_of(tokenizer), s.part == "reasoning")
                 yield todo[j], _scored(gen, scores.get(todo[j]))
         except Exception as e:  # an engine error fails these rows, not the run
             if len(todo) == 1:
@@ -166,14 +173,14 @@ class TextLane(BatchedLane):
         p = job.params
         messages = text_only(job.messages)
         if getattr(tokenizer, "chat_template", None):
-            prompt = apply_template(tokenizer, messages, p.chat_template_kwargs)
+            prompt = render(tokenizer, messages, p)
         else:  # base models: the turns' text, one per line
             prompt = "\n".join(m["content"] for m in messages)
         check_length(prompt, None, self.info)
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         check_length(prompt, ids, self.info)
-        bounds = message_bounds(tokenizer, messages, p.chat_template_kwargs, ids)
-        seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])))
+        bounds = message_bounds(tokenizer, messages, template_kwargs(tokenizer, p), ids)
+        seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])), tokenizer)
         return Plan(job, media, self, seq, group=(tuple(ids[: bounds[-1]]) if bounds else (),))
 
     def _engine(self):
@@ -243,7 +250,7 @@ class DraftLane(_OneByOne):
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
         model, tokenizer = self.models.lm()  # type: ignore[misc]
         seq = plan.seq
-        gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.models.drafter, watch)  # type: ignore
+        gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.models.drafter, watch, seq.part)  # type: ignore
         gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]
         return gen
 
@@ -278,7 +285,7 @@ def _scored(gen: Generation, scores: Scores | None) -> Generation:
 def _fresh(plan: Plan) -> Plan:
     """The same plan with cleared outputs, to run again on its own."""
     s = plan.seq
-    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped)  # type: ignore
+    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped, part=s.part)  # type: ignore
     return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
 
 

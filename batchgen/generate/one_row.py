@@ -13,7 +13,8 @@ from ..core.records import Generation, GenParams, Job, Media
 from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
-from .prompts import apply_template, template_parts, text_only
+from .prompts import render, template_of, template_parts, text_only
+from .reasoning import Markers, Part, budgeted, initial_part, markers_of, split_generation
 from .sampling import (
     HISTORY,
     Loops,
@@ -29,12 +30,14 @@ __all__ = ["collect", "generate_vlm", "generate_draft_lm", "vlm_prompt_ids"]
 
 
 def collect(
-    stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int], watch: Watch | None = None
-) -> Generation:
+    stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int], watch: Watch | None = None,
+    markers: Markers | None = None, part: Part = "answer",
+) -> Generation:  # fmt: skip
     """Drain an engine's stream of responses into a Generation: text decoded from the tokens
     it produced (as the batched decoder does), stop strings checked on a bounded tail, the
-    prompt count from the engine; `length` when the token budget or the model's context ran
-    out, `timeout` past the row's deadline."""
+    prompt count from the engine, a thinking model's reasoning apart (`markers`, `part`:
+    where the row started); `length` when the token budget or the model's context ran out, `timeout` past
+    the row's deadline."""
     watch = watch or Watch()
     deadline = watch.deadline(time.monotonic())
     tokens: list[int] = []
@@ -70,7 +73,7 @@ def collect(
     completion = len(tokens)
     ended = stopped or (tokens and tokens[-1] in eos) or (completion < p.max_tokens and not capped)
     reason = "timeout" if timed_out and not ended else "stop" if ended else "length"
-    return Generation(
+    gen = Generation(
         text=final_text(tokens if keep is None else tokens[:keep], eos, p.stop, tokenizer.decode),
         finish_reason="repetition" if keep is not None else reason,
         prompt_tokens=int(last.prompt_tokens),
@@ -81,11 +84,13 @@ def collect(
         if p.wants_logprobs
         else None,
     )
+    return split_generation(gen, tokens, markers, part == "reasoning")
 
 
 def generate_draft_lm(
-    model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter, watch: Watch | None = None
-) -> Generation:
+    model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter, watch: Watch | None = None,
+    part: Part = "answer",
+) -> Generation:  # fmt: skip
     """mlx-lm's speculative loop with a text draft model; draft counts replayed from its flags."""
     from mlx_lm import stream_generate
 
@@ -102,7 +107,7 @@ def generate_draft_lm(
             flags.append(bool(response.from_draft))
             yield response
 
-    gen = collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids), watch)
+    gen = collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids), watch, markers_of(tokenizer), part)
     gen.prompt_tokens = len(ids)
     gen.mtp_accepted = sum(flags)
     gen.mtp_drafts = drafted_from_flags(flags, p.max_tokens, drafter.num_draft_tokens)
@@ -112,7 +117,7 @@ def generate_draft_lm(
 def _vlm_inputs(processor: Any, info: ModelInfo, job: Job, media: Media) -> tuple[str, list, list]:
     """(prompt, images, videos) as mlx-vlm's generate takes them for this row."""
     messages = template_parts(job.messages) if media else text_only(job.messages)
-    prompt = apply_template(processor, messages, job.params.chat_template_kwargs)
+    prompt = render(processor, messages, job.params)
     images, videos = list(media.images), list(media.videos)
     if videos and not info.video:  # models without a video token see frames as images
         from PIL import Image
@@ -172,15 +177,22 @@ def generate_vlm(
     drafter's lifetime counters, read before and after."""
     from mlx_vlm import stream_generate
 
-    p = job.params
     prompt, images, videos = _vlm_inputs(processor, info, job, media)
     tokenizer = getattr(processor, "tokenizer", processor)
     tokenizer.stopping_criteria.reset(model.config.eos_token_id)
-    if p.seed is not None:
-        mx.random.seed(p.seed)
-    processors = logits_processors_for(p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids))
+    if job.params.seed is not None:
+        mx.random.seed(job.params.seed)
+    markers, ids = markers_of(tokenizer), None
+    part: Part = "answer"
+    if markers is not None:
+        ids = _prompt_ids(model, processor, prompt, images, videos)
+        part = initial_part(markers, job.params, ids, template_of(processor))
+    p = budgeted(job.params, markers, part)
+    eos = set(tokenizer.stopping_criteria.eos_token_ids)
+    processors = logits_processors_for(p, tokenizer, eos, markers, part)
     if processors:
-        processors = _seeing_the_prompt(processors, _prompt_ids(model, processor, prompt, images, videos))
+        ids = ids if ids is not None else _prompt_ids(model, processor, prompt, images, videos)
+        processors = _seeing_the_prompt(processors, ids)
     draft: dict[str, Any] = {}
     if drafter is not None:
         from mlx_vlm.speculative.common import speculative_stats_since, speculative_stats_snapshot
@@ -205,7 +217,7 @@ def generate_vlm(
         seed=p.seed,
         **draft,
     )
-    gen = collect(stream, p, tokenizer, set(tokenizer.stopping_criteria.eos_token_ids), watch)
+    gen = collect(stream, p, tokenizer, eos, watch, markers, part)
     if drafter is not None:
         stream.close()  # a stop string ends the stream early: let it settle its counters
         _, accepted, drafted = speculative_stats_since(drafter.model, snapshot)

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import RowError
+from ..core.records import GenParams
 from .models import ModelInfo
+from .reasoning import markers_of
 
-__all__ = ["END_OF_TURN", "apply_template", "text_only", "template_parts", "message_bounds", "after_media",
-           "check_length"]  # fmt: skip
+__all__ = ["END_OF_TURN", "apply_template", "render", "template_of", "template_kwargs", "text_only",
+           "template_parts", "message_bounds", "after_media", "check_length"]  # fmt: skip
 
 END_OF_TURN = "<|im_end|>"  # Qwen-style templates end a turn here even when eos differs
 
@@ -32,6 +34,40 @@ def apply_template(template_owner: Any, messages: list[dict[str, Any]], kwargs: 
         return prompt
     _WANTS_PARTS.add(key)
     return retry
+
+
+def template_of(template_owner: Any) -> str:
+    """The chat template a tokenizer or processor renders with ("" without one)."""
+    for owner in (template_owner, getattr(template_owner, "tokenizer", None)):
+        template = getattr(owner, "chat_template", None)
+        if isinstance(template, str):
+            return template
+    return ""
+
+
+def template_kwargs(template_owner: Any, p: GenParams) -> dict[str, Any]:
+    """The row's template keywords with its `thinking` as `enable_thinking`, where the template
+    takes one and the row's own keywords do not say it already."""
+    kwargs = p.chat_template_kwargs
+    if (
+        p.thinking is None
+        or "enable_thinking" in kwargs
+        or "enable_thinking" not in template_of(template_owner)
+    ):
+        return kwargs
+    return {**kwargs, "enable_thinking": p.thinking}
+
+
+def render(template_owner: Any, messages: list[dict[str, Any]], p: GenParams) -> str:
+    """The row's prompt with its thinking on or off: through the template's enable_thinking,
+    or, with thinking off where the template has none, an empty closed block after it (the end
+    of the block where the template opened one), so a thinking model answers at once."""
+    prompt = apply_template(template_owner, messages, template_kwargs(template_owner, p))
+    if p.thinking is False and "enable_thinking" not in template_of(template_owner):
+        markers = markers_of(getattr(template_owner, "tokenizer", template_owner))
+        if markers is not None:
+            prompt += markers.block(prompt.rfind(markers.start) > prompt.rfind(markers.end))
+    return prompt
 
 
 def _render(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:

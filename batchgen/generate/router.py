@@ -87,8 +87,13 @@ class Engines:
         (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
         else one at a time through mlx-vlm."""
         # A drafter's guesses would skip the mask, and mlx-vlm's drafters report no logprobs.
+        # A reasoning budget forces tokens through a logits processor, which the drafters skip too.
+        p = job.params
         constrained = (
-            job.params.constraint is not None or job.params.wants_logprobs or job.scoring is not None
+            p.constraint is not None
+            or p.wants_logprobs
+            or job.scoring is not None
+            or p.reasoning_budget is not None
         )
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             return self.draft if self.models.drafter_lane == "lm" and not constrained else self.text

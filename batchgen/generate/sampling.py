@@ -11,6 +11,8 @@ from typing import Any
 import mlx.core as mx
 
 from ..core.records import GenParams
+from .constrain import processor
+from .reasoning import Markers, Part, Thinking
 
 __all__ = [
     "HISTORY",
@@ -39,9 +41,14 @@ def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
     return make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k)
 
 
-def logits_processors_for(p: GenParams, tokenizer: Any = None, eos: set[int] | None = None) -> list[Callable]:
+def logits_processors_for(
+    p: GenParams, tokenizer: Any = None, eos: set[int] | None = None, markers: Markers | None = None,
+    part: Part = "answer",
+) -> list[Callable]:  # fmt: skip
     """The row's penalties and biases (mlx-lm's), then its output constraint's mask, which
-    needs the tokenizer and the end tokens it allows once the output is complete."""
+    needs the tokenizer and the end tokens it allows once the output is complete; a row that
+    may reason (`part`) gets them through its Thinking, which keeps the mask for the answer and
+    forces the end marker at the row's reasoning budget."""
     from mlx_lm.sample_utils import make_logits_processors
 
     processors = make_logits_processors(
@@ -50,10 +57,11 @@ def logits_processors_for(p: GenParams, tokenizer: Any = None, eos: set[int] | N
         presence_penalty=p.presence_penalty or None,
         frequency_penalty=p.frequency_penalty or None,
     )
-    if p.constraint is not None:
-        from .constrain import processor
-
-        processors.append(processor(p.constraint, tokenizer, sorted(eos or ())))
+    mask = processor(p.constraint, tokenizer, sorted(eos or ())) if p.constraint is not None else None
+    if markers is not None and part != "answer" and (mask is not None or p.reasoning_budget is not None):
+        processors.append(Thinking(markers, part, p.reasoning_budget, mask))
+    elif mask is not None:
+        processors.append(mask)
     return processors
 
 

@@ -20,6 +20,7 @@ from ..core.records import Scoring
 from .adapters import Adapter, Sequence
 from .decoder import Watch, merge_caches, prefill
 from .prefix_cache import PrefixCache
+from .reasoning import markers_of
 from .sampling import log_softmax
 
 __all__ = ["Scores", "score", "score_row", "answer_ids", "END_OF_TURN"]
@@ -59,9 +60,13 @@ class Scores:
 
 
 def score(
-    adapter: Adapter, seq: Sequence, answers: list[list[int]], prefixes: PrefixCache | None, watch: Watch
-) -> list[float]:
-    """Each answer's total log-probability after the row's prompt."""
+    adapter: Adapter, seq: Sequence, answers: list[list[int]], prefixes: PrefixCache | None, watch: Watch,
+    lead: list[int] | None = None,
+) -> list[float]:  # fmt: skip
+    """Each answer's total log-probability after the row's prompt and `lead` (tokens every
+    answer follows without being scored: a thinking model's closed block)."""
+    lead = lead or []
+    answers = [[*lead, *ans] for ans in answers]
     cache, a = prefill(adapter, seq, prefixes, watch)
     last = adapter.forward(seq, cache, a, len(seq.ids))  # the prompt's last logits
     first = log_softmax(last)[0]
@@ -75,12 +80,13 @@ def score(
         n = max(len(ans) - 1 for _, ans in part)
         feed = mx.array([ans[:-1] + [0] * (n + 1 - len(ans)) for _, ans in part])
         target = mx.array([ans[1:] + [0] * (n + 1 - len(ans)) for _, ans in part])
-        mask = mx.array([[1.0] * (len(ans) - 1) + [0.0] * (n + 1 - len(ans)) for _, ans in part])
+        mask = mx.array([[float(k >= len(lead)) for k in range(1, len(ans))] + [0.0] * (n + 1 - len(ans))
+                         for _, ans in part])  # fmt: skip
         lp = log_softmax(adapter.continue_all(seq, merge_caches([copy.deepcopy(cache) for _ in part]), feed))
         picked = mx.take_along_axis(lp, target[..., None], axis=-1)[..., 0]
         for (j, _), total in zip(part, (picked * mask).sum(axis=-1).tolist(), strict=True):
             totals[j] = total
-    heads = first[mx.array([ans[0] for ans in answers])].tolist()
+    heads = first[mx.array([ans[0] for ans in answers])].tolist() if not lead else [0.0] * len(answers)
     return [head + tail for head, tail in zip(heads, totals, strict=True)]
 
 
@@ -88,12 +94,18 @@ def score_row(
     adapter: Adapter, seq: Sequence, scoring: Scoring, tokenizer: Any, eos: set[int],
     prefixes: PrefixCache | None, watch: Watch, context: int | None,
 ) -> Scores:  # fmt: skip
-    """A row's choices and text scored; an answer past the model's context is the row's error."""
+    """A row's choices and text scored; an answer past the model's context is the row's error.
+    A thinking model's row that would reason first scores its answers after a closed block, as
+    its template writes one when thinking is off."""
     texts = [*scoring.choices, *([scoring.text] if scoring.text is not None else [])]
     answers = [answer_ids(tokenizer, t, eos) for t in texts]
-    longest = max(len(a) for a in answers)
+    markers = markers_of(tokenizer)
+    lead = []
+    if markers is not None and seq.part != "answer":
+        lead = tokenizer.encode(markers.block(seq.part == "reasoning"), add_special_tokens=False)
+    longest = max(len(a) for a in answers) + len(lead)
     if context and len(seq.ids) + longest > context:
         raise ValueError(
             f"prompt and answer ({len(seq.ids)} + {longest} tokens) exceed the context of {context}"
         )
-    return Scores(scoring, score(adapter, seq, answers, prefixes, watch), [len(a) for a in answers])
+    return Scores(scoring, score(adapter, seq, answers, prefixes, watch, lead), [len(a) for a in answers])

@@ -20,7 +20,7 @@ from .lanes import BatchedLane, Plan
 from .loading import Models
 from .models import ModelInfo
 from .prefix_cache import PrefixCache
-from .prompts import after_media, apply_template, check_length, template_parts, text_only
+from .prompts import after_media, check_length, render, template_parts, text_only
 
 __all__ = ["VisionLane", "OffsetVisionLane"]
 
@@ -37,7 +37,7 @@ class _MediaLane(BatchedLane):
 
         model, processor = self.models.vlm()
         messages = template_parts(job.messages) if media else text_only(job.messages)
-        prompt = apply_template(processor, messages, job.params.chat_template_kwargs)
+        prompt = render(processor, messages, job.params)
         check_length(prompt, None, self.info)
         inputs = prepare_inputs(
             processor, images=media.images or None, videos=media.videos or None, prompts=prompt,
@@ -100,7 +100,7 @@ class VisionLane(_MediaLane):
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
         group = (tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ())
-        return Plan(job, media, self, self._fit(seq), group=group)
+        return Plan(job, media, self, self._fit(seq, self.models.vlm()[1]), group=group)
 
     def _embedder(self, model: Any, inputs: dict, ids: list[int], digests: list[str]):
         """Embeddings of any slice of the prompt; the vision tower runs only when a slice
@@ -209,7 +209,7 @@ class OffsetVisionLane(_MediaLane):
         embed = self._embedder(model, inputs, ids, image_id, merged) if media.images else None
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed)
         group = (tuple(digests), tuple(ids[: starts[0]]) if starts else ())
-        return Plan(job, media, self, self._fit(seq), group=group)
+        return Plan(job, media, self, self._fit(seq, processor), group=group)
 
     @staticmethod
     def _embedder(model: Any, inputs: dict, ids: list[int], image_id: int, merged: tuple | None = None):

@@ -36,7 +36,10 @@ _HINTS = typing.get_type_hints(Result)
 
 
 _TOKEN = [("token", pa.string()), ("id", pa.int64()), ("logprob", pa.float64())]
-LOGPROBS_TYPE = pa.list_(pa.struct([*_TOKEN, ("top_logprobs", pa.list_(pa.struct(_TOKEN)))]))
+# `part`: a thinking model's "reasoning" (its markers too) or "answer"; null for other models
+LOGPROBS_TYPE = pa.list_(
+    pa.struct([*_TOKEN, ("top_logprobs", pa.list_(pa.struct(_TOKEN))), ("part", pa.string())])
+)
 _SCORED = [("choice", pa.string()), ("logprob", pa.float64()), ("prob", pa.float64()), ("tokens", pa.int64())]
 CHOICE_SCORES_TYPE = pa.list_(pa.struct(_SCORED))
 MEDIA_FILES_TYPE = pa.list_(pa.struct([("kind", pa.string()), ("ref", pa.string()), ("size", pa.int64()),

@@ -64,6 +64,7 @@ def test_the_thinking_checkpoint_has_qwen3s_markers_and_template(tmp_path):
     off = tokenizer.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=False, enable_thinking=False
     )
-    on = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert off == on + "<think>\n\n</think>\n\n"
+    on = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)  # mlx-lm: on
+    assert on.endswith("<|im_start|>assistant\n<think>\n")  # the block opened: the row reasons at once
+    assert off == on.removesuffix("<think>\n") + "<think>\n\n</think>\n\n"
     assert mlx_lm.generate(model, tokenizer, on, max_tokens=3)  # it loads and generates

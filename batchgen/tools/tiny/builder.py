@@ -13,6 +13,8 @@ from pathlib import Path
 from ...core.families import FAMILIES
 from . import families
 from .parts import (
+    CHANNEL_TEMPLATE,
+    CHANNEL_TOKENS,
     CHAT_TEMPLATE,
     THINK_TOKENS,
     THINKING_TEMPLATE,
@@ -29,7 +31,7 @@ __all__ = ["KINDS", "make_tiny_model"]
 
 
 # A text model, its draft, and one checkpoint of every family the table names one for.
-KINDS = ("lm", "text-draft", "thinking-lm", *(f.tiny for f in FAMILIES.values() if f.tiny))
+KINDS = ("lm", "text-draft", "thinking-lm", "channel-lm", *(f.tiny for f in FAMILIES.values() if f.tiny))
 
 
 def make_tiny_model(
@@ -52,6 +54,7 @@ def make_tiny_model(
     Benchmarks pass larger `hidden`, `layers` and `vision_embed` so prefill costs something.
     `kind="text-draft"` is a smaller qwen2 with the same tokenizer, a draft model for "lm";
     `kind="thinking-lm"` the "lm" with Qwen3's `<think>` markers and `enable_thinking` template;
+    `kind="channel-lm"` the "lm" with Gemma 4's multi-token `<|channel>thought` … `<channel|>`;
     `kind="mtp-pair"` writes `out_dir/target` (a tiny qwen3_5 VLM whose weights also embed
     its `mtp.*` head) and `out_dir/drafter` (the same head as a standalone qwen3_5_mtp drafter).
     `kind="llava"` is a llava (llama text, CLIP vision, 16 tokens per 32² image) whose processor
@@ -74,14 +77,18 @@ def make_tiny_model(
         return families.make_mtp_pair(out, seed, sensitive)
     if kind in families.VISION_KINDS:
         return families.make_vision_family(out, kind, seed, sensitive)
-    thinking = kind == "thinking-lm"  # a text model whose tokenizer and template know <think>
-    extra, template = (THINK_TOKENS, THINKING_TEMPLATE) if thinking else ((), CHAT_TEMPLATE)
+    # text models whose tokenizer and template know <think> (Qwen3's), or Gemma 4's channel markers
+    marked = {
+        "thinking-lm": (THINK_TOKENS, THINKING_TEMPLATE),
+        "channel-lm": (CHANNEL_TOKENS, CHANNEL_TEMPLATE),
+    }
+    extra, template = marked.get(kind, ((), CHAT_TEMPLATE))
     vocab = build_tokenizer(out, extra=extra, template=template)  # drafts pair with "lm" targets
     ids = token_ids(out)
     mx.random.seed(seed)
     if kind == "text-draft":
         kind, hidden, layers = "lm", hidden or 64, layers or 2
-    if kind in ("lm", "thinking-lm"):
+    if kind in ("lm", "thinking-lm", "channel-lm"):
         from mlx_lm.models import qwen2
 
         config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}

@@ -9,7 +9,8 @@ import random
 from pathlib import Path
 
 __all__ = [
-    "SPECIAL_TOKENS", "CHAT_TEMPLATE", "THINK_TOKENS", "THINKING_TEMPLATE", "WORDS", "build_tokenizer",
+    "SPECIAL_TOKENS", "CHAT_TEMPLATE", "THINK_TOKENS", "THINKING_TEMPLATE",
+    "CHANNEL_TOKENS", "CHANNEL_TEMPLATE", "WORDS", "build_tokenizer",
     "write_json", "token_ids", "text_config",
     "store", "sharpen", "write_generation_config", "build_vlm",
 ]  # fmt: skip
@@ -45,13 +46,23 @@ CHAT_TEMPLATE = (
 
 
 THINK_TOKENS = ("<think>", "</think>")  # mlx-lm's TokenizerWrapper finds a thinking model by these
-# Qwen3's rule: the model opens its reasoning itself; `enable_thinking: false` writes an empty
-# closed block after the generation prompt, so the answer starts at once.
+# Qwen3's `enable_thinking`: false writes an empty closed block after the generation prompt, so
+# the answer starts at once; true opens the block in the prompt (as QwQ's and DeepSeek-R1's
+# templates do), so even a random model reasons; undefined leaves the model to open it.
 THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
     "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+    "{% elif enable_thinking is defined and enable_thinking %}<think>\n{% endif %}"
     "{% endif %}",
+)
+# Gemma 4's markers: `<|channel>thought` opens a block (two tokens), `<channel|>` closes it;
+# `enable_thinking` puts `<|think|>` in the first turn, and the model opens the block itself.
+CHANNEL_TOKENS = ("<|channel>", "<channel|>", "<|think|>")
+CHANNEL_TEMPLATE = CHAT_TEMPLATE.replace(
+    "{% for message in messages %}",
+    "{% if enable_thinking is defined and enable_thinking %}<|think|>{% endif %}"
+    "{% for message in messages %}",
 )
 
 

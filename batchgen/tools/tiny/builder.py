@@ -15,6 +15,7 @@ from . import families
 from .parts import (
     CHANNEL_TEMPLATE,
     CHANNEL_TOKENS,
+    CHANNEL_WORDS,
     CHAT_TEMPLATE,
     THINK_TOKENS,
     THINKING_TEMPLATE,
@@ -79,11 +80,11 @@ def make_tiny_model(
         return families.make_vision_family(out, kind, seed, sensitive)
     # text models whose tokenizer and template know <think> (Qwen3's), or Gemma 4's channel markers
     marked = {
-        "thinking-lm": (THINK_TOKENS, THINKING_TEMPLATE),
-        "channel-lm": (CHANNEL_TOKENS, CHANNEL_TEMPLATE),
+        "thinking-lm": (THINK_TOKENS, THINKING_TEMPLATE, ()),
+        "channel-lm": (CHANNEL_TOKENS, CHANNEL_TEMPLATE, CHANNEL_WORDS),
     }
-    extra, template = marked.get(kind, ((), CHAT_TEMPLATE))
-    vocab = build_tokenizer(out, extra=extra, template=template)  # drafts pair with "lm" targets
+    extra, template, words = marked.get(kind, ((), CHAT_TEMPLATE, ()))
+    vocab = build_tokenizer(out, extra=extra, template=template, words=words)  # drafts pair with "lm" targets
     ids = token_ids(out)
     mx.random.seed(seed)
     if kind == "text-draft":

@@ -10,7 +10,7 @@ from pathlib import Path
 
 __all__ = [
     "SPECIAL_TOKENS", "CHAT_TEMPLATE", "THINK_TOKENS", "THINKING_TEMPLATE",
-    "CHANNEL_TOKENS", "CHANNEL_TEMPLATE", "WORDS", "build_tokenizer",
+    "CHANNEL_TOKENS", "CHANNEL_WORDS", "CHANNEL_TEMPLATE", "WORDS", "build_tokenizer",
     "write_json", "token_ids", "text_config",
     "store", "sharpen", "write_generation_config", "build_vlm",
 ]  # fmt: skip
@@ -59,6 +59,7 @@ THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
 # Gemma 4's markers: `<|channel>thought` opens a block (two tokens), `<channel|>` closes it;
 # `enable_thinking` puts `<|think|>` in the first turn, and the model opens the block itself.
 CHANNEL_TOKENS = ("<|channel>", "<channel|>", "<|think|>")
+CHANNEL_WORDS = ("thought",)  # one token, as in Gemma 4's vocabulary: `<|channel>thought` is two
 CHANNEL_TEMPLATE = CHAT_TEMPLATE.replace(
     "{% for message in messages %}",
     "{% if enable_thinking is defined and enable_thinking %}<|think|>{% endif %}"
@@ -101,10 +102,12 @@ def build_tokenizer(
     extra: tuple[str, ...] = (),
     template: str = CHAT_TEMPLATE,
     named: dict[str, str] | None = None,
+    words: tuple[str, ...] = (),
 ) -> int:
     """Train a byte-level BPE and save it as a Hugging Face fast tokenizer; return vocab size.
     `extra`: a family's own special tokens (`<image>`), after the Qwen ones; `named`: those
-    its processor reads as tokenizer attributes (`image_token`, `boi_token`, ...)."""
+    its processor reads as tokenizer attributes (`image_token`, `boi_token`, ...); `words`: plain
+    tokens added after training (decoded as text, unlike special ones)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -117,6 +120,7 @@ def build_tokenizer(
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.add_tokens(list(words))
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
     tokenizer_config = {

@@ -1,0 +1,183 @@
+"""Thinking models: on tiny checkpoints with Qwen3's `<think>` markers (and its enable_thinking
+template) and Gemma 4's two-token `<|channel>thought` … `<channel|>`, batched rows are token
+for token mlx-lm's own generate with the same template, and their reasoning and answer are
+mlx-lm's server's split of it; a budget ends reasoning where it says; a constraint applies to
+the answer only; scores are the answer's after a closed block. The checkpoints are
+"sensitive" (their output follows the prompt) and the rows bias the marker tokens a little,
+so some rows close their block early, some late and some never."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from conftest import read, run_cli, write_jsonl
+
+from batchgen.tools.tiny.builder import make_tiny_model
+
+pytestmark = pytest.mark.slow  # token for token against mlx-lm
+
+
+@pytest.fixture(scope="module")
+def thinking(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "think", "thinking-lm", sensitive=True)
+
+
+@pytest.fixture(scope="module")
+def channel(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "channel", "channel-lm", sensitive=True)
+
+
+def _run(tmp_path, model, rows, *flags):
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / f"{model.name}.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model), "--temperature", "0",
+                           "-q", *flags)  # fmt: skip
+    assert code == 0, output
+    return {r["id"]: r for r in read(out)}
+
+
+def _reference(model_dir, row, **template):
+    """mlx-lm's stream_generate on the row's prompt, and its server's split of the stream."""
+    import mlx_lm
+    from mlx_lm.generate import TextStateMachine, make_text_state_machine
+    from mlx_lm.sample_utils import make_logits_processors
+
+    model, tokenizer = mlx_lm.load(str(model_dir))
+    messages = [{"role": "user", "content": row["prompt"]}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template)
+    bias = {int(k): v for k, v in row.get("logit_bias", {}).items()}
+    procs = make_logits_processors(logit_bias=bias or None)
+    opened = tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)
+    state = make_text_state_machine(tokenizer).make_state("reasoning" if opened else "normal")
+    tokens, texts = [], {"reasoning": "", "normal": ""}
+    for r in mlx_lm.stream_generate(
+        model, tokenizer, ids, max_tokens=row["max_tokens"], logits_processors=procs
+    ):
+        tokens.append(r.token)
+        if r.finish_reason == "stop":
+            state, _ = TextStateMachine.discard(state)
+            continue
+        state, segments = TextStateMachine.split(state, r.text)
+        if r.finish_reason == "length":
+            state, rest, last = TextStateMachine.flush(state)
+            segments.append((last, rest))
+        for part, text in segments:
+            texts[part] = texts.get(part, "") + text
+    return tokens, texts["reasoning"].strip(), texts["normal"].strip()
+
+
+def _rows(bias, n=8, max_tokens=48):
+    return [
+        {"id": f"r{k}", "prompt": f"Think about {k} red things and {8 - k} blue ones.",
+         "max_tokens": max_tokens, "logit_bias": {str(t): b * (1 + k % 3) / 2 for t, b in bias.items()},
+         "logprobs": True}
+        for k in range(n)
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "bias"),
+    [("thinking", {8: 1.0}), ("channel", {7: 1.5, 1024: 2.5, 8: 1.0})],
+    ids=["think-tags", "gemma4-channel"],
+)
+def test_unconstrained_rows_are_mlx_lms_tokens_and_its_servers_split(tmp_path, request, kind, bias):
+    model = request.getfixturevalue(kind)
+    rows = _rows(bias)
+    got = _run(tmp_path, model, rows, "--thinking", "on", "--batch-size", "8")
+    reasoned = 0
+    for row in rows:
+        tokens, reasoning, answer = _reference(model, row, enable_thinking=True)
+        ours = got[row["id"]]
+        assert [r["id"] for r in ours["logprobs"]] == tokens, row["id"]
+        assert (ours["reasoning"] or "", ours["generated_text"].strip()) == (reasoning, answer), row["id"]
+        parts = [r["part"] for r in ours["logprobs"]]
+        assert ours["reasoning_tokens"] <= parts.count("reasoning")
+        assert ours["completion_tokens"] == len(tokens)
+        reasoned += bool(reasoning) and bool(answer)
+    assert reasoned >= 2  # rows that closed their block and answered after it
+
+
+def test_thinking_off_writes_the_templates_closed_block_or_an_empty_one(tmp_path, thinking, channel):
+    rows = _rows({8: 1.0}, n=3, max_tokens=16)
+    for model, template in ((thinking, {"enable_thinking": False}), (channel, {})):
+        got = _run(tmp_path, model, rows, "--thinking", "off")
+        for row in rows:
+            ours = got[row["id"]]
+            assert ours["reasoning"] is None and ours["reasoning_tokens"] == 0
+            assert {r["part"] for r in ours["logprobs"]} == {"answer"}
+        if template:  # Qwen3's template writes the block itself: mlx-lm's tokens with it
+            tokens, reasoning, _ = _reference(model, rows[0], **template)
+            assert [r["id"] for r in got["r0"]["logprobs"]] == tokens and not reasoning
+
+
+def test_a_budget_of_16_ends_reasoning_at_16_tokens_and_the_answer_keeps_max_tokens(
+    tmp_path, thinking, channel
+):
+    for model, bias in ((thinking, {}), (channel, {7: 30.0})):  # the channel row must open its block itself
+        rows = _rows(bias, n=3, max_tokens=12)
+        got = _run(tmp_path, model, rows, "--thinking", "on", "--reasoning-budget", "16")
+        for row in rows:
+            ours = got[row["id"]]
+            parts = [r["part"] for r in ours["logprobs"]]
+            assert ours["reasoning_tokens"] == 16, (model.name, row["id"], parts)
+            answer = [r for r in ours["logprobs"] if r["part"] == "answer"]
+            assert len(answer) == 12 or ours["finish_reason"] == "stop"
+            ids = [r["id"] for r in ours["logprobs"]]
+            end = 16 if model == thinking else 16 + 2  # Gemma 4's block opens with two tokens
+            assert ids[end] == 8  # the end marker, forced
+
+
+SCHEMA = {"type": "object", "properties": {"colour": {"enum": ["red", "blue"]},
+                                           "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+          "required": ["colour", "count"], "additionalProperties": False}  # fmt: skip
+
+
+def test_a_schema_row_thinks_first_and_answers_valid_json(tmp_path, thinking, channel):
+    for model, bias in ((thinking, {}), (channel, {7: 30.0})):
+        rows = [{**row, "json_schema": SCHEMA} for row in _rows(bias, n=3, max_tokens=40)]
+        rows.append({"id": "choice", "prompt": "Red or blue?", "guided_choice": ["red", "blue"],
+                     "max_tokens": 8, "logprobs": True})  # fmt: skip
+        got = _run(tmp_path, model, rows, "--thinking", "on", "--reasoning-budget", "6")
+        for row in rows:
+            ours = got[row["id"]]
+            assert ours["status"] == "ok" and ours["reasoning"] and ours["reasoning_tokens"] == 6, ours
+            if "json_schema" in row:
+                jsonschema.validate(json.loads(ours["generated_text"]), SCHEMA)
+                assert json.loads(ours["parsed"]) == json.loads(ours["generated_text"])
+            else:
+                assert ours["generated_text"] in ("red", "blue")
+
+
+def test_scores_are_the_answers_after_a_closed_block(tmp_path, thinking, channel):
+    import mlx.core as mx
+    import mlx_lm
+
+    from batchgen.generate.scoring import answer_ids
+
+    choices = ["red", "blue things", "none"]
+    rows = [{"id": f"q{k}", "prompt": f"Which colour is {k}?", "choices_to_score": choices,
+             "score_only": True} for k in range(2)]  # fmt: skip
+    rows.append({"id": "t", "prompt": "Say a colour.", "score_text": "It is red."})
+    # Qwen3's template opens the block with thinking on; Gemma 4's leaves the row to open it
+    for model, block in ((thinking, "</think>\n\n"), (channel, "<|channel>thought\n<channel|>")):
+        got = _run(tmp_path, model, rows, "--thinking", "on")
+        lm, tokenizer = mlx_lm.load(str(model))
+        for row in rows:
+            messages = [{"role": "user", "content": row["prompt"]}]
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                                 enable_thinking=True)  # fmt: skip
+            prompt = tokenizer.encode(text + block, add_special_tokens=False)
+            answers = row.get("choices_to_score") or [row["score_text"]]
+            expected = []
+            for answer in answers:
+                ids = answer_ids(tokenizer, answer, set(tokenizer.eos_token_ids))
+                lp = lm(mx.array([prompt + ids]))[0].astype(mx.float32)
+                lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
+                expected.append(sum(lp[len(prompt) - 1 + j, t].item() for j, t in enumerate(ids)))
+            if "score_text" in row:
+                assert abs(got["t"]["score_logprob"] - expected[0]) < 1e-4, model.name
+            else:
+                scores = [c["logprob"] for c in got[row["id"]]["choice_scores"]]
+                assert all(abs(a - b) < 1e-4 for a, b in zip(scores, expected, strict=True)), model.name

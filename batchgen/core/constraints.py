@@ -22,11 +22,17 @@ from .params import Problem
 from .records import Constraint
 
 __all__ = [
-    "KINDS", "LIMITS", "CONSTRAINT_FIELDS", "ANSWER_KINDS", "constraint_of", "closed", "grammar", "check",
+    "KINDS", "LIMITS", "TOOL_CALL_FORMAT", "CONSTRAINT_FIELDS", "tool_constraint", "ANSWER_KINDS",
+    "constraint_of", "closed", "grammar", "check",
     "satisfied", "answer_kinds", "requested_kinds", "merge_kinds", "MAX_ANSWER_FIELDS", "MAX_ANSWER_COLUMNS",
 ]  # fmt: skip
 
-KINDS = ("json_schema", "json_object", "regex", "choice")
+KINDS = ("json_schema", "json_object", "regex", "choice", "tool_call")
+
+# The JSON tool-call format (Hermes', Qwen's; mlx-lm's `json_tools` parser): one call is
+# `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`. A `tool_call` constraint is
+# that text, its arguments those of one of the row's functions.
+TOOL_CALL_FORMAT = ("json_tools", "<tool_call>", "</tool_call>")
 
 
 _ANY_OBJECT = '{"type": "object"}'
@@ -109,15 +115,46 @@ def closed(schema: Any) -> Any:
     return schema
 
 
+_COMPACT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False,
+            "whitespace_pattern": ""}  # fmt: skip
+
+
 @functools.lru_cache(maxsize=1024)  # rows share a few constraints; a hostile job's many stay bounded
-def grammar(c: Constraint) -> str:
-    """The llguidance grammar of a constraint."""
+def grammar(c: Constraint, markers: tuple[str, str] | None = None) -> str:
+    """The llguidance grammar of a constraint; `markers`: a tool call's start and end as Lark
+    terms (a tokenizer's special token is `<[id]>`; by default their text)."""
     if c.json:  # compact JSON: free whitespace would let a model pad for ever
         compiler = llg.JsonCompiler(separators=(", ", ": "), whitespace_pattern="")
         return compiler.compile(
             json.dumps(closed(json.loads(c.spec))) if c.kind == "json_schema" else _ANY_OBJECT
         )
+    if c.kind == "tool_call":
+        return _tool_grammar(json.loads(c.spec), markers or tuple(map(json.dumps, TOOL_CALL_FORMAT[1:])))
     return llg.grammar_from(c.kind, c.spec)
+
+
+def tool_constraint(tools: tuple[dict[str, Any], ...], choice: str) -> Constraint | None:
+    """A row's tool_choice as a constraint: `required` one call of any of its functions, a
+    function's name a call of that one; None for auto and none."""
+    if choice in ("auto", "none"):
+        return None
+    chosen = [t["function"] for t in tools if choice == "required" or t["function"]["name"] == choice]
+    spec = [{"name": f["name"], "parameters": f.get("parameters") or {"type": "object"}} for f in chosen]
+    return Constraint("tool_call", json.dumps(spec))
+
+
+def _tool_grammar(functions: list[dict[str, Any]], markers: tuple[str, str]) -> str:
+    """One call in the JSON format, as Lark with a compact JSON schema per function."""
+    alternatives = []
+    for f in functions:
+        schema = {"type": "object", "properties": {"name": {"const": f["name"]},
+                                                    "arguments": closed(f["parameters"])},
+                  "required": ["name", "arguments"], "additionalProperties": False,
+                  "x-guidance": _COMPACT}  # fmt: skip
+        alternatives.append(f"%json {json.dumps(schema)}")
+    lark = f'start: {markers[0]} "\\n" call "\\n" {markers[1]}\n'
+    lark += "call: " + " | ".join(alternatives)
+    return json.dumps({"grammars": [{"lark_grammar": lark}]})
 
 
 @functools.lru_cache(maxsize=1024)
@@ -173,12 +210,15 @@ def _huge_count(schema: Any) -> str | None:
     return None
 
 
-def satisfied(c: Constraint, text: str) -> tuple[str | None, str | None]:
+def satisfied(c: Constraint, text: str, tool_calls: list | None = None) -> tuple[str | None, str | None]:
     """(the output as canonical JSON for `parsed`, or None; why it does not satisfy the
     constraint, or None). The grammar guarantees validity when the row ran to its end; a row
     cut short by max_tokens or a stop string is caught here. The judge is the grammar engine
     reading the text byte by byte (linear time, never a backtracking matcher: a hostile
-    regex or schema `pattern` cannot hang the run)."""
+    regex or schema `pattern` cannot hang the run); a tool call's, the model's parser (the
+    text is then what was said besides the call)."""
+    if c.kind == "tool_call":
+        return None, None if tool_calls else "holds no complete tool call"
     matcher = _matcher(c).deep_copy()
     matcher.consume_tokens(list(text.encode("utf-8", "replace")))
     accepted = not matcher.is_error() and matcher.is_accepting()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = [
     "OPENAI_FIELDS",
     "MOST_SCORED",
     "check_params",
+    "tool_problems",
     "is_int",
     "is_number",
 ]
@@ -93,6 +95,60 @@ def _logit_bias(v: Any) -> tuple[Any, str | None]:
     return pairs, None
 
 
+MOST_TOOLS = 128  # OpenAI's bound on a request's tools
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's function names (and dots, as vLLM takes)
+_TOOL_CHOICES = ("auto", "none", "required")
+
+
+def _tools(v: Any) -> tuple[Any, str | None]:
+    """OpenAI's `tools`: up to 128 `{"type": "function", "function": {"name", "description"?,
+    "parameters"?}}`, names unique; kept as given (the chat template renders them)."""
+    if not isinstance(v, list) or len(v) > MOST_TOOLS:
+        return None, f"expected a list of up to {MOST_TOOLS} tools, got {v!r:.60}"
+    names: set[str] = set()
+    for i, tool in enumerate(v):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
+            want = "{type: function, function: {name, parameters}}"
+            return None, f"tools[{i}]: expected {want}, got {tool!r:.60}"
+        name = function.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            want = "a function name of letters, digits, _ . - (1 to 64)"
+            return None, f"tools[{i}]: expected {want}, got {name!r:.60}"
+        if name in names:
+            return None, f"tools[{i}]: {name!r} given twice"
+        names.add(name)
+        if not isinstance(function.get("parameters", {}), dict):
+            return None, f"tools[{i}]: parameters must be a JSON schema object"
+        if not isinstance(function.get("description", ""), str):
+            return None, f"tools[{i}]: description must be a string"
+    return tuple(v), None
+
+
+def _tool_choice(v: Any) -> tuple[Any, str | None]:
+    """auto, none, required, or `{"type": "function", "function": {"name"}}` (kept as the name)."""
+    if v in _TOOL_CHOICES:
+        return v, None
+    function = v.get("function") if isinstance(v, dict) and v.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if isinstance(name, str) and _TOOL_NAME.fullmatch(name) and name not in _TOOL_CHOICES:
+        return name, None
+    return None, f"expected auto, none, required or {{type: function, function: {{name}}}}, got {v!r:.60}"
+
+
+def tool_problems(p: GenParams) -> list[Problem]:
+    """What a row's tool_choice asks that its tools cannot give."""
+    names = [t["function"]["name"] for t in p.tools]
+    if p.tool_choice in ("auto", "none"):
+        return []
+    if not names:
+        return [("tool_choice", f"{p.tool_choice!r} needs tools")]
+    if p.tool_choice != "required" and p.tool_choice not in names:
+        listed = ", ".join(names)[:200]
+        return [("tool_choice", f"names {p.tool_choice!r}, which is not one of the tools ({listed})")]
+    return []
+
+
 @dataclass(frozen=True, slots=True)
 class Param:
     """One generation parameter: `check` turns a value as a row (JSON) gives it into the
@@ -153,6 +209,9 @@ PARAMS = (
     Param("reasoning_budget", _rule(lambda v: is_int(v) and v >= 0, "an integer >= 0"),
           "A thinking model's most reasoning tokens: then its end marker is written and the answer "
           "gets max_tokens", int, ("reasoning_budget", "thinking_token_budget")),
+    Param("tools", _tools, "OpenAI function tools, given to the chat template", None, ("tools",)),
+    Param("tool_choice", _tool_choice, "auto, none, required or a function: its call constrained", None,
+          ("tool_choice",)),
 )  # fmt: skip
 
 NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells

@@ -79,6 +79,8 @@ class GenParams:
     stop_repetition: int = 0  # end a row once its last N tokens repeat a cycle (sampling.Loops); 0: off
     thinking: bool | None = None  # a thinking model reasons first (None: its template's default)
     reasoning_budget: int | None = None  # reasoning tokens before the end marker is forced
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools the chat template is given
+    tool_choice: str = "auto"  # auto, none, required, or the name of the function to call
 
     @property
     def wants_logprobs(self) -> bool:
@@ -211,6 +213,8 @@ class Generation:
     score_tokens: int | None = None  # ... its tokens (the end-of-turn one included)
     reasoning: str | None = None  # a thinking model's reasoning block, its markers out; None: none
     reasoning_tokens: int = 0  # ... its tokens (markers not counted), part of completion_tokens
+    # a row with tools: the calls its answer made, as OpenAI's {id, type, function: {name, arguments}}
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(slots=True)
@@ -221,6 +225,7 @@ class Result:
     status: Literal["ok", "error"] = "ok"
     generated_text: str | None = None  # the answer (a thinking model's reasoning in `reasoning`)
     reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # Generation.tool_calls
     finish_reason: str | None = None
     error: str | None = None
     error_stage: str | None = None

@@ -36,6 +36,9 @@ FIRST_WINDOW_PATIENCE = 1.0  # seconds the first window waits for rows whose med
 log = logging.getLogger(__name__)
 
 
+_CONSTRAINT_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "tool_call": "tool_choice"}
+
+
 def _result(
     job: Job,
     prepared: Prepared | None,
@@ -57,7 +60,7 @@ def _result(
         result.transient = outcome.transient
     else:
         result.generated_text, result.finish_reason = outcome.text, outcome.finish_reason
-        result.reasoning = outcome.reasoning
+        result.reasoning, result.tool_calls = outcome.reasoning, outcome.tool_calls
         result.logprobs, result.choice_scores = outcome.logprobs, outcome.choice_scores
         result.score_logprob, result.score_mean, result.score_tokens = (
             outcome.score_logprob, outcome.score_mean, outcome.score_tokens)  # fmt: skip
@@ -65,16 +68,18 @@ def _result(
             setattr(result, name, getattr(outcome, name))
         if constraint is not None:  # never output that misses its constraint marked ok
             try:
-                result.parsed, why = satisfied(constraint, outcome.text)
+                result.parsed, why = satisfied(constraint, outcome.text, outcome.tool_calls)
             except Exception as e:  # noqa: BLE001 - a hostile constraint fails its row, never the run
                 result.parsed, why = None, f"could not be checked ({type(e).__name__})"
             if why:
                 cut = (
                     f" within max_tokens {job.params.max_tokens}" if outcome.finish_reason == "length" else ""
                 )
-                what = {"json_schema": "JSON schema", "json_object": "JSON object"}.get(
-                    constraint.kind, constraint.kind
-                )
+                what = {
+                    "json_schema": "JSON schema",
+                    "json_object": "JSON object",
+                    "tool_call": "tool_choice",
+                }.get(constraint.kind, constraint.kind)
                 result.status, result.error_stage = "error", "generate"
                 result.error = (
                     f"the output {why}: it does not satisfy its {what}{cut} "
@@ -100,6 +105,7 @@ def _combined(outcomes: list[Generation | RowError]) -> tuple[Generation | RowEr
     )  # fmt: skip
     choices = [{"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens,
                 **({"reasoning": g.reasoning} if g.reasoning is not None else {}),
+                **({"tool_calls": g.tool_calls} if g.tool_calls else {}),
                 **({"logprobs": g.logprobs} if g.logprobs is not None else {})} for g in gens]  # fmt: skip
     return first, json.dumps(choices)
 

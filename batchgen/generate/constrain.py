@@ -10,6 +10,7 @@ token is allowed, so the row stops there.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -19,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
-from ..core.constraints import LIMITS, grammar
+from ..core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
 from ..core.records import Constraint
 
 __all__ = ["processor"]
@@ -40,12 +41,24 @@ def _llg_tokenizer(tokenizer: Any, eos: list[int]) -> Any:
         return _TOKENIZERS[key][1]
 
 
+def _term(tokenizer: Any, text: str) -> str:
+    """A marker as a Lark term: a special token by its id (llguidance matches those by id,
+    never by their text, as Qwen's `<tool_call>`), else its text."""
+    ids = tokenizer.tokenize_str(text)
+    if len(ids) == 1 and tokenizer.is_special_token(ids[0]):
+        return f"<[{ids[0]}]>"
+    return json.dumps(text)
+
+
 class _Masking:
     """The logits processor of one row's constraint (logits of one row, shape (1, vocab))."""
 
     def __init__(self, c: Constraint, tokenizer: Any, eos: list[int]):
         self.llg = _llg_tokenizer(tokenizer, eos)
-        self.matcher = llg.LLMatcher(self.llg, grammar(c), log_level=0, limits=LIMITS)
+        markers = (
+            tuple(_term(self.llg, text) for text in TOOL_CALL_FORMAT[1:]) if c.kind == "tool_call" else None
+        )
+        self.matcher = llg.LLMatcher(self.llg, grammar(c, markers), log_level=0, limits=LIMITS)
         self.bits = np.zeros((1, (self.llg.vocab_size + 31) // 32), dtype=np.int32)
         self.steps = 0
 

@@ -31,6 +31,7 @@ from .prompts import check_length, message_bounds, render, template_kwargs, temp
 from .reasoning import budgeted, initial_part, markers_of, split_generation
 from .sampling import logprob_records
 from .scoring import Scores, score_row
+from .tool_calls import check_tools, with_tool_calls
 
 __all__ = [
     "Plan",
@@ -99,11 +100,14 @@ class Lane:
         return keys
 
     def _fit(self, seq: Sequence, template_owner: Any) -> Sequence:
-        """Where a thinking model's row starts (reasoning, free to open a block, or answering)
-        and its room for a reasoning budget; then max_tokens lowered to what the model's context
+        """A row's tools refused where the model cannot take them; where a thinking model's row
+        starts (reasoning, free to open a block, or answering) and its room for a reasoning
+        budget; then max_tokens lowered to what the model's context
         leaves after the prompt (the row then ends with `length`): a row asking for a billion
         tokens stops where the model must."""
-        markers = markers_of(getattr(template_owner, "tokenizer", template_owner))
+        tokenizer = getattr(template_owner, "tokenizer", template_owner)
+        check_tools(seq.params, tokenizer)
+        markers = markers_of(tokenizer)
         seq.part = initial_part(markers, seq.params, seq.ids, template_of(template_owner))
         seq.params = budgeted(seq.params, markers, seq.part)
         context = self.info.context
@@ -155,6 +159,7 @@ class BatchedLane(Lane):
                 logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
                 gen = Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs)
                 gen = split_generation(gen, s.tokens, markers_of(tokenizer), s.part == "reasoning")
+                gen = with_tool_calls(gen, s.params, tokenizer)
                 yield todo[j], _scored(gen, scores.get(todo[j]))
         except Exception as e:  # an engine error fails these rows, not the run
             if len(todo) == 1:

@@ -25,6 +25,7 @@ from .sampling import (
     sampler_for,
     token_logprobs,
 )
+from .tool_calls import check_tools, with_tool_calls
 
 __all__ = ["collect", "generate_vlm", "generate_draft_lm", "vlm_prompt_ids"]
 
@@ -84,7 +85,7 @@ def collect(
         if p.wants_logprobs
         else None,
     )
-    return split_generation(gen, tokens, markers, part == "reasoning")
+    return with_tool_calls(split_generation(gen, tokens, markers, part == "reasoning"), p, tokenizer)
 
 
 def generate_draft_lm(
@@ -179,6 +180,7 @@ def generate_vlm(
 
     prompt, images, videos = _vlm_inputs(processor, info, job, media)
     tokenizer = getattr(processor, "tokenizer", processor)
+    check_tools(job.params, tokenizer)
     tokenizer.stopping_criteria.reset(model.config.eos_token_id)
     if job.params.seed is not None:
         mx.random.seed(job.params.seed)

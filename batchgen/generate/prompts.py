@@ -46,9 +46,14 @@ def template_of(template_owner: Any) -> str:
 
 
 def template_kwargs(template_owner: Any, p: GenParams) -> dict[str, Any]:
-    """The row's template keywords with its `thinking` as `enable_thinking`, where the template
-    takes one and the row's own keywords do not say it already."""
+    """The row's template keywords: its tools (unless tool_choice is none), refused by a
+    template that never renders them, and its `thinking` as `enable_thinking`, where the
+    template takes one and the row's own keywords do not say it already."""
     kwargs = p.chat_template_kwargs
+    if p.tools and p.tool_choice != "none":
+        if "tools" not in template_of(template_owner):
+            raise RowError("generate", "the row has tools, but the model's chat template never shows them")
+        kwargs = {**kwargs, "tools": list(p.tools)}
     if (
         p.thinking is None
         or "enable_thinking" in kwargs
@@ -76,7 +81,7 @@ def _render(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[st
     try:
         return get_chat_template(template_owner, messages, True, **kwargs)
     except Exception:
-        if not kwargs:
+        if not kwargs or "tools" in kwargs:  # the tools are never dropped unseen
             raise
         # A template that rejects an extra keyword still renders without it.
         return get_chat_template(template_owner, messages, True)

@@ -25,8 +25,23 @@ def _choices(row: dict[str, Any]) -> list[dict[str, Any]]:
             "text": row["generated_text"],
             "finish_reason": row["finish_reason"],
             "logprobs": row.get("logprobs"),
+            "reasoning": row.get("reasoning"),
+            "tool_calls": row.get("tool_calls"),
         }
     ]
+
+
+def _message(choice: dict[str, Any]) -> dict[str, Any]:
+    """The assistant's message: the answer, its tool calls (content null when they are all it
+    said, as the API writes it), and a thinking model's reasoning apart as the
+    OpenAI-compatible servers (vLLM, mlx-lm's) return it."""
+    calls = choice.get("tool_calls")
+    message: dict[str, Any] = {"role": "assistant", "content": choice["text"] or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    if choice.get("reasoning") is not None:
+        message["reasoning_content"] = choice["reasoning"]
+    return message
 
 
 def _token(record: dict[str, Any]) -> dict[str, Any]:
@@ -66,6 +81,8 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
                 "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
                 "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
             }
+            if row.get("reasoning_tokens"):
+                usage["completion_tokens_details"] = {"reasoning_tokens": row["reasoning_tokens"]}
             line["response"] = {
                 "status_code": 200,
                 "request_id": rid,
@@ -77,7 +94,7 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
                     "choices": [
                         {
                             "index": k,
-                            "message": {"role": "assistant", "content": c["text"]},
+                            "message": _message(c),
                             # a scored row (score_only), a row the loop stop ended: the API knows no such
                             # reasons; the Parquet keeps them
                             "finish_reason": "stop"

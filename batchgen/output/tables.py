@@ -44,8 +44,12 @@ _SCORED = [("choice", pa.string()), ("logprob", pa.float64()), ("prob", pa.float
 CHOICE_SCORES_TYPE = pa.list_(pa.struct(_SCORED))
 MEDIA_FILES_TYPE = pa.list_(pa.struct([("kind", pa.string()), ("ref", pa.string()), ("size", pa.int64()),
                                         ("mtime_ns", pa.int64()), ("sha256", pa.string())]))  # fmt: skip
+# OpenAI's tool call: {id, type "function", function: {name, arguments as JSON text}}
+TOOL_CALLS_TYPE = pa.list_(pa.struct([("id", pa.string()), ("type", pa.string()), ("function", pa.struct(
+    [("name", pa.string()), ("arguments", pa.string())]))]))  # fmt: skip
 _TYPED = {
     "logprobs": LOGPROBS_TYPE,
+    "tool_calls": TOOL_CALLS_TYPE,
     "choice_scores": CHOICE_SCORES_TYPE,
     "media_files": MEDIA_FILES_TYPE,  # core.records.MediaFile
 }  # our columns that are not one scalar

@@ -607,8 +607,8 @@ def test_a_slim_output_leaves_out_how_rows_were_made_and_still_resumes(workdir, 
     )
     assert code == 1, output  # r3 failed
     names = pq.read_table(out).column_names
-    assert names == ["id", "prompt", "script", "status", "generated_text", "reasoning", "error",
-                     "error_stage", "attempts", "transient", "parsed", "logprobs", "choice_scores",
+    assert names == ["id", "prompt", "script", "status", "generated_text", "reasoning", "tool_calls",
+                     "error", "error_stage", "attempts", "transient", "parsed", "logprobs", "choice_scores",
                      "score_logprob", "score_mean", "score_tokens", "input_hash", "media_files"]  # fmt: skip
     code, output = batch(
         job, out, "--result-columns", "slim", "--drop-result-columns", "choices", "--retry-failed"
@@ -624,7 +624,7 @@ def test_a_slim_output_leaves_out_how_rows_were_made_and_still_resumes(workdir, 
     code, output = batch(job, out, "--drop-result-columns", "input_hash")
     assert code == 2 and "--drop-result-columns 'input_hash': every output keeps it" in output
     code, output = batch(job, out, "--drop-result-columns", "nope")
-    listed = "not one of batchgen's columns (these can go: generated_text, reasoning, finish_reason"
+    listed = "not one of batchgen's columns (these can go: generated_text, reasoning, tool_calls, finish_"
     assert code == 2 and listed in output
 
 

@@ -19,6 +19,7 @@ from .parts import (
     CHAT_TEMPLATE,
     THINK_TOKENS,
     THINKING_TEMPLATE,
+    TOOL_WORDS,
     build_tokenizer,
     build_vlm,
     store,
@@ -80,7 +81,7 @@ def make_tiny_model(
         return families.make_vision_family(out, kind, seed, sensitive)
     # text models whose tokenizer and template know <think> (Qwen3's), or Gemma 4's channel markers
     marked = {
-        "thinking-lm": (THINK_TOKENS, THINKING_TEMPLATE, ()),
+        "thinking-lm": (THINK_TOKENS, THINKING_TEMPLATE, TOOL_WORDS),
         "channel-lm": (CHANNEL_TOKENS, CHANNEL_TEMPLATE, CHANNEL_WORDS),
     }
     extra, template, words = marked.get(kind, ((), CHAT_TEMPLATE, ()))

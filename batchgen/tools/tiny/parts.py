@@ -10,7 +10,7 @@ from pathlib import Path
 
 __all__ = [
     "SPECIAL_TOKENS", "CHAT_TEMPLATE", "THINK_TOKENS", "THINKING_TEMPLATE",
-    "CHANNEL_TOKENS", "CHANNEL_WORDS", "CHANNEL_TEMPLATE", "WORDS", "build_tokenizer",
+    "TOOL_WORDS", "CHANNEL_TOKENS", "CHANNEL_WORDS", "CHANNEL_TEMPLATE", "WORDS", "build_tokenizer",
     "write_json", "token_ids", "text_config",
     "store", "sharpen", "write_generation_config", "build_vlm",
 ]  # fmt: skip
@@ -49,12 +49,30 @@ THINK_TOKENS = ("<think>", "</think>")  # mlx-lm's TokenizerWrapper finds a thin
 # Qwen3's `enable_thinking`: false writes an empty closed block after the generation prompt, so
 # the answer starts at once; true opens the block in the prompt (as QwQ's and DeepSeek-R1's
 # templates do), so even a random model reasons; undefined leaves the model to open it.
-THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
-    "{% if add_generation_prompt %}<|im_start|>assistant\n"
-    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
-    "{% elif enable_thinking is defined and enable_thinking %}<think>\n{% endif %}"
-    "{% endif %}",
+# ... and Qwen3's tools: listed in a system turn, called as `<tool_call>` JSON (mlx-lm infers
+# its json_tools parser from `<tool_call>` and `tool_call.name` in the template).
+TOOL_WORDS = ("<tool_call>", "</tool_call>")  # plain tokens, as in Qwen's vocabulary
+_TOOLS_TURN = (
+    "{% if tools %}<|im_start|>system\n# Tools\n<tools>"
+    "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    'Call a function as <tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+    "</tool_call><|im_end|>\n{% endif %}"
+)
+_CALLS_MADE = (
+    "{% for tool_call in message.tool_calls or [] %}{% set tool_call = tool_call.function or tool_call %}"
+    '<tool_call>\n{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}'
+    "\n</tool_call>{% endfor %}"
+)
+THINKING_TEMPLATE = (
+    CHAT_TEMPLATE.replace("{% for message in messages %}", _TOOLS_TURN + "{% for message in messages %}")
+    .replace("<|im_end|>\n{% endfor %}", _CALLS_MADE + "<|im_end|>\n{% endfor %}")
+    .replace(
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",
+        "{% if add_generation_prompt %}<|im_start|>assistant\n"
+        "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n"
+        "{% elif enable_thinking is defined and enable_thinking %}<think>\n{% endif %}"
+        "{% endif %}",
+    )
 )
 # Gemma 4's markers: `<|channel>thought` opens a block (two tokens), `<channel|>` closes it;
 # `enable_thinking` puts `<|think|>` in the first turn, and the model opens the block itself.

@@ -1,0 +1,117 @@
+"""Tool calls: a row's answer read with mlx-lm's parser for the model's format into OpenAI's
+`tool_calls`, the same on every lane.
+
+The format is mlx-lm's (its loader infers one from the chat template or the vocabulary:
+`<tool_call>` JSON for Qwen and Hermes, Gemma 4's `<|tool_call>`, Mistral's `[TOOL_CALLS]`,
+...), the split of the text into what was said and the calls its server's, and each call
+parsed by that format's `parse_tool_call`. A call that does not parse (cut short by
+max_tokens, or a model that cannot write one) leaves the answer's text as it was written,
+never a call that was not made.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mlx_lm.generate import TextStateMachine
+from mlx_lm.tokenizer_utils import _infer_tool_parser
+
+from ..core.constraints import TOOL_CALL_FORMAT
+from ..core.errors import RowError
+from ..core.records import Generation, GenParams
+
+__all__ = ["ToolFormat", "format_of", "check_tools", "with_tool_calls"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFormat:
+    """A model's tool-call format: mlx-lm's parser module's name, markers and parse function."""
+
+    name: str
+    start: str
+    end: str
+    parse: Callable[[str, Any], Any]
+
+
+_KNOWN: dict[int, tuple[Any, ToolFormat | None]] = {}
+_LOCK = threading.Lock()
+
+
+def format_of(tokenizer: Any) -> ToolFormat | None:
+    """The tokenizer's tool-call format, or None: the one mlx-lm's loader chose (a
+    TokenizerWrapper keeps its parser), else inferred as that loader infers it (a Hugging Face
+    tokenizer, as mlx-vlm's processors hold)."""
+    key = id(tokenizer)
+    with _LOCK:
+        if key not in _KNOWN:
+            hf = getattr(tokenizer, "_tokenizer", tokenizer)
+            name = hf.init_kwargs.get("tool_parser_type") if hasattr(hf, "init_kwargs") else None
+            name = name or _infer_tool_parser(hf)
+            found = None
+            if name is not None:
+                module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+                found = ToolFormat(name, module.tool_call_start, module.tool_call_end, module.parse_tool_call)
+            _KNOWN[key] = (tokenizer, found)  # the tokenizer kept: its id is never reused meanwhile
+        return _KNOWN[key][1]
+
+
+def _offered(p: GenParams) -> bool:
+    return bool(p.tools) and p.tool_choice != "none"
+
+
+def check_tools(p: GenParams, tokenizer: Any) -> None:
+    """A row's tools refused up front where the model cannot take them: no tool-call format
+    (its calls could not be read), or a tool_choice constraint on a format that is not JSON."""
+    if not _offered(p):
+        return
+    fmt = format_of(tokenizer)
+    if fmt is None:
+        raise RowError("generate", "the row has tools, but the model has no tool-call format mlx-lm knows")
+    if p.constraint is not None and p.constraint.kind == "tool_call" and fmt.name != TOOL_CALL_FORMAT[0]:
+        raise RowError(
+            "generate",
+            f"tool_choice {p.tool_choice!r} is constrained in the JSON tool-call format only; "
+            f"the model's is {fmt.name!r} (give tool_choice auto)",
+        )
+
+
+def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Any) -> Generation:
+    """The answer's calls in `tool_calls` and what was said besides them in its text; a row
+    that stopped after its calls ends with `tool_calls`."""
+    fmt = format_of(tokenizer) if _offered(p) else None
+    if fmt is None or fmt.start not in gen.text:
+        return gen
+    ends = [(fmt.end, "normal")] if fmt.end else []  # a format whose calls run to the end has none
+    machine = TextStateMachine({"normal": [(fmt.start, "tool")], "tool": ends})
+    state, segments = TextStateMachine.split(machine.make_state("normal"), gen.text)
+    _, rest, last = TextStateMachine.flush(state)
+    segments.append((last, rest))
+    parsed = []
+    for text in (text for part, text in segments if part == "tool"):
+        try:
+            found = fmt.parse(text, [t["function"] for t in p.tools])
+        except Exception:  # noqa: BLE001 - a call the model did not finish, or could not write
+            return gen
+        for call in found if isinstance(found, list) else [found]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return gen
+            parsed.append(_openai(call, gen, len(parsed)))
+    gen.tool_calls = parsed
+    gen.text = "".join(text for part, text in segments if part == "normal").strip()
+    if gen.finish_reason == "stop" and parsed:
+        gen.finish_reason = "tool_calls"
+    return gen
+
+
+def _openai(call: dict[str, Any], gen: Generation, k: int) -> dict[str, Any]:
+    """OpenAI's shape of one call; its id derived from the answer, so a rerun writes the same."""
+    arguments = call.get("arguments", {})
+    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    digest = hashlib.sha256(f"{k}:{gen.text}".encode()).hexdigest()[:24]
+    return {"id": f"call_{digest}", "type": "function", "function": {"name": call["name"], "arguments": text}}

@@ -180,6 +180,13 @@ def _scores(r: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
+def _calls(r: dict[str, Any]) -> str:
+    """A row's tool calls as lines: `name(arguments)`."""
+    return "\n".join(
+        f"→ {c['function']['name']}({c['function']['arguments']})" for c in r.get("tool_calls") or []
+    )
+
+
 def _score(r: dict[str, Any]) -> float | None:
     """What the page sorts a card by: its first choice's probability (VQAScore's yes), else the
     text's logprob per token."""
@@ -244,6 +251,8 @@ def write_gallery(
                 "status": r["status"],
                 "question": _question(r, template),
                 "text": r["generated_text"] or "",
+                "reasoning": r.get("reasoning") or "",  # shown folded: the answer is what counts
+                "calls": _calls(r),
                 "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
                 "expected": str(r["expected"]) if r.get("expected") is not None else None,
                 "metrics": _metrics(r),
@@ -275,7 +284,7 @@ header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1e
 .card.error{border:2px solid #c62828;background:#fff5f5}
 .card img{max-width:160px;max-height:160px;margin:0 4px 4px 0;border-radius:4px}
 .card div{overflow-wrap:anywhere}.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
-.err{color:#c62828}.m{color:#888;font-size:12px}.s{color:#1565c0;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
+.r{color:#777;font-size:12px}.err{color:#c62828}.m{color:#888;font-size:12px}.s{color:#1565c0;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
 </style></head><body>
 <header><h2 style="margin:0">{{ title }}</h2><span>{{ counts }}</span>
 <label><input type="checkbox" id="failed"> failed rows only</label>
@@ -302,7 +311,9 @@ function render() {
     card.append(el("div", "id", c.id));
     for (const e of c.entries) {
       card.append(el("div", "q", e.question));
+      if (e.reasoning) { const d = el("details", "r"); d.append(el("summary", "", "reasoning"), el("div", "a", e.reasoning)); card.append(d); }
       if (e.status === "ok") card.append(el("div", "a", e.text)); else card.append(el("div", "err", e.error));
+      if (e.calls) card.append(el("div", "a", e.calls));
       if (e.expected !== null) { const ok = e.text.trim() === e.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + e.expected)); }
       if (e.scores) card.append(el("div", "s", e.scores));
       card.append(el("div", "m", e.metrics));

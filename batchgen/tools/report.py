@@ -71,6 +71,27 @@ def _loop_lines(rows: list[dict]) -> list[str]:
             "the first repeat; a rerun with --redo-repetition 1.3 generates them again)"]  # fmt: skip
 
 
+def _answer_lines(rows: list[dict]) -> list[str]:
+    """A thinking model's reasoning (and the rows it left without an answer), the tool calls made."""
+    lines = []
+    reasoned = [r for r in rows if r["status"] == "ok" and r.get("reasoning") is not None]
+    if reasoned:
+        tokens = sum(r.get("reasoning_tokens") or 0 for r in reasoned)
+        unanswered = sum(not (r["generated_text"] or "").strip() and not r.get("tool_calls")
+                         for r in reasoned)  # fmt: skip
+        line = f"reasoning: {len(reasoned)} rows reasoned first, {tokens} reasoning tokens"
+        if unanswered:
+            line += (f"; {unanswered} gave no answer (out of tokens while reasoning: raise max_tokens "
+                     "or set --reasoning-budget)")  # fmt: skip
+        lines.append(line)
+    calls = Counter(c["function"]["name"] for r in rows for c in r.get("tool_calls") or [])
+    if calls:
+        rows_calling = sum(bool(r.get("tool_calls")) for r in rows)
+        named = ", ".join(f"{_printable(name)} {n}" for name, n in calls.most_common(5))
+        lines.append(f"tool calls: {sum(calls.values())} in {rows_calling} rows ({named})")
+    return lines
+
+
 def summarize(path: Path, slowest: int = 5) -> str:
     """Rows by status, errors by stage with their commonest messages, tokens and speed,
     prefix reuse, draft acceptance, and the slowest rows."""
@@ -118,7 +139,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%} of rows), "
             f"{sum(cached)} prompt tokens saved"
         )
-    lines += _loop_lines(rows) + _score_lines(rows)
+    lines += _loop_lines(rows) + _answer_lines(rows) + _score_lines(rows)
     drafted = sum(r.get("mtp_drafts") or 0 for r in rows)
     if drafted:
         accepted = sum(r.get("mtp_accepted") or 0 for r in rows)

@@ -181,3 +181,51 @@ def test_scores_are_the_answers_after_a_closed_block(tmp_path, thinking, channel
             else:
                 scores = [c["logprob"] for c in got[row["id"]]["choice_scores"]]
                 assert all(abs(a - b) < 1e-4 for a, b in zip(scores, expected, strict=True)), model.name
+
+
+def test_an_openai_batch_output_carries_the_reasoning_apart(tmp_path, thinking):
+    from openai.types.chat import ChatCompletion
+
+    requests = [{"custom_id": f"c{k}", "method": "POST", "url": "/v1/chat/completions",
+                 "body": {"model": "m", "max_tokens": 12, "temperature": 0, "reasoning_budget": 8,
+                          "messages": [{"role": "user", "content": f"Think of {k}."}]}}
+                for k in range(2)]  # fmt: skip
+    job = tmp_path / "batch.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in requests))
+    out = tmp_path / "out.jsonl"
+    code, output = run_cli("run", str(job), "-o", str(out), "--output-format", "openai",
+                           "--model", str(thinking), "--thinking", "on", "-q")  # fmt: skip
+    assert code == 0, output
+    rows = {r["id"]: r for r in read(tmp_path / "out.parquet")}
+    for line in map(json.loads, out.read_text().splitlines()):
+        body = ChatCompletion.model_validate(line["response"]["body"])
+        message, row = body.choices[0].message, rows[line["custom_id"]]
+        assert (
+            message.content == row["generated_text"] and message.reasoning_content == row["reasoning"] != ""
+        )
+        assert body.usage.completion_tokens_details.reasoning_tokens == row["reasoning_tokens"] == 8
+        assert body.usage.completion_tokens == row["completion_tokens"]
+
+
+def test_inspect_and_the_gallery_show_the_answer_with_the_reasoning_folded(tmp_path, thinking):
+    rows = _rows({}, n=2, max_tokens=6) + [{"id": "long", "prompt": "Think hard.", "max_tokens": 4}]
+    got = _run(tmp_path, thinking, rows[:2], "--thinking", "on", "--reasoning-budget", "4")
+    out = tmp_path / "think.parquet"
+    page = tmp_path / "gallery.html"
+    assert run_cli("report", str(out), "-o", str(page))[0] == 0
+    html = page.read_text()
+    marker = '<script id="data" type="application/json">'
+    start = html.index(marker) + len(marker)
+    entries = {e["id"]: e for c in json.loads(html[start : html.index("</script>", start)])["cards"]
+               for e in c["entries"]}  # fmt: skip
+    for row_id, row in got.items():
+        assert (
+            entries[row_id]["text"] == row["generated_text"]
+            and entries[row_id]["reasoning"] == row["reasoning"]
+        )
+    assert 'el("details"' in html  # the page folds the reasoning away under the answer
+    text = run_cli("inspect", str(out))[1]
+    assert "reasoning: 2 rows reasoned first, 8 reasoning tokens" in text, text
+    _run(tmp_path, thinking, rows[2:], "--thinking", "on", "--overwrite")  # no budget: out of tokens
+    text = run_cli("inspect", str(out))[1]
+    assert "1 gave no answer (out of tokens while reasoning" in text, text

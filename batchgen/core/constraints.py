@@ -18,12 +18,12 @@ import llguidance as llg
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
-from .params import Problem
-from .records import Constraint
+from .params import Problem, tool_problems
+from .records import Constraint, GenParams
 
 __all__ = [
-    "KINDS", "LIMITS", "TOOL_CALL_FORMAT", "CONSTRAINT_FIELDS", "tool_constraint", "ANSWER_KINDS",
-    "constraint_of", "closed", "grammar", "check",
+    "KINDS", "LIMITS", "TOOL_CALL_FORMAT", "CONSTRAINT_FIELDS", "tool_constraint", "with_tool_choice",
+    "ANSWER_KINDS", "constraint_of", "closed", "grammar", "check",
     "satisfied", "answer_kinds", "requested_kinds", "merge_kinds", "MAX_ANSWER_FIELDS", "MAX_ANSWER_COLUMNS",
 ]  # fmt: skip
 
@@ -141,6 +141,25 @@ def tool_constraint(tools: tuple[dict[str, Any], ...], choice: str) -> Constrain
     chosen = [t["function"] for t in tools if choice == "required" or t["function"]["name"] == choice]
     spec = [{"name": f["name"], "parameters": f.get("parameters") or {"type": "object"}} for f in chosen]
     return Constraint("tool_call", json.dumps(spec))
+
+
+def with_tool_choice(
+    p: GenParams, constraint: Constraint | None, problems: list[Problem]
+) -> Constraint | None:
+    """The row's constraint, or its tool_choice's (a call of a named function, or of any)."""
+    found = tool_problems(p)
+    problems += found
+    tool = None if found else tool_constraint(p.tools, p.tool_choice)
+    if tool is None:
+        return constraint
+    if constraint is not None:
+        problems.append(("tool_choice", f"{p.tool_choice!r} constrains the answer to a tool call: give it or "
+                                        "an output constraint, not both"))  # fmt: skip
+        return None
+    if why := check(tool):
+        problems.append(("tools", f"the parameters cannot be compiled ({why})"))
+        return None
+    return tool
 
 
 def _tool_grammar(functions: list[dict[str, Any]], markers: tuple[str, str]) -> str:

@@ -11,7 +11,7 @@ import string
 from collections import Counter
 from typing import Any
 
-from ..core.constraints import CONSTRAINT_FIELDS, check, constraint_of, tool_constraint
+from ..core.constraints import CONSTRAINT_FIELDS, constraint_of, with_tool_choice
 from ..core.errors import ConfigError, short
 from ..core.params import (
     MOST_SCORED,
@@ -21,9 +21,8 @@ from ..core.params import (
     check_params,
     is_int,
     is_number,
-    tool_problems,
 )  # fmt: skip
-from ..core.records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef, Scoring
+from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef, Scoring
 from ..core.settings import Columns
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
@@ -289,25 +288,6 @@ def shared_parts(value: Any, columns: Columns) -> tuple[list[tuple[str, str | by
     return media, [value.get("system"), messages[:-1]] if len(messages) > 1 else value.get("system")
 
 
-def _with_tool_choice(
-    p: GenParams, constraint: Constraint | None, problems: list[Problem]
-) -> Constraint | None:
-    """The row's constraint, or its tool_choice's (a call of a named function, or of any)."""
-    found = tool_problems(p)
-    problems += found
-    tool = None if found else tool_constraint(p.tools, p.tool_choice)
-    if tool is None:
-        return constraint
-    if constraint is not None:
-        problems.append(("tool_choice", f"{p.tool_choice!r} constrains the answer to a tool call: give it or "
-                                        "an output constraint, not both"))  # fmt: skip
-        return None
-    if why := check(tool):
-        problems.append(("tools", f"the parameters cannot be compiled ({why})"))
-        return None
-    return tool
-
-
 def parse_row(
     row: RawRow, defaults: GenParams, template: str | None = None, columns: Columns | None = None
 ) -> tuple[Job, list[Problem]]:
@@ -357,7 +337,7 @@ def _parse_row(
     param_problems, job.params = check_params(value, defaults)
     problems += param_problems
     constraint = constraint_of(value, problems)
-    constraint = _with_tool_choice(job.params, constraint, problems)
+    constraint = with_tool_choice(job.params, constraint, problems)
     if constraint is not None:
         job.params = dataclasses.replace(job.params, constraint=constraint)
     before = len(problems)

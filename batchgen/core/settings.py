@@ -12,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from .budget import budget_spec
 from .constraints import CONSTRAINT_FIELDS, constraint_of
 from .errors import ConfigError, one_line
 from .params import check_params
@@ -123,7 +124,8 @@ class RunConfig:
     cache: bool = True  # reuse prompt-prefix KV state across rows (--no-cache to compare)
     cache_entries: int = 50  # prefix snapshots kept (LRU)
     cache_bytes: int = 2 * 2**30  # ... and their memory
-    batch_size: int = 32  # rows decoded together; 1 turns batching off
+    batch_size: int = 32  # rows decoded together at most; 1 turns batching off
+    memory_budget: str | None = "auto"  # auto | SIZE | PCT | off: rows join a batch while it fits
     continuous: bool = True  # a finished row's slot goes to a waiting row; False: static batches
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
     plan_horizon: int = 512  # MiB of rows held back to meet the rest of their group (input/plan); 0: off
@@ -157,6 +159,7 @@ class EngineSettings:
     cache_entries: int
     cache_bytes: int
     row_timeout: float | None
+    memory_budget: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +349,7 @@ def build_config(
         if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
             raise ConfigError(f"--shard {data['shard']!r}: expected i/N with 0 <= i < N, e.g. 0/4")
         data["shard"] = tuple(shard)
+    budget_spec(data.get("memory_budget", "auto"))  # a budget that cannot be read stops the run here
     if data.get("row_timeout") is not None and not float(data["row_timeout"]) > 0:
         raise ConfigError("--row-timeout must be > 0 seconds")
     if data.get("limit") is not None and int(data["limit"]) < 0:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.records import CacheStats, Finished, MediaStats
+from ..core.records import CacheStats, Finished, MediaStats, MemoryStats
 from ..core.settings import RunConfig, WorkSettings
 from ..generate.router import Engines
 from ..output.resume import Pending
@@ -38,6 +38,7 @@ class ExecutorStats:
     one_at_a_time: dict[str, int] = field(default_factory=dict)
     unused_media: dict[str, int] = field(default_factory=dict)
     near_misses: dict[str, int] = field(default_factory=dict)  # rows with a field one slip from ours
+    memory: MemoryStats = field(default_factory=MemoryStats)
 
     @classmethod
     def added(cls, parts: list[ExecutorStats]) -> ExecutorStats:
@@ -50,6 +51,7 @@ class ExecutorStats:
             _add([p.one_at_a_time for p in parts]),
             _add([p.unused_media for p in parts]),
             _add([p.near_misses for p in parts]),
+            MemoryStats.added([p.memory for p in parts]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -57,10 +59,11 @@ class ExecutorStats:
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> ExecutorStats:
-        cache = value.get("cache")
+        cache, memory = value.get("cache"), dict(value.get("memory") or {})
+        memory["widths"] = {int(w): n for w, n in (memory.get("widths") or {}).items()}  # JSON keys are text
         return cls(MediaStats(**value["media"]), CacheStats(**cache) if cache else None,
                    value["max_tokens_capped"], value["one_at_a_time"], value["unused_media"],
-                   value.get("near_misses", {}))  # fmt: skip
+                   value.get("near_misses", {}), MemoryStats(**memory))  # fmt: skip
 
 
 class Executor(ABC):

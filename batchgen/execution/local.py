@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..core.constraints import answer_kinds, satisfied
 from ..core.errors import RowError, one_line
-from ..core.records import TOTALS, Finished, Generation, Job, Media, Result
+from ..core.records import TOTALS, Finished, Generation, Job, Media, MemoryStats, Result
 from ..core.settings import RunConfig, WorkSettings
 from ..generate.lanes import completions
 from ..generate.router import Engines, Plan
@@ -247,10 +247,11 @@ class LocalExecutor(Executor):
                 yield [Finished(job.raw, job.where, result) for job, result in done]
 
     def stats(self) -> ExecutorStats:
-        prefixes = self.engines.prefixes
+        prefixes, memory = self.engines.prefixes, self.engines.memory
         return ExecutorStats(
             self.stage.stats(), prefixes.stats() if prefixes else None, self.engines.capped,
             dict(self.engines.one_at_a_time), dict(self.unused_media), dict(self.near_misses),
+            dataclasses.replace(memory.stats, widths=dict(memory.stats.widths)) if memory else MemoryStats(),
         )  # fmt: skip
 
     def close(self) -> None:

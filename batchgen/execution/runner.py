@@ -248,6 +248,7 @@ def _run(
         summary.media, summary.cache = stats.media, stats.cache
         summary.max_tokens_capped = stats.max_tokens_capped
         summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
+        summary.memory = stats.memory
         summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
         return _conclude(config, writer, summary, started)
 

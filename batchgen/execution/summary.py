@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..core.budget import human_bytes
 from ..core.errors import gist
-from ..core.records import CacheStats, MediaStats
+from ..core.records import CacheStats, MediaStats, MemoryStats
 
 __all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE"]
 
@@ -54,6 +55,7 @@ class RunSummary:
     commonest_errors: list[str] = field(default_factory=list)  # "12× fetch: HTTP 404 Not Found", …
     media: MediaStats = field(default_factory=MediaStats)  # downloads, reuses, decodes
     cache: CacheStats | None = None  # prefix hits, misses, tokens saved; None without a prefix cache
+    memory: MemoryStats = field(default_factory=MemoryStats)  # the budget, widths, out-of-memory splits
 
     @property
     def exit_code(self) -> int:
@@ -77,6 +79,14 @@ class RunSummary:
         if self.repetitions:
             capped += f" · {self.repetitions} rows stopped repeating themselves (finish_reason repetition)"
         capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())
+        m = self.memory
+        if m.out_of_memory:
+            capped += (
+                f" · {m.out_of_memory} out-of-memory batches split in halves ({m.retried} rows run again), "
+                f"batches held to {human_bytes(m.ceiling or 0)} after it"
+            )
+        if m.too_big:
+            capped += f" · {m.too_big} rows too big for the memory budget of {human_bytes(m.budget or 0)}"
         capped += "".join(
             f" · warning: {n} rows without media beside column {name!r}, which looks like media "
             f"(--image-column {name} or --video-column {name} to use it)"

@@ -25,13 +25,13 @@ from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
 from .adapters import Adapter, Sequence, embedded
+from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
 from .sampling import HISTORY, Loops, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
 
 __all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
 
-PREFILL_STEP = 2048  # tokens per prefill forward: bounds activation memory on long prompts
 _SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
 
 
@@ -117,18 +117,22 @@ def decode_stream(
     watch: Watch | None = None,
     width: int | None = None,
     tokenizer: Any = None,
+    memory: tuple[Memory, Footprint | None] | None = None,
 ) -> Iterator[int]:
     """Generate every sequence, at most `width` at a time (continuous batching): when a row
     finishes, the next waiting one is prefilled from its longest cached prefix and joins the
     running batch at the next step, so no slot idles while rows wait. Yields each row's index
     as it finishes, with its tokens, text, finish_reason and cached_tokens filled in.
 
+    `memory`: the run's budget and the model's row footprint; rows then join only while the
+    batch fits it (a row alone always runs), so long rows run narrow and short ones wide.
+
     A row with a seed and temperature > 0 must come alone: its draws then depend on nothing
     but its seed (the scheduler sees to that). Rows past the watch's timeout (from their own
     prefill) end with finish reason "timeout"; a stop request raises StopRequested between
     steps, whatever is running.
     """
-    batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, tokenizer)
+    batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, tokenizer, memory)
     while batch.active or batch.waiting:
         yield from batch.join()
         if batch.active:
@@ -150,8 +154,10 @@ class DecodeBatch:
     def __init__(
         self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
         prefixes: PrefixCache | None, watch: Watch | None, width: int | None, tokenizer: Any,
+        memory: tuple[Memory, Footprint | None] | None = None,
     ):  # fmt: skip
         self.adapter, self.seqs, self.eos, self.decode, self.prefixes = adapter, seqs, eos, decode, prefixes
+        self.memory = memory
         self.watch = watch or Watch()
         self.width = width or len(seqs)
         if len(seqs) == 1 and seqs[0].params.seed is not None:
@@ -179,9 +185,9 @@ class DecodeBatch:
     def join(self) -> Iterator[int]:
         """Prefill waiting rows into the free slots (again if rows ended at their first token);
         yields the rows that finished there."""
-        while self.waiting and len(self.active) < self.width:
-            prefilled = []
-            while self.waiting and len(self.active) + len(prefilled) < self.width:
+        while self.waiting and len(self.active) < self.width and self._room([]):
+            prefilled: list[tuple[int, list[Any], int]] = []
+            while self.waiting and len(self.active) + len(prefilled) < self.width and self._room(prefilled):
                 i = self.waiting.pop()
                 self.deadlines[i] = self.watch.deadline(time.monotonic())
                 prefilled.append((i, *prefill(self.adapter, self.seqs[i], self.prefixes, self.watch)))
@@ -194,6 +200,16 @@ class DecodeBatch:
                             c.filter([rows.index(i) for i in joined])
                     self._place(joined, batch)
         self._tidy()
+
+    def _room(self, prefilled: list[tuple[int, list[Any], int]]) -> bool:
+        """Whether the next waiting row fits the memory budget beside the running rows and those
+        prefilled to join with it (a row that would run alone always does)."""
+        if self.memory is None:
+            return True
+        memory, fp = self.memory
+        rows = [*self.active, *(i for i, *_ in prefilled), self.waiting[-1]]
+        lengths = [len(self.seqs[i].ids) + self.seqs[i].params.max_tokens for i in rows]
+        return memory.fits(fp, lengths, len(self.seqs[rows[-1]].ids), alone=len(rows) == 1)
 
     def _place(self, rows: list[int], batch: list[Any]) -> None:
         """Joining rows' caches into the batch: into idle slots in place where the caches allow,
@@ -232,6 +248,8 @@ class DecodeBatch:
             logits = logits[mx.array(live)]
         mx.eval(logits)
         rows = [self.slots[s] for s in live]
+        if self.memory is not None:
+            self.memory[0].step(len(live))
         running = set(self.pick(rows, logits))  # type: ignore[arg-type]
         if len(running) < len(rows):
             yield from (i for i in rows if i not in running)

@@ -24,6 +24,7 @@ from ..core.records import Generation, Job, Media
 from .adapters import LMAdapter, Sequence
 from .decoder import Watch, decode_stream
 from .loading import Models
+from .memory import Footprint, Memory, out_of_memory
 from .models import ModelInfo
 from .one_row import generate_draft_lm, generate_vlm, vlm_prompt_ids
 from .prefix_cache import PrefixCache
@@ -62,8 +63,11 @@ class Plan:
         return self.lane.solo or (p.seed is not None and p.temperature > 0)
 
     @property
-    def budget(self) -> int:
-        return (self.seq.params if self.seq is not None else self.job.params).max_tokens
+    def span(self) -> int:
+        """The most tokens the row's cache may hold: its prompt (where tokenized) and max_tokens."""
+        if self.seq is None:
+            return self.job.params.max_tokens
+        return len(self.seq.ids) + self.seq.params.max_tokens
 
 
 class Lane:
@@ -72,8 +76,9 @@ class Lane:
     name = "lane"
     solo = False
 
-    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
-        self.models, self.info, self.prefixes = models, info, prefixes
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
+                 memory: Memory | None = None):  # fmt: skip
+        self.models, self.info, self.prefixes, self.memory = models, info, prefixes, memory
 
     def plan(self, job: Job, media: Media) -> Plan:
         raise NotImplementedError
@@ -114,15 +119,29 @@ class Lane:
         if context and seq.params.max_tokens > context - len(seq.ids):
             seq.params = dataclasses.replace(seq.params, max_tokens=max(context - len(seq.ids), 1))
             seq.capped = True
+        if self.memory is not None:  # a row no batch could hold: its error before any work
+            self.memory.check_alone(self.footprint(), len(seq.ids), seq.params.max_tokens)
         return seq
+
+    def footprint(self) -> Footprint | None:
+        """A row's memory on this lane's model (batched lanes measure it; None: unbounded)."""
+        return None
 
 
 class BatchedLane(Lane):
-    """Lanes whose rows decode together through decoder.decode_stream."""
+    """Lanes whose rows decode together through decoder.decode_stream. An out-of-memory while
+    a batch runs sends its unfinished rows back in halves (the budget lowered for the rest of
+    the run); a row that fails alone is that row's error."""
 
     def _engine(self) -> tuple[Any, set[int], Callable[[list[int]], str], Any]:
         """(adapter, end tokens, detokenizer, tokenizer)."""
         raise NotImplementedError
+
+    def footprint(self) -> Footprint | None:
+        if self.memory is None:
+            return None
+        adapter = self._engine()[0]
+        return self.memory.footprint(getattr(adapter, "lm", adapter.model), adapter.make_cache)
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
         adapter, eos, decode, tokenizer = self._engine()
@@ -151,8 +170,10 @@ class BatchedLane(Lane):
             return
         seqs: list[Sequence] = [plans[i].seq for i in todo]  # type: ignore[misc]
         finished: set[int] = set()
+        memory = (self.memory, self.footprint()) if self.memory is not None else None
         try:
-            for j in decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer):
+            stream = decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer, memory)
+            for j in stream:
                 finished.add(j)
                 s = seqs[j]
                 tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
@@ -162,12 +183,31 @@ class BatchedLane(Lane):
                 gen = with_tool_calls(gen, s.params, tokenizer)
                 yield todo[j], _scored(gen, scores.get(todo[j]))
         except Exception as e:  # an engine error fails these rows, not the run
-            if len(todo) == 1:
+            rest = [todo[j] for j in range(len(todo)) if j not in finished]
+            if out_of_memory(e):
+                yield from self._halves(plans, rest, watch, width, e)
+            elif len(todo) == 1:
                 yield todo[0], row_error(e)
-                return
-            for j in (j for j in range(len(todo)) if j not in finished):  # find the culprit
-                for _, outcome in self.run([_fresh(plans[todo[j]])], watch, 1):
-                    yield todo[j], outcome
+            else:
+                for i in rest:  # find the culprit
+                    for _, outcome in self.run([_fresh(plans[i])], watch, 1):
+                        yield i, outcome
+
+    def _halves(self, plans: list[Plan], rest: list[int], watch: Watch, width: int, e: Exception
+                ) -> Iterator[tuple[int, Generation | RowError]]:  # fmt: skip
+        """After an out-of-memory: the unfinished rows again, in two halves, the budget lowered."""
+        if self.memory is not None:
+            self.memory.lower()
+        if len(rest) == 1:
+            what = f"out of memory with the row alone ({short(e, 200)})"
+            yield rest[0], RowError("generate", f"{what}; lower max_tokens or its media, or --memory-budget")
+            return
+        if self.memory is not None:
+            self.memory.stats.retried += len(rest)
+        half = (len(rest) + 1) // 2
+        for part in (rest[:half], rest[half:]):
+            for k, outcome in self.run([_fresh(plans[i]) for i in part], watch, width):
+                yield part[k], outcome
 
 
 class TextLane(BatchedLane):

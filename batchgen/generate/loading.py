@@ -51,7 +51,7 @@ class SharedImages:
 
     def __init__(self, inner: Any):
         self._inner = inner
-        self._memo: Memo[tuple[list[Any], Any]] = Memo(32, SHARED_IMAGE_BYTES, _weight)
+        self.memo: Memo[tuple[list[Any], Any]] = Memo(32, SHARED_IMAGE_BYTES, _weight)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from PIL import Image
@@ -60,7 +60,7 @@ class SharedImages:
         if not images or not all(isinstance(im, Image.Image) for im in images):
             return self._inner(*args, **kwargs)
         key = (tuple(map(id, images)), repr(args[1:]), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
-        _, out = self._memo.get(key, lambda: (images, self._inner(*args, **kwargs)))
+        _, out = self.memo.get(key, lambda: (images, self._inner(*args, **kwargs)))
         return copy.deepcopy(out)
 
     def __getattr__(self, name: str) -> Any:
@@ -108,6 +108,17 @@ class Models:
         self._lm: tuple[Any, Any] | None = None
         self._failed: dict[str, ConfigError] = {}
         self.text_on_vlm = False  # mlx-lm cannot load this VLM checkpoint: mlx-vlm serves text rows
+
+    def loaded(self) -> list[Any]:
+        """The models loaded so far (the memory budget counts their weights once)."""
+        found = [pair[0] for pair in (self._vlm, self._lm) if pair is not None]
+        drafter = self.drafter.model if self.drafter is not None else None
+        return found + ([drafter] if drafter is not None and hasattr(drafter, "parameters") else [])
+
+    def caches(self) -> list[Any]:
+        """The processed-image memo, once the vision model is loaded."""
+        images = getattr(self._vlm[1], "image_processor", None) if self._vlm is not None else None
+        return [images.memo] if isinstance(images, SharedImages) else []
 
     @property
     def drafter_lane(self) -> str | None:

@@ -47,10 +47,25 @@ class PrefixCache:
         size = self._nbytes(cache)
         self._entries[key] = (cache, size)
         self._bytes += size
-        while len(self._entries) > 1 and (len(self._entries) > self.capacity or self._bytes > self.max_bytes):
+        self._evict(1)
+
+    def _evict(self, keep: int) -> None:
+        while len(self._entries) > keep and (
+            len(self._entries) > self.capacity or self._bytes > self.max_bytes
+        ):
             _, (_, dropped) = self._entries.popitem(last=False)
             self._bytes -= dropped
             self.evictions += 1
+
+    @property
+    def held(self) -> int:
+        """Bytes of the snapshots it keeps."""
+        return self._bytes
+
+    def shrink(self, max_bytes: int) -> None:
+        """Keep at most this many bytes from now on (a memory budget making room for a row)."""
+        self.max_bytes = min(self.max_bytes, max_bytes)
+        self._evict(0)
 
     def stats(self) -> CacheStats:
         lookups = self.hits + self.misses

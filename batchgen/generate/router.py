@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
+from ..core.budget import budget_spec
 from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, family
 from ..core.records import Generation, Job, Media
@@ -16,6 +17,7 @@ from .decoder import Watch
 from .drafts import Drafter, inspect_drafter
 from .lanes import DraftLane, Lane, Plan, SingleLane, TextLane, row_error
 from .loading import Models
+from .memory import Memory
 from .models import inspect_model
 from .prefix_cache import PrefixCache
 from .vision_lanes import OffsetVisionLane, VisionLane
@@ -35,14 +37,17 @@ class Engines:
         drafter: Drafter | None = None,
         row_timeout: float | None = None,
         lazy: bool = False,
+        memory_budget: str | None = None,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
         self.prefixes = prefix_cache
         self.models = Models(self.vision_info, self.text_info, drafter, lazy)
-        self.text = TextLane(self.models, self.text_info, prefix_cache)
-        self.vision = VisionLane(self.models, self.vision_info, prefix_cache)
-        self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache)
+        spec = budget_spec(memory_budget) if not lazy else None
+        self.memory = Memory(spec, self.models, prefix_cache) if spec is not None else None
+        self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
+        self.vision = VisionLane(self.models, self.vision_info, prefix_cache, self.memory)
+        self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache, self.memory)
         self.single = SingleLane(self.models, self.vision_info)
         self.draft = DraftLane(self.models, self.text_info, self.text)
         self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
@@ -60,7 +65,9 @@ class Engines:
             drafter = inspect_drafter(
                 config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
             )
-        return cls(config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy)
+        return cls(
+            config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy, config.memory_budget
+        )
 
     # -- loading ---------------------------------------------------------------
     def load(self, vision: bool, text: bool) -> None:

@@ -16,7 +16,7 @@ class Schedulable(Protocol):
     def solo(self) -> bool: ...
 
     @property
-    def budget(self) -> int: ...  # the most tokens the row may generate
+    def span(self) -> int: ...  # the most tokens the row's cache may hold: prompt + max_tokens
 
 
 def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[int]]:
@@ -24,16 +24,18 @@ def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[i
     back so the first one's prefill serves the rest; lanes never mix; solo rows run alone.
     Groups keep the order in which they first appear in the window. A run holds at most
     `batch_size` rows; None: one run per lane (continuous batching refills its slots), its
-    groups and each group's rows ordered by budget, largest first (stable): the long rows
-    then run beside the short ones that fill the slots they leave, instead of on their own
-    at the end, and rows of like lengths share a batch (less padding to attend over)."""
+    groups and each group's rows ordered by span (prompt + max_tokens), largest first
+    (stable): the long rows then run beside the short ones that fill the slots they leave,
+    instead of on their own at the end, and rows of like lengths share a batch (less padding
+    to attend over; under a memory budget, long rows run narrow together and the short ones
+    wide after them, where mixed they would hold every slot to the longest's size)."""
     groups: dict[tuple[str, Hashable], list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault((row.lane, row.group), []).append(i)
     if batch_size is None:
         for members in groups.values():
-            members.sort(key=lambda i: -rows[i].budget)
-        groups = dict(sorted(groups.items(), key=lambda g: -rows[g[1][0]].budget))
+            members.sort(key=lambda i: -rows[i].span)
+        groups = dict(sorted(groups.items(), key=lambda g: -rows[g[1][0]].span))
     batches: list[list[int]] = []
     open_batch: dict[str, list[int]] = {}
     for (lane, _), members in groups.items():

@@ -18,6 +18,7 @@ from ..core.records import Job, Media
 from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
 from .lanes import BatchedLane, Plan
 from .loading import Models
+from .memory import Memory
 from .models import ModelInfo
 from .prefix_cache import PrefixCache
 from .prompts import after_media, check_length, render, template_parts, text_only
@@ -66,8 +67,9 @@ class VisionLane(_MediaLane):
 
     name = "vlm"
 
-    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None):
-        super().__init__(models, info, prefixes)
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
+                 memory: Memory | None = None):  # fmt: skip
+        super().__init__(models, info, prefixes, memory)
         self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
         self._layouts: Memo[Any] = Memo(64)  # mRoPE positions of prompts up to their last media
 

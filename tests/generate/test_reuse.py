@@ -151,6 +151,6 @@ def test_kept_image_processor_outputs_are_bounded_by_their_bytes():
         shared([im])
     shared([big[2]])
     shared([big[1]])
-    assert len(calls) == 3 and len(shared._memo) == 2
+    assert len(calls) == 3 and len(shared.memo) == 2
     shared([big[0]])  # the oldest went, with its image
     assert len(calls) == 4

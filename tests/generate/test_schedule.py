@@ -12,7 +12,7 @@ class Row:
     lane: str
     group: tuple
     solo: bool = False
-    budget: int = 16
+    span: int = 16
 
 
 def test_rows_of_a_group_run_back_to_back_in_first_seen_order():
@@ -41,13 +41,13 @@ def test_solo_rows_run_alone_and_keep_their_place_among_their_group():
     assert schedule([], 4) == []
 
 
-def test_continuous_runs_put_the_longest_budgets_first_and_keep_groups_together():
+def test_continuous_runs_put_the_longest_spans_first_and_keep_groups_together():
     rows = [
-        Row("lm", ("a",), budget=8),
-        Row("lm", ("b",), budget=64),
-        Row("lm", ("a",), budget=256),
-        Row("lm", ("b",), budget=64),
-        Row("lm", ("c",), budget=8),
+        Row("lm", ("a",), span=8),
+        Row("lm", ("b",), span=64),
+        Row("lm", ("a",), span=256),
+        Row("lm", ("b",), span=64),
+        Row("lm", ("c",), span=8),
     ]
     assert schedule(rows, None) == [[2, 0, 1, 3, 4]]  # group a holds the longest; ties keep their order
     assert schedule(rows, 8) == [[0, 2, 1, 3, 4]]  # static batches keep the window's order

@@ -22,9 +22,14 @@
     python bench/memory.py bytes    # the byte bombs alone
     python bench/memory.py i2d 20000
     python bench/memory.py plan     # the plan over a 1M-row prompt-major JSONL job: its peak and time
+    python bench/memory.py mixed    # the memory budget: 200 short rows and 20 long ones
 5. The whole-job plan (input/plan.py) of a 1,000,000-row JSONL job laid out prompt-major
    (333,334 pictures x 3 questions): the scan with its share keys and the grouping, then the
    rows streamed in plan order (held back up to the 512 MiB default horizon).
+6. The memory budget (`mixed`): 200 short rows (25 words) and 20 long ones (1,000 words, 40x),
+   shuffled, max_tokens 32, greedy, on the sample's tiny-lm, under a budget of a third of what
+   32 long rows need (weights apart), against the unbudgeted run: MLX's peak, peak RSS, wall
+   time, the widths decode steps ran at, outputs compared.
 """
 
 from __future__ import annotations
@@ -220,7 +225,68 @@ def byte_bombs(folder: Path) -> None:
         print(f"  {name}: peak RSS {mb} MB ({rows} rows, {ok} ok)")
 
 
+MIXED_CHILD = """
+import json, resource, sys, time
+import mlx.core as mx
+import batchgen
+job, out, model, budget = sys.argv[1:5]
+config = batchgen.build_config(job, out, None, {"temperature": 0.0, "max_tokens": 32}, model=model,
+                               quiet=True, memory_budget=budget)
+t0 = time.perf_counter()
+batchgen.run(config)
+wall = time.perf_counter() - t0
+stats = json.load(open(out + ".stats.json"))
+print(json.dumps({"peak": mx.get_peak_memory(), "rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                  "wall": wall, "widths": stats["memory"]["widths"]}))
+"""
+
+
+def mixed(folder: Path) -> None:
+    import random
+
+    import mlx_lm
+    import pyarrow.parquet as pq
+
+    from batchgen.generate.adapters import LMAdapter
+    from batchgen.generate.memory import batch_need, footprint, weights_bytes
+    from batchgen.tools.tiny.parts import WORDS
+
+    model_dir = str(ROOT / "sample_data" / "models" / "tiny-lm")
+    rng = random.Random(0)
+    rows = [{"id": f"s{i}", "prompt": " ".join(rng.choice(WORDS) for _ in range(25))} for i in range(200)]
+    rows += [{"id": f"l{i}", "prompt": " ".join(rng.choice(WORDS) for _ in range(1000))} for i in range(20)]
+    rng.shuffle(rows)
+    job = folder / "mixed.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model, tokenizer = mlx_lm.load(model_dir)
+    fp = footprint(model, LMAdapter(model).make_cache())
+    long = max(len(tokenizer.encode(r["prompt"])) for r in rows) + 20  # the chat template's tokens
+    wide = batch_need(fp, [long + 32] * 32, long)
+    budget = weights_bytes(model) + wide // 3
+    print(f"220 rows; 32 long rows need {wide / 2**20:.0f} MiB; budget {budget / 2**20:.1f} MiB "
+          f"(weights {weights_bytes(model) / 2**20:.1f} MiB + a third)")  # fmt: skip
+    del model
+    figures, texts = {}, {}
+    for name, value in (("unbudgeted", "off"), ("budgeted", str(budget))):
+        out = str(folder / f"{name}.parquet")
+        done = subprocess.run([sys.executable, "-c", MIXED_CHILD, str(job), out, model_dir, value],
+                              capture_output=True, text=True, check=True)  # fmt: skip
+        figures[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        texts[name] = {r["id"]: r["generated_text"] for r in pq.read_table(out).to_pylist()}
+        f = figures[name]
+        widths = ", ".join(f"{w}: {n}" for w, n in sorted(f["widths"].items(), key=lambda x: -int(x[0])))
+        print(f"{name:>10}: MLX peak {f['peak'] / 2**20:6.1f} MiB, peak RSS {f['rss'] // 1024} MB, "
+              f"{f['wall']:.1f} s" + (f", decode steps by width {{{widths}}}" if widths else ""))  # fmt: skip
+    same = sum(texts["budgeted"][k] == v for k, v in texts["unbudgeted"].items())
+    b, u = figures["budgeted"], figures["unbudgeted"]
+    print(f"identical: {same} of {len(rows)}; peak / budget {b['peak'] / budget:.2f}; "
+          f"wall budgeted / unbudgeted {b['wall'] / u['wall']:.2f}")  # fmt: skip
+
+
 def main() -> None:
+    if sys.argv[1:] == ["mixed"]:
+        with tempfile.TemporaryDirectory() as tmp:
+            return mixed(Path(tmp))
     if sys.argv[1:] == ["bytes"]:
         with tempfile.TemporaryDirectory() as tmp:
             return byte_bombs(Path(tmp))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from ..core.budget import human_bytes
 from ..core.errors import BatchgenError, Interrupted
 from ..core.params import LOOP_SPAN
 from ..input.formats import FORMATS
@@ -250,6 +251,7 @@ def env() -> None:
         f"platform: {e.platform}",
         f"python: {e.python}",
         f"mlx backend: {e.backend}, default device {e.device}",
+        f"memory budget (--memory-budget auto): {human_bytes(e.memory_budget)}, {e.memory_how}",
     ]
     lines += [f"{name}: {version or 'not installed'}" for name, version in e.versions.items()]
     if e.blas is not None:

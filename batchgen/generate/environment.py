@@ -21,6 +21,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .memory import device_memory
+
 __all__ = ["Environment", "environment"]
 
 _PACKAGES = ("batchgen", "mlx", "mlx-lm", "mlx-vlm", "transformers", "tokenizers", "llguidance", "pyarrow",
@@ -38,6 +40,8 @@ class Environment:
     reference_blas: bool = False  # ... the slow reference one MLX's CPU wheel ships
     faster_blas: str | None = None  # an installed OpenBLAS that exports cblas_sgemm
     preloaded: bool = False  # ... already in this process (LD_PRELOAD)
+    memory_budget: int = 0  # what --memory-budget auto takes here
+    memory_how: str = ""  # ... and where the figure comes from
 
 
 def _version(name: str) -> str | None:
@@ -86,6 +90,7 @@ def environment() -> Environment:
         device=str(mx.default_device()),
         versions={name: _version(name) for name in _PACKAGES},
     )
+    env.memory_budget, env.memory_how = device_memory()
     if sys.platform.startswith("linux") and backend == "cpu":
         mlx_dir = Path(mx.__file__).resolve().parents[1]  # site-packages: mlx/, mlx_cpu.libs/
         ours = [p for p in _loaded_libraries()

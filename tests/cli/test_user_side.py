@@ -525,6 +525,8 @@ def test_env_says_the_backend_the_versions_and_the_blas(monkeypatch):
     code, output = run_cli("env")
     assert code == 0, output
     assert re.search(r"^mlx backend: (cpu|metal|cuda), default device Device\(", output, re.M)
+    budget = re.search(r"^memory budget \(--memory-budget auto\): [\d.]+ [GMK]iB, (.+)$", output, re.M)
+    assert budget and ("RAM (CPU backend)" in budget[1] or "Metal" in budget[1] or "GPU" in budget[1])
     assert f"\nmlx: {importlib.metadata.version('mlx')}\n" in output
     assert f"\nmlx-vlm: {importlib.metadata.version('mlx-vlm')}\n" in output
     if sys.platform.startswith("linux") and "backend: cpu" in output:

@@ -79,14 +79,7 @@ class RunSummary:
         if self.repetitions:
             capped += f" · {self.repetitions} rows stopped repeating themselves (finish_reason repetition)"
         capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())
-        m = self.memory
-        if m.out_of_memory:
-            capped += (
-                f" · {m.out_of_memory} out-of-memory batches split in halves ({m.retried} rows run again), "
-                f"batches held to {human_bytes(m.ceiling or 0)} after it"
-            )
-        if m.too_big:
-            capped += f" · {m.too_big} rows too big for the memory budget of {human_bytes(m.budget or 0)}"
+        capped += _memory(self.memory)
         capped += "".join(
             f" · warning: {n} rows without media beside column {name!r}, which looks like media "
             f"(--image-column {name} or --video-column {name} to use it)"
@@ -122,6 +115,19 @@ class RunSummary:
             f"{thought}{cache}{drafts} · "
             f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
+
+
+def _memory(m: MemoryStats) -> str:
+    """The closing line's words on what the memory budget did, when it did more than decide widths."""
+    said = ""
+    if m.out_of_memory:
+        said += (
+            f" · {m.out_of_memory} out-of-memory batches split in halves ({m.retried} rows run again), "
+            f"batches held to {human_bytes(m.ceiling or 0)} after it"
+        )
+    if m.too_big:
+        said += f" · {m.too_big} rows too big for the memory budget of {human_bytes(m.budget or 0)}"
+    return said
 
 
 @dataclass(slots=True)

@@ -79,6 +79,7 @@ class Lane:
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
                  memory: Memory | None = None):  # fmt: skip
         self.models, self.info, self.prefixes, self.memory = models, info, prefixes, memory
+        self._measured: tuple[Footprint | None] | None = None  # the footprint, once measured
 
     def plan(self, job: Job, media: Media) -> Plan:
         raise NotImplementedError
@@ -138,10 +139,15 @@ class BatchedLane(Lane):
         raise NotImplementedError
 
     def footprint(self) -> Footprint | None:
+        """Measured on the first row: later rows' checks build no adapter (and the vision lanes'
+        `_engine` resets the stopping criteria)."""
         if self.memory is None:
             return None
-        adapter = self._engine()[0]
-        return self.memory.footprint(getattr(adapter, "lm", adapter.model), adapter.make_cache)
+        if self._measured is None:
+            adapter = self._engine()[0]
+            model = getattr(adapter, "lm", adapter.model)
+            self._measured = (self.memory.footprint(model, adapter.make_cache),)
+        return self._measured[0]
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
         adapter, eos, decode, tokenizer = self._engine()

@@ -165,7 +165,7 @@ class Memory:
     out-of-memory. Without a budget every row fits (only --batch-size bounds a batch)."""
 
     def __init__(self, spec: BudgetSpec | None, models: Any, prefixes: Any = None):
-        self.spec, self.models, self.prefixes = spec, models, prefixes
+        self.models, self.prefixes = models, prefixes
         self.stats = MemoryStats()
         self._footprints: dict[int, Footprint | None] = {}
         self._weights: dict[int, int] = {}

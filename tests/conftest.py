@@ -56,16 +56,26 @@ _real_connect, _real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
 class FakeNetwork:
     """A guard, not a mock: DNS answers for a few test names, and every connection must go to
     loopback, except PUBLIC_IP, which is routed to 127.0.0.1 (so a "public" host lands on
-    the test server). `connects` records where connections were asked to go."""
+    the test server). `connects` records where connections were asked to go.
+
+    A name in `rebinding` answers PUBLIC_IP to a lookup that a connection followed and a private
+    address to a second lookup before one: a client that checks one answer and connects by
+    another is caught, while an attempt retried after a timeout resolves public again."""
 
     def __init__(self):
         self.dns = {"public.test": [PUBLIC_IP], "private.test": ["10.1.2.3"]}
         self.lookups: dict[str, int] = {}
         self.connects: list[str] = []
+        self.rebinding: set[str] = set()
+        self._unconnected: set[str] = set()
 
     def getaddrinfo(self, host, port, *args, **kwargs):
         name = host.decode() if isinstance(host, bytes) else host
         self.lookups[name] = self.lookups.get(name, 0) + 1
+        if name in self.rebinding:
+            address = "10.1.2.3" if name in self._unconnected else PUBLIC_IP
+            self._unconnected.add(name)
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port or 0))]
         answer = self.dns.get(name)
         if answer is None:
             return _real_getaddrinfo(host, port, *args, **kwargs)
@@ -78,6 +88,7 @@ class FakeNetwork:
         if sock.family in (socket.AF_INET, socket.AF_INET6):
             self.connects.append(address[0])
             if address[0] == PUBLIC_IP:
+                self._unconnected.clear()
                 address = ("127.0.0.1", *address[1:])
             assert address[0] in ("::1",) or address[0].startswith("127."), (
                 f"test tried to reach {address[0]}"

@@ -209,7 +209,7 @@ def test_every_hostile_row_is_a_clear_row_error_and_the_run_goes_on(workdir, net
     (bin_dir / "gs").write_text(f"#!/bin/sh\ntouch {workdir / 'gs-ran'}\nexit 1\n")
     (bin_dir / "gs").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    network.dns["rebind.test"] = [PUBLIC_IP, "10.1.2.3"]  # public for the check, private after
+    network.rebinding.add("rebind.test")  # public for the check, private if resolved again
     config = workdir / "hostile.yaml"
     config.write_text(
         json.dumps(

@@ -14,7 +14,7 @@ import struct
 import cv2
 import numpy as np
 import pytest
-from conftest import MEDIA, MODELS, PUBLIC_IP, read, run_cli
+from conftest import MEDIA, MODELS, read, run_cli
 from mediaserver import MediaServer
 from PIL import Image
 

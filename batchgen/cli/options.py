@@ -60,8 +60,8 @@ _SECTIONS = {
     "Models": ("model", "text_model", "preset"),
     "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
               "fetch_workers", "decode_workers"),
-    "Reuse and batching": ("batch_size", "memory_budget", "continuous", "window", "plan_horizon", "cache",
-                           "row_timeout"),
+    "Reuse and batching": ("batch_size", "memory_budget", "kv_bits", "kv_group_size", "quantized_kv_start",
+                           "continuous", "window", "plan_horizon", "cache", "row_timeout"),
     "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
     "Scale-out": ("engine", "ray_address", "workers"),
     "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns",
@@ -265,6 +265,22 @@ def run_options(command, columns: bool = True):
             "--memory-budget",
             help="Memory the run may use: auto (the device's working set; 60% of RAM on the CPU), "
             "a size (24GB, 7.5GiB), a share (50%) or off; rows join a batch while it fits [auto].",
+        ),
+        option(
+            "--kv-bits",
+            type=int,
+            help="Quantize the KV cache to 8, 6, 5, 4, 3 or 2 bits, as the engines' own generate does; "
+            "rows then run one at a time (no batch cache merges quantized ones) [off].",
+        ),
+        option(
+            "--kv-group-size",
+            type=int,
+            help="Values per quantization group (32, 64, 128); it must divide the head size [64].",
+        ),
+        option(
+            "--quantized-kv-start",
+            type=click.IntRange(min=0),
+            help="Tokens kept in full precision before the cache is quantized [0].",
         ),  # fmt: skip
         option(
             "--static-batches",

@@ -32,6 +32,8 @@ __all__ = [
     "read_json_settings",
     "build_config",
     "build_columns",
+    "KV_BITS",
+    "KV_GROUPS",
     "GEN_FIELDS",
 ]
 
@@ -126,6 +128,9 @@ class RunConfig:
     cache_bytes: int = 2 * 2**30  # ... and their memory
     batch_size: int = 32  # rows decoded together at most; 1 turns batching off
     memory_budget: str | None = "auto"  # auto | SIZE | PCT | off: rows join a batch while it fits
+    kv_bits: int | None = None  # a quantized KV cache (KV_BITS): rows then run one at a time
+    kv_group_size: int = 64  # ... quantized in groups of this many values (KV_GROUPS)
+    quantized_kv_start: int = 0  # ... from this many tokens on (mlx-lm's own default is 5000)
     continuous: bool = True  # a finished row's slot goes to a waiting row; False: static batches
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
     plan_horizon: int = 512  # MiB of rows held back to meet the rest of their group (input/plan); 0: off
@@ -160,6 +165,9 @@ class EngineSettings:
     cache_bytes: int
     row_timeout: float | None
     memory_budget: str | None
+    kv_bits: int | None
+    kv_group_size: int
+    quantized_kv_start: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +287,8 @@ def _gen_params(values: dict[str, Any]) -> GenParams:
     return params
 
 
+KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
+KV_GROUPS = (32, 64, 128)
 _LISTS = ("keep_columns", "drop_columns", "drop_result_columns")  # a preset may give one name as text
 
 
@@ -350,6 +360,14 @@ def build_config(
             raise ConfigError(f"--shard {data['shard']!r}: expected i/N with 0 <= i < N, e.g. 0/4")
         data["shard"] = tuple(shard)
     budget_spec(data.get("memory_budget", "auto"))  # a budget that cannot be read stops the run here
+    bits, group, start = (data.get(k, d) for k, d in (("kv_bits", None), ("kv_group_size", 64),
+                                                      ("quantized_kv_start", 0)))  # fmt: skip
+    if bits is not None and (type(bits) is not int or bits not in KV_BITS):
+        raise ConfigError(f"--kv-bits {bits!r}: expected one of {', '.join(map(str, KV_BITS))}")
+    if type(group) is not int or group not in KV_GROUPS:
+        raise ConfigError(f"--kv-group-size {group!r}: expected 32, 64 or 128")
+    if type(start) is not int or start < 0:
+        raise ConfigError(f"--quantized-kv-start {start!r}: expected a token count >= 0")
     if data.get("row_timeout") is not None and not float(data["row_timeout"]) > 0:
         raise ConfigError("--row-timeout must be > 0 seconds")
     if data.get("limit") is not None and int(data["limit"]) < 0:

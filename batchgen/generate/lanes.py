@@ -6,8 +6,9 @@ runs a batch of its plans, each row getting its Generation or its RowError:
 - `VisionLane`, `OffsetVisionLane` (vision_lanes.py): media rows of the Qwen-VL families
   (mRoPE positions) and of the families positioned by their cache offsets, batched;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
-  other families, vision drafters);
-- `DraftLane`: mlx-lm's speculative loop with a text draft model, one row at a time.
+  other families, vision drafters, quantized KV caches);
+- `LMSingleLane`: mlx-lm's own generate, one row at a time: its speculative loop with a text
+  draft model, or its quantized KV cache.
 `Engines.route` (router.py) chooses the lane of each row.
 """
 
@@ -26,7 +27,7 @@ from .decoder import Watch, decode_stream
 from .loading import Models
 from .memory import Footprint, Memory, out_of_memory
 from .models import ModelInfo
-from .one_row import generate_draft_lm, generate_vlm, vlm_prompt_ids
+from .one_row import KVQuant, generate_lm, generate_vlm, vlm_prompt_ids
 from .prefix_cache import PrefixCache
 from .prompts import check_length, message_bounds, render, template_kwargs, template_of, text_only
 from .reasoning import budgeted, initial_part, markers_of, split_generation
@@ -40,7 +41,7 @@ __all__ = [
     "BatchedLane",
     "TextLane",
     "SingleLane",
-    "DraftLane",
+    "LMSingleLane",
     "completions",
     "row_error",
 ]
@@ -240,7 +241,14 @@ class TextLane(BatchedLane):
 
 
 class _OneByOne(Lane):
+    """Rows through an engine's own generate, one at a time, with the run's quantized KV cache
+    if it asks for one."""
+
     solo = True
+
+    def __init__(self, models: Models, info: ModelInfo, kv: KVQuant | None = None):
+        super().__init__(models, info)
+        self.kv = kv
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
         for i, plan in enumerate(plans):
@@ -248,9 +256,8 @@ class _OneByOne(Lane):
 
     def _guarded(self, plan: Plan, watch: Watch) -> Generation | RowError:
         if plan.job.scoring is not None and (plan.job.scoring.asked or plan.job.params.score_only):
-            return RowError(
-                "generate", f"scores need a batched lane; this row runs one at a time ({self.name})"
-            )
+            why = f"--kv-bits {self.kv.bits}" if self.kv else self.name
+            return RowError("generate", f"scores need a batched lane; this row runs one at a time ({why})")
         try:
             return self._generate(plan, watch)
         except RowError as e:
@@ -283,17 +290,18 @@ class SingleLane(_OneByOne):
         drafter = self.models.drafter if vision_drafter else None
         if drafter is not None:
             self.models.load_drafter()
-        return generate_vlm(model, processor, self.info, plan.job, plan.media, drafter, watch)
+        return generate_vlm(model, processor, self.info, plan.job, plan.media, drafter, watch, self.kv)
 
 
-class DraftLane(_OneByOne):
-    """mlx-lm's speculative loop with the run's text draft model."""
+class LMSingleLane(_OneByOne):
+    """mlx-lm's own generate: its speculative loop with the run's text draft model (`draft`),
+    and its quantized KV cache (`kv`). Rows are tokenized and fitted as the text lane does."""
 
-    name = "draft"
-
-    def __init__(self, models: Models, info: ModelInfo, text: TextLane):
-        super().__init__(models, info)
-        self.text = text
+    def __init__(self, models: Models, info: ModelInfo, text: TextLane, draft: bool,
+                 kv: KVQuant | None = None):  # fmt: skip
+        super().__init__(models, info, kv)
+        self.text, self.drafts = text, draft
+        self.name = "draft" if draft else "lm-single"
 
     def plan(self, job: Job, media: Media) -> Plan:
         return Plan(job, media, self, self.text.plan(job, media).seq)  # tokenized once
@@ -301,7 +309,8 @@ class DraftLane(_OneByOne):
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
         model, tokenizer = self.models.lm()  # type: ignore[misc]
         seq = plan.seq
-        gen = generate_draft_lm(model, tokenizer, seq.ids, seq.params, self.models.drafter, watch, seq.part)  # type: ignore
+        drafter = self.models.drafter if self.drafts else None
+        gen = generate_lm(model, tokenizer, seq.ids, seq.params, watch, seq.part, drafter, self.kv)  # type: ignore
         gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]
         return gen
 

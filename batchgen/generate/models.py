@@ -38,6 +38,7 @@ class ModelInfo:
     video: bool  # frames go in as a video (temporal grid) rather than as images
     context: int | None = None  # max_position_embeddings, where the config says
     max_pixels: int | None = None  # most pixels per image/frame its processor keeps, where it says
+    head_dim: int | None = None  # the language model's attention head size, where the config says
 
     @property
     def multimodal(self) -> bool:
@@ -89,7 +90,18 @@ def inspect_model(name: str) -> ModelInfo:
         video=vision and has_keys(config, _VIDEO_KEYS),
         context=context,
         max_pixels=_processor_pixels(path),
+        head_dim=_head_dim(text or config),
     )
+
+
+def _head_dim(config: dict[str, Any]) -> int | None:
+    """`head_dim`, else hidden size over heads (the two ways configs say it)."""
+    dim, hidden, heads = (config.get(k) for k in ("head_dim", "hidden_size", "num_attention_heads"))
+    if isinstance(dim, int) and dim > 0:
+        return dim
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads
+    return None
 
 
 def _processor_pixels(path: Path) -> int | None:

@@ -1,15 +1,19 @@
 """One row at a time through the engines' own generate: mlx-vlm for video, audio and model
-families the batched decoder does not know, and both engines' speculative loops."""
+families the batched decoder does not know, both engines' speculative loops, and quantized
+KV caches (mlx-lm's QuantizedKVCache, which no batch cache merges)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
+from ..core.errors import ConfigError
 from ..core.records import Generation, GenParams, Job, Media
+from ..core.settings import KV_GROUPS
 from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
@@ -27,7 +31,31 @@ from .sampling import (
 )
 from .tool_calls import check_tools, with_tool_calls
 
-__all__ = ["collect", "generate_vlm", "generate_draft_lm", "vlm_prompt_ids"]
+__all__ = ["KVQuant", "collect", "generate_vlm", "generate_lm", "vlm_prompt_ids"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVQuant:
+    """--kv-bits: the KV cache quantized by the engines' own generate, as their `kv_bits`,
+    `kv_group_size` and `quantized_kv_start` do it."""
+
+    bits: int
+    group_size: int = 64
+    start: int = 0  # tokens kept in full precision before the cache is quantized
+
+    def engine_kwargs(self) -> dict[str, int]:
+        return {"kv_bits": self.bits, "kv_group_size": self.group_size, "quantized_kv_start": self.start}
+
+    def check(self, name: str, head_dim: int | None) -> None:
+        """A group size that does not divide the model's head dim fails every row: said once."""
+        if not head_dim or head_dim % self.group_size == 0:
+            return
+        fits = [str(g) for g in KV_GROUPS if head_dim % g == 0]
+        hint = f"--kv-group-size {' or '.join(fits)} does" if fits else "no MLX group size does: no --kv-bits"
+        raise ConfigError(
+            f"--kv-group-size {self.group_size}: model {name!r} has {head_dim}-dim attention heads, "
+            f"which the groups must divide ({hint})"
+        )
 
 
 def collect(
@@ -88,30 +116,35 @@ def collect(
     return with_tool_calls(split_generation(gen, tokens, markers, part == "reasoning"), p, tokenizer)
 
 
-def generate_draft_lm(
-    model: Any, tokenizer: Any, ids: list[int], p: GenParams, drafter: Drafter, watch: Watch | None = None,
-    part: Part = "answer",
+def generate_lm(
+    model: Any, tokenizer: Any, ids: list[int], p: GenParams, watch: Watch | None = None,
+    part: Part = "answer", drafter: Drafter | None = None, kv: KVQuant | None = None,
 ) -> Generation:  # fmt: skip
-    """mlx-lm's speculative loop with a text draft model; draft counts replayed from its flags."""
+    """mlx-lm's own generate for one tokenized row (`p` already budgeted for its part): its
+    speculative loop with a text draft model (draft counts replayed from its flags), its
+    quantized KV cache with `kv`."""
     from mlx_lm import stream_generate
 
     if p.seed is not None:
         mx.random.seed(p.seed)
+    eos, markers = set(tokenizer.eos_token_ids), markers_of(tokenizer)
     flags: list[bool] = []
+    draft = {"draft_model": drafter.model, "num_draft_tokens": drafter.num_draft_tokens} if drafter else {}
 
     def stream():
         for response in stream_generate(
-            model, tokenizer, ids, max_tokens=p.max_tokens, draft_model=drafter.model,
-            num_draft_tokens=drafter.num_draft_tokens, sampler=sampler_for(p),
-            logits_processors=logits_processors_for(p),
+            model, tokenizer, ids, max_tokens=p.max_tokens, sampler=sampler_for(p),
+            logits_processors=logits_processors_for(p, tokenizer, eos, markers, part),
+            **draft, **(kv.engine_kwargs() if kv else {}),
         ):  # fmt: skip
             flags.append(bool(response.from_draft))
             yield response
 
-    gen = collect(stream(), p, tokenizer, set(tokenizer.eos_token_ids), watch, markers_of(tokenizer), part)
+    gen = collect(stream(), p, tokenizer, eos, watch, markers, part)
     gen.prompt_tokens = len(ids)
-    gen.mtp_accepted = sum(flags)
-    gen.mtp_drafts = drafted_from_flags(flags, p.max_tokens, drafter.num_draft_tokens)
+    if drafter is not None:
+        gen.mtp_accepted = sum(flags)
+        gen.mtp_drafts = drafted_from_flags(flags, p.max_tokens, drafter.num_draft_tokens)
     return gen
 
 
@@ -172,10 +205,10 @@ def _seeing_the_prompt(processors: list[Callable], prompt: list[int]) -> list[Ca
 
 def generate_vlm(
     model: Any, processor: Any, info: ModelInfo, job: Job, media: Media, drafter: Drafter | None = None,
-    watch: Watch | None = None,
+    watch: Watch | None = None, kv: KVQuant | None = None,
 ) -> Generation:  # fmt: skip
     """mlx-vlm's own generate for one row; with an mlx-vlm drafter, its counts come from the
-    drafter's lifetime counters, read before and after."""
+    drafter's lifetime counters, read before and after; its quantized KV cache with `kv`."""
     from mlx_vlm import stream_generate
 
     prompt, images, videos = _vlm_inputs(processor, info, job, media)
@@ -218,6 +251,7 @@ def generate_vlm(
         logits_processors=processors or None,
         seed=p.seed,
         **draft,
+        **(kv.engine_kwargs() if kv else {}),
     )
     gen = collect(stream, p, tokenizer, eos, watch, markers, part)
     if drafter is not None:

@@ -15,10 +15,11 @@ from ..core.records import Generation, Job, Media
 from ..core.settings import EngineSettings
 from .decoder import Watch
 from .drafts import Drafter, inspect_drafter
-from .lanes import DraftLane, Lane, Plan, SingleLane, TextLane, row_error
+from .lanes import Lane, LMSingleLane, Plan, SingleLane, TextLane, row_error
 from .loading import Models
 from .memory import Memory
 from .models import inspect_model
+from .one_row import KVQuant
 from .prefix_cache import PrefixCache
 from .vision_lanes import OffsetVisionLane, VisionLane
 
@@ -38,9 +39,14 @@ class Engines:
         row_timeout: float | None = None,
         lazy: bool = False,
         memory_budget: str | None = None,
+        kv: KVQuant | None = None,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
+        if kv is not None:  # a group size the heads cannot take stops the run here
+            for info in (self.vision_info, self.text_info):
+                kv.check(info.name, info.head_dim)
+        self.kv = kv
         self.prefixes = prefix_cache
         self.models = Models(self.vision_info, self.text_info, drafter, lazy)
         spec = budget_spec(memory_budget) if not lazy else None
@@ -48,12 +54,15 @@ class Engines:
         self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
         self.vision = VisionLane(self.models, self.vision_info, prefix_cache, self.memory)
         self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache, self.memory)
-        self.single = SingleLane(self.models, self.vision_info)
-        self.draft = DraftLane(self.models, self.text_info, self.text)
+        self.single = SingleLane(self.models, self.vision_info, kv)
+        self.draft = LMSingleLane(self.models, self.text_info, self.text, draft=True, kv=kv)
+        # With a quantized cache, text rows run alone too; the budget's check assumes a full one.
+        unbudgeted = TextLane(self.models, self.text_info)
+        self.text_alone = LMSingleLane(self.models, self.text_info, unbudgeted, draft=False, kv=kv)
         self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
         self.stop = threading.Event()  # the runner's stop request, checked between decode steps
         self.capped = 0  # rows whose max_tokens was lowered to fit the model's context
-        self.one_at_a_time: dict[str, int] = {}  # media rows that could not batch, by reason
+        self.one_at_a_time: dict[str, int] = {}  # rows that could not batch, by reason
 
     @classmethod
     def from_config(cls, config: EngineSettings, lazy: bool = False) -> Engines:
@@ -65,9 +74,13 @@ class Engines:
             drafter = inspect_drafter(
                 config.draft_model, config.draft_kind, config.draft_block_size, config.num_draft_tokens
             )
+        kv = None
+        if config.kv_bits:
+            kv = KVQuant(config.kv_bits, config.kv_group_size, config.quantized_kv_start)
         return cls(
-            config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy, config.memory_budget
-        )
+            config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
+            memory_budget=config.memory_budget, kv=kv,
+        )  # fmt: skip
 
     # -- loading ---------------------------------------------------------------
     def load(self, vision: bool, text: bool) -> None:
@@ -92,7 +105,8 @@ class Engines:
     def route(self, job: Job, media: Media) -> Lane:
         """The lane of a row: text rows on mlx-lm (speculative with a text drafter), media rows
         (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
-        else one at a time through mlx-vlm."""
+        else one at a time through mlx-vlm; with --kv-bits, every row one at a time through its
+        engine's own generate (mlx-lm's quantized caches do not merge into a batch)."""
         # A drafter's guesses would skip the mask, and mlx-vlm's drafters report no logprobs.
         # A reasoning budget forces tokens through a logits processor, which the drafters skip too.
         p = job.params
@@ -102,8 +116,13 @@ class Engines:
             or job.scoring is not None
             or p.reasoning_budget is not None
         )
+        quantized = f"--kv-bits {self.kv.bits}: quantized KV caches do not batch" if self.kv else None
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
-            return self.draft if self.models.drafter_lane == "lm" and not constrained else self.text
+            if self.models.drafter_lane == "lm" and not constrained:
+                return self.draft
+            return self._alone(quantized, self.text_alone) if quantized else self.text
+        if quantized:
+            return self._alone(quantized)
         model = self.models.vlm()[0]
         fam = family(model.config.model_type)
         name = fam.model_type
@@ -125,10 +144,10 @@ class Engines:
             return self.offset
         return self._alone(f"{name}: {fam.why_unbatched}")
 
-    def _alone(self, reason: str) -> Lane:
-        """The one-row lane, with the reason counted for the run summary."""
+    def _alone(self, reason: str, lane: Lane | None = None) -> Lane:
+        """A one-row lane (mlx-vlm's by default), with the reason counted for the run summary."""
         self.one_at_a_time[reason] = self.one_at_a_time.get(reason, 0) + 1
-        return self.single
+        return lane or self.single
 
     def plan(self, job: Job, media: Media) -> Plan:
         """Route and tokenize the row; unsupported media raise a `generate` RowError, a model

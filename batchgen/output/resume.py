@@ -35,6 +35,7 @@ def _canonical(model: Any) -> Any:
 def settings_of(config: RunConfig) -> dict[str, Any]:
     """What decides the content of the output: resuming under other settings is refused."""
     m = config.media
+    kv = [config.kv_bits, config.kv_group_size, config.quantized_kv_start]
     return {
         "model": _canonical(config.model),
         "text_model": _canonical(config.text_model),
@@ -43,7 +44,7 @@ def settings_of(config: RunConfig) -> dict[str, Any]:
         "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
         "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
         "shard": list(config.shard) if config.shard else None,
-    }
+    } | ({"kv_cache": kv} if config.kv_bits else {})  # absent when off: earlier outputs resume
 
 
 def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[str, Any]) -> None:

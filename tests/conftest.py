@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 from pathlib import Path
@@ -47,6 +48,14 @@ def batch(job: Path, out: Path, *extra: str) -> tuple[int, str]:
 
 def read(out: Path) -> list[dict]:
     return pq.read_table(out).to_pylist()
+
+
+STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"  # how a line starts without a terminal (and its level)
+
+
+def unstamped(line: str) -> str:
+    """A stderr line without its date, time and level."""
+    return re.sub(rf"^{STAMP} [A-Z]+ ", "", line)
 
 
 PUBLIC_IP = "93.184.216.34"  # a global address the fake network routes to the loopback server

@@ -591,4 +591,4 @@ def test_a_glob_over_a_symlink_loop_finds_each_job_file_once(tmp_path, scripted)
     source = resolve(f"{tmp_path}/loop/**/*.jsonl")
     assert [s.name for s in source.shards] == ["in/a.jsonl"]
     code, output = batch(f"{tmp_path}/loop/**/*.jsonl", tmp_path / "o.parquet")
-    assert code == 0 and "1 rows: 1 ok" in output, output
+    assert code == 0 and "1 row: 1 ok" in output, output

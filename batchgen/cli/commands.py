@@ -18,7 +18,7 @@ from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS
 from .flags import config_from_flags, default_output, fail
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, option, run_options, variables
-from .process import ProgressDisplay, Signals, configure_logging
+from .process import ProgressDisplay, Signals, configure_logging, say
 
 __all__ = ["main"]
 
@@ -40,8 +40,8 @@ def _crashed(e: Exception) -> None:
         where = f"full traceback in {path}"
     except OSError:
         where = "the traceback could not be saved"
-    click.echo(f"error: internal error {type(e).__name__}: {short(e)} ({where}); finished rows are kept, "
-               "rerun to resume", err=True)  # fmt: skip
+    say(f"error: internal error {type(e).__name__}: {short(e)} ({where}); finished rows are kept, "
+        "rerun to resume", "ERROR")  # fmt: skip
     sys.exit(CRASH_EXIT)
 
 
@@ -68,7 +68,7 @@ def main(verbose: int, log_level: str | None) -> None:
             if near
             else " (BATCHGEN_<COMMAND>_<FLAG>, e.g. BATCHGEN_RUN_MAX_TOKENS)"
         )
-        click.echo(f"warning: {name} is not a batchgen variable and is ignored{hint}", err=True)
+        say(f"warning: {name} is not a batchgen variable and is ignored{hint}", "WARNING")
 
 
 @main.command(cls=Sectioned)
@@ -190,7 +190,7 @@ def _run(job_file: str | Path, output: str | Path, **flags) -> int:
             summary = run_job(config, progress=display, stop=signals.stop)
     except Interrupted as e:
         display.close()
-        click.echo(f"error: stopped by {signals.name}; {e}", err=True)
+        say(f"error: stopped by {signals.name}; {e}", "ERROR")
         sys.exit(signals.exit_code)
     except BatchgenError as e:
         display.close()
@@ -199,10 +199,10 @@ def _run(job_file: str | Path, output: str | Path, **flags) -> int:
         display.close()
         _crashed(e)
     display.close()
-    click.echo(summary.line(), err=True)
+    say(summary.line())
     written = ", ".join(str(p) for p in (config.output, openai_output) if p)
-    click.echo(f"wrote {written}" if summary.generated else f"up to date: {written}", err=True)
-    return summary.exit_code
+    say(f"wrote {written}" if summary.generated else f"up to date: {written}")
+    return summary.exit_code(config.fail_on, config.require_complete)
 
 
 @main.command()
@@ -235,9 +235,9 @@ def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flag
     except BatchgenError as e:
         fail(e)
     if count:
-        click.echo(f"{count} problem(s) in {job_file}", err=True)
+        say(f"{count} problem(s) in {job_file}", "ERROR")
         sys.exit(1)
-    click.echo(f"{job_file}: ok", err=True)
+    say(f"{job_file}: ok")
 
 
 @main.command("env")
@@ -291,7 +291,7 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
     from ..tools.tiny.builder import make_tiny_model as build
 
     build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)  # type: ignore[arg-type]
-    click.echo(f"wrote {kind} checkpoint to {out_dir}", err=True)
+    say(f"wrote {kind} checkpoint to {out_dir}")
 
 
 @main.command("inspect")
@@ -361,13 +361,13 @@ def _export(results: Path, options: ExportOptions) -> None:
     how = {"copy": "copied", "hard": "hard-linked", "symbolic": "linked"}[options.link]
     pictures = f"; {summary.pictures} pictures {how} or written there" if summary.pictures else ""
     where = f" to {', '.join(summary.where)}" if summary.where else ""
-    click.echo(f"wrote {summary.written} ({left}){where}{pictures}", err=True)
+    say(f"wrote {summary.written} ({left}){where}{pictures}")
     for label, names in (("left alone", summary.refused), ("could not be written", summary.errors)):
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-            click.echo(f"{label}: {'; '.join(names[:3])}{more}", err=True)
+            say(f"{label}: {'; '.join(names[:3])}{more}", "WARNING")
     if summary.note:
-        click.echo(summary.note, err=True)
+        say(summary.note)
     if not summary.ok:
         sys.exit(1)
 
@@ -391,9 +391,9 @@ def report(results: Path, output: Path, media_base: Path | None, media_column: t
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         where = f"relative paths start at {base}" if base else "a remote job's local paths are not opened"
-        click.echo(f"warning: {len(missing)} media not found, unreadable or refused: {shown} ({where}; "
-                   "--media-base to change it)", err=True)  # fmt: skip
-    click.echo(f"wrote {output} ({cards} cards)", err=True)
+        say(f"warning: {len(missing)} media not found, unreadable or refused: {shown} ({where}; "
+            "--media-base to change it)", "WARNING")  # fmt: skip
+    say(f"wrote {output} ({cards} cards)")
 
 
 @main.command()
@@ -412,9 +412,9 @@ def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None
         rows, missing, duplicated = merge_outputs(list(parts), scan(job_file, fmt), output)
     except BatchgenError as e:
         fail(e)
-    click.echo(f"wrote {output} ({rows} rows from {len(parts)} parts)", err=True)
+    say(f"wrote {output} ({rows} rows from {len(parts)} parts)")
     for label, ids in (("missing", missing), ("duplicated", duplicated)):
         if ids:
             shown = ", ".join(map(repr, ids[:10])) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-            click.echo(f"{len(ids)} id(s) {label}: {shown}", err=True)
+            say(f"{len(ids)} id(s) {label}: {shown}", "WARNING")
     sys.exit(1 if missing or duplicated else 0)

@@ -6,18 +6,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import click
-
 from ..core.errors import BatchgenError, ConfigError
 from ..core.settings import GEN_FIELDS, RunConfig, build_config, read_json_settings
 from ..core.uris import is_uri
 from .options import COLUMN_FLAGS
+from .process import say
 
 __all__ = ["fail", "config_from_flags", "default_output"]
 
 
 def fail(e: BatchgenError) -> None:
-    click.echo(f"error: {e}", err=True)
+    say(f"error: {e}", "ERROR")
     sys.exit(e.exit_code)
 
 

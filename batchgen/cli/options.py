@@ -66,8 +66,8 @@ _SECTIONS = {
     "Scale-out": ("engine", "ray_address", "workers"),
     "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns",
                           "result_columns", "drop_result_columns", "overwrite",
-                          "fail_fast", "max_attempts", "retry_failed", "redo_repetition", "changed", "quiet",
-                          "help"),
+                          "fail_fast", "max_attempts", "retry_failed", "redo_repetition", "changed",
+                          "time_limit", "fail_on", "require_complete", "errors_file", "quiet", "help"),
 }  # fmt: skip
 
 
@@ -300,8 +300,17 @@ def run_options(command, columns: bool = True):
         option(
             "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
         ),
-        option("-q", "--quiet", is_flag=True, default=None, help="No progress bar."),
-    ]
+        option("--time-limit", help="Take no batch that would end past this (55m, 2h, 1h30m); the run "
+               "then ends incomplete, and the next resumes [none]."),
+        option("--fail-on", type=click.Choice(["any", "new", "none"]),
+               help="Which failed rows make the exit code 1: any in the output, new (failed by this "
+               "run), or none [any]."),
+        option("--require-complete", is_flag=True, default=None,
+               help="Exit 4 when rows are left to do (--limit, --time-limit)."),
+        option("--errors-file", help="The failed rows' list, a JSON line each [OUTPUT.errors.jsonl]."),
+        option("-q", "--quiet", is_flag=True, default=None,
+               help="No progress bar and no info lines: warnings, errors and the closing lines only."),
+    ]  # fmt: skip
     for decorate in reversed(options):
         command = decorate(command)
     return command

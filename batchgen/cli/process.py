@@ -12,13 +12,14 @@ import threading
 import time
 from typing import Any
 
+import click
 from tqdm import tqdm
 
 from ..core.settings import RunConfig
 from ..core.stop import Stop
 from ..execution.summary import TRACE, Progress
 
-__all__ = ["Signals", "ProgressDisplay", "configure_logging"]
+__all__ = ["Signals", "ProgressDisplay", "configure_logging", "say"]
 
 log = logging.getLogger("batchgen.progress")
 
@@ -31,6 +32,15 @@ def configure_logging(level: str) -> None:
     fmt = "%(asctime)s %(levelname)s %(message)s" if stamped else "%(message)s"
     logging.basicConfig(level=logging.WARNING, format=fmt, datefmt="%Y-%m-%d %H:%M:%S", force=True)
     logging.getLogger("batchgen").setLevel(TRACE if level == "TRACE" else level)
+
+
+def say(message: str, level: str = "INFO") -> None:
+    """A line for whoever reads stderr: as it is on a terminal; without one (cron, a log file)
+    each line with its date, time and level, as the log's own lines have them."""
+    if not sys.stderr.isatty():
+        when = time.strftime("%Y-%m-%d %H:%M:%S")
+        message = "\n".join(f"{when} {level} {line}" for line in message.splitlines() or [""])
+    click.echo(message, err=True)
 
 
 class Signals:

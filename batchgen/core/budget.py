@@ -1,4 +1,5 @@
-"""The memory budget as a person writes it (`--memory-budget auto|SIZE|PCT`) and sizes in bytes.
+"""A run's budgets as a person writes them: memory (`--memory-budget auto|SIZE|PCT`, sizes in
+bytes) and time (`--time-limit 55m`).
 
 The device's memory is only known where MLX runs (generate/memory.py); this is the part a
 settings file or a flag can be checked against before any model loads.
@@ -11,12 +12,13 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["BudgetSpec", "budget_spec", "parse_size", "human_bytes"]
+__all__ = ["BudgetSpec", "budget_spec", "parse_size", "human_bytes", "parse_duration", "human_duration"]
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}  # fmt: skip
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*", re.IGNORECASE)
 _SHARE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*%\s*")
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +70,27 @@ def human_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.3g} {unit}" if n / size < 100 else f"{n / size:.0f} {unit}"
     return f"{int(n)} B"
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from `55m`, `2h`, `1h30m`, `90s` or a plain number of seconds (a preset's 3600)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        m = _DURATION.fullmatch(text) if 0 < len(text) <= 32 else None
+        if m is None or not any(m.groups()):
+            raise ConfigError(f"--time-limit {str(value)[:40]!r}: not a duration such as 55m, 2h or 1h30m")
+        hours, minutes, secs = (float(g or 0) for g in m.groups())
+        seconds = hours * 3600 + minutes * 60 + secs
+    if not 0 < seconds < 10**9:
+        raise ConfigError(f"--time-limit {str(value)[:40]!r}: must be more than 0 seconds")
+    return seconds
+
+
+def human_duration(seconds: float) -> str:
+    """`1h05m`, `12m30s`, `45s`: a time span as a log line says it."""
+    s = max(int(round(seconds)), 0)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from .budget import budget_spec
+from .budget import budget_spec, parse_duration
 from .constraints import CONSTRAINT_FIELDS, constraint_of
 from .errors import ConfigError, one_line
 from .params import check_params
@@ -141,6 +141,10 @@ class RunConfig:
     row_timeout: float | None = None  # seconds a row may generate (from its prefill); None = no limit
     progress_seconds: float = 30.0  # without a terminal: a progress line this often (cron logs)
     quiet: bool = False
+    time_limit: float | None = None  # seconds (--time-limit 55m): no batch begun that would end past it
+    fail_on: str = "any"  # any | new (failed in this run) | none: the failed rows that make the exit code 1
+    require_complete: bool = False  # an incomplete run (--limit, --time-limit) exits 4
+    errors_file: Path | str | None = None  # the failed rows, a JSON line each; None: beside the output
 
     @property
     def left_out(self) -> frozenset[str]:
@@ -368,6 +372,12 @@ def build_config(
         raise ConfigError(f"--kv-group-size {group!r}: expected 32, 64 or 128")
     if type(start) is not int or start < 0:
         raise ConfigError(f"--quantized-kv-start {start!r}: expected a token count >= 0")
+    if data.get("time_limit") is not None:
+        data["time_limit"] = parse_duration(data["time_limit"])
+    if data.get("fail_on", "any") not in ("any", "new", "none"):
+        raise ConfigError(f"--fail-on {data['fail_on']!r:.40}: expected any, new or none")
+    if data.get("errors_file") is not None and not is_uri(str(data["errors_file"])):
+        data["errors_file"] = Path(data["errors_file"])
     if data.get("row_timeout") is not None and not float(data["row_timeout"]) > 0:
         raise ConfigError("--row-timeout must be > 0 seconds")
     if data.get("limit") is not None and int(data["limit"]) < 0:

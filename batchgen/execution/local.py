@@ -28,6 +28,7 @@ from ..input.read import RawRow, id_key
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.resume import Pending
 from .executor import Executor, ExecutorStats
+from .summary import plural
 
 __all__ = ["LocalExecutor", "generate_window"]
 
@@ -217,8 +218,9 @@ class LocalExecutor(Executor):
         if self.config.plan_horizon:  # rows sharing a picture or prefix brought together over the job
             grouping = Grouping(todo.index, todo.done)
             f = grouping.figures
-            log.info("plan: %d rows to do, %d in %d groups sharing a picture or prefix (largest %d), "
-                     "%d alone", f.rows, f.grouped, f.groups, f.largest, f.alone)  # fmt: skip
+            log.info("plan: %s to do, %s in %s sharing a picture or prefix (largest %s), %s alone",
+                     plural(f.rows, "row"), f"{f.grouped:,}", plural(f.groups, "group"), f"{f.largest:,}",
+                     f"{f.alone:,}")  # fmt: skip
             rows = grouping.ordered(rows, self.config.plan_horizon * 2**20, self.work.window)
         return self.generate(rows)
 

@@ -16,7 +16,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..core.constraints import answer_kinds, merge_kinds
-from ..core.errors import ConfigError, FailFastError, Interrupted, JobFileError, StopRequested, short
+from ..core.errors import (
+    BatchgenError,
+    ConfigError,
+    FailFastError,
+    Interrupted,
+    JobFileError,
+    StopRequested,
+    short,
+)
 from ..core.records import TOTALS, CacheStats, Finished
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.stop import Stop
@@ -27,6 +35,7 @@ from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import write_batch_output
 from ..output.resume import Resume, settings_of
+from ..output.run_files import Heartbeat, errors_path, heartbeat_path, write_errors
 from ..output.store import strict_json
 from ..output.tables import dropped_columns
 from ..output.write import (
@@ -65,6 +74,7 @@ def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config
         log.log(TRACE, "row %s: %s, %s (%.0f ms)", done.where, result.status, what, result.generate_ms)
     summary.generated += 1
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
+    summary.failed_now += result.status == "error"
     summary.repetitions += result.finish_reason == "repetition"
     for name in TOTALS:
         setattr(summary, name, getattr(summary, name) + getattr(result, name))
@@ -127,7 +137,8 @@ def check_paths(config: RunConfig, source: Source) -> None:
         return
     jobs = {p.resolve() for p in source.local_paths()}
     output, sharded = config.output, config.output_shards
-    written = [output, stats_path(output, sharded), partial_dir(output, sharded)]
+    errors = config.errors_file or errors_path(output, sharded)
+    written = [output, stats_path(output, sharded), partial_dir(output, sharded), Path(errors)]
     if config.openai_output is not None:
         written.append(config.openai_output)
     for path in written:
@@ -175,19 +186,57 @@ def check_columns(config: RunConfig, index: JobIndex) -> None:
 
 @dataclass(slots=True)
 class _Caller:
-    """The caller's side of a run: its progress callback and its stop request."""
+    """The caller's side of a run: its progress callback and its stop request; `time_up` when
+    --time-limit set the stop (the run then ends as an incomplete one, not Interrupted)."""
 
     progress: Callable[[Progress], None] | None
     stop: threading.Event
+    time_up: threading.Event = dataclasses.field(default_factory=threading.Event)
 
     def tell(self, report: Progress) -> None:
         if self.progress is not None:
             self.progress(report)
 
     def check(self, writer: ResultWriter) -> None:
-        if self.stop.is_set():
+        if self.stop.is_set() and not self.time_up.is_set():
             writer.flush()
             raise Interrupted(f"finished rows are kept in {writer.partial}, rerun to resume")
+
+
+class _Clock:
+    """--time-limit: no batch is taken whose expected length (the longest of the last three
+    commits' spacing) would end it past the limit; a batch still running at the limit is
+    stopped between decode steps (its rows run again on resume)."""
+
+    def __init__(self, limit: float | None, started: float, caller: _Caller):
+        self.limit, self.started, self.caller = limit, started, caller
+        self.spans: list[float] = []
+        self.last = started
+        self.timer: threading.Timer | None = None
+        if limit is not None:
+            self.timer = threading.Timer(max(started + limit - time.perf_counter(), 0), self._up)
+            self.timer.daemon = True
+            self.timer.start()
+
+    def _up(self) -> None:
+        self.caller.time_up.set()
+        self.caller.stop.set()
+
+    def committed(self) -> bool:
+        """After a commit: whether the next batch may start."""
+        now = time.perf_counter()
+        self.spans = [*self.spans[-2:], now - self.last]
+        self.last = now
+        if self.limit is None or self.caller.time_up.is_set():
+            return not self.caller.time_up.is_set()
+        if now + max(self.spans) > self.started + self.limit:
+            self.caller.time_up.set()
+            return False
+        return True
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 def _run(
@@ -216,41 +265,77 @@ def _run(
             summary, todo, resume.done_before, len(resume.retry), resume.redone, rows, cache, elapsed
         )
 
+    beat = Heartbeat.begin(todo, resume.done_before, config.time_limit)
+    beat_at = heartbeat_path(config.output, config.output_shards)
+    _beat(beat, writer, beat_at)
+    clock = _Clock(config.time_limit, started, caller)
+    this_run: set = set()  # ids this run failed, apart from earlier runs' failures
     caller.tell(report(0, None))
-    with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
-        cleanups = getattr(caller.stop, "cleanups", [])
-        cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        kind = RayExecutor if config.engine == "ray" else LocalExecutor  # the driver then loads no model
-        executor = kind(config, work, engines, Path(tmp), caller.stop)
-        batches = executor.run(resume.pending)
-        try:
+    try:
+        with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
+            cleanups = getattr(caller.stop, "cleanups", [])
+            cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+            kind = RayExecutor if config.engine == "ray" else LocalExecutor  # the driver then loads no model
+            executor = kind(config, work, engines, Path(tmp), caller.stop)
+            batches = executor.run(resume.pending)
             try:
-                for finished in batches:
-                    for done in finished:
-                        done.result.attempts = resume.attempts(done.result.id)
-                        record_row(done, writer, summary, config)
-                    writer.flush()  # a finished batch is on disk before the next one starts
-                    caller.tell(report(len(finished), executor.stats().cache))
-                    caller.check(writer)
-            except StopRequested:
-                pass  # the batch in flight is dropped; its rows run again on resume
-            except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced:
-                # the same exit 2 as before any work
-                writer.flush()
-                raise ConfigError(
-                    f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
-                ) from None
-            caller.check(writer)
-        finally:
-            batches.close()
-            executor.close()
-        stats = executor.stats()
-        summary.media, summary.cache = stats.media, stats.cache
-        summary.max_tokens_capped = stats.max_tokens_capped
-        summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
-        summary.memory = stats.memory
-        summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
-        return _conclude(config, writer, summary, started)
+                try:
+                    for finished in batches:
+                        for done in finished:
+                            done.result.attempts = resume.attempts(done.result.id)
+                            if done.result.status == "error":
+                                this_run.add(done.result.id)
+                            record_row(done, writer, summary, config)
+                        writer.flush()  # a finished batch is on disk before the next one starts
+                        beat.committed(summary.generated, summary.failed_now, time.perf_counter() - started)
+                        _beat(beat, writer, beat_at)
+                        caller.tell(report(len(finished), executor.stats().cache))
+                        caller.check(writer)
+                        if not clock.committed():
+                            break
+                except StopRequested:
+                    pass  # the batch in flight is dropped; its rows run again on resume
+                except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced:
+                    # the same exit 2 as before any work
+                    writer.flush()
+                    raise ConfigError(
+                        f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
+                    ) from None
+                caller.check(writer)
+            finally:
+                clock.close()
+                batches.close()
+                executor.close()
+            stats = executor.stats()
+            summary.media, summary.cache = stats.media, stats.cache
+            summary.max_tokens_capped = stats.max_tokens_capped
+            summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
+            summary.memory = stats.memory
+            summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
+            summary.time_limited = caller.time_up.is_set()
+            _conclude(config, writer, summary, started, this_run)
+    except Interrupted as e:
+        beat.end("interrupted", str(e))
+        raise
+    except BatchgenError as e:
+        beat.end("failed", str(e))
+        raise
+    except Exception as e:
+        beat.end("crashed", f"{type(e).__name__}: {short(e)}")
+        raise
+    else:
+        beat.end("complete" if summary.complete else "time-limit" if summary.time_limited else "incomplete")
+    finally:
+        _beat(beat, writer, beat_at)
+    return summary
+
+
+def _beat(beat: Heartbeat, writer: ResultWriter, path: str) -> None:
+    """The heartbeat on disk; one that cannot be written costs the watchers, not the run."""
+    try:
+        beat.write(writer.store, path)
+    except OSError as e:
+        log.warning("warning: cannot write the heartbeat %s (%s)", path, e.strerror or e)
 
 
 def _answer_columns(config: RunConfig, index: JobIndex) -> dict[str, str]:
@@ -293,19 +378,26 @@ def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes,
     return about
 
 
-def _conclude(config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float) -> RunSummary:
-    """The output renamed into place, the OpenAI file if asked, the figures on disk."""
+def _conclude(
+    config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float, this_run: set
+) -> RunSummary:
+    """The output renamed into place, the OpenAI file if asked, the failed rows' file, the
+    figures on disk."""
     table = writer.finalize()
     if config.openai_output is not None:
         write_batch_output(table, config.openai_output)
     finish(summary, table, len(writer.index.output_ids), time.perf_counter() - started)
+    errors = str(config.errors_file or errors_path(config.output, config.output_shards))
+    summary.errors_file = errors if write_errors(writer.store, errors, table, this_run) else None
     path = str(stats_path(config.output, config.output_shards))
     figures = asdict(summary)
     if not summary.generated and writer.store.exists(path):
         # Nothing to do (a cron rerun): the last real run's figures stay, the no-op is noted.
         try:
             previous = json.loads(writer.store.read_text(path))
-            now = {k: figures[k] for k in ("rows", "ok", "failed", "job_rows", "pending", "complete")}
+            kept = ("rows", "ok", "failed", "failed_now", "failed_earlier", "job_rows", "pending", "complete",
+                    "time_limited", "errors_file")  # fmt: skip
+            now = {k: figures[k] for k in kept}
             figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         except (OSError, ValueError):
             pass  # an unreadable stats file is replaced

@@ -14,7 +14,11 @@ from ..core.budget import human_bytes
 from ..core.errors import gist
 from ..core.records import CacheStats, MediaStats, MemoryStats
 
-__all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE"]
+__all__ = ["RunSummary", "Progress", "finish", "progress", "plural", "TRACE", "FAILED_EXIT",
+           "INCOMPLETE_EXIT"]  # fmt: skip
+
+FAILED_EXIT = 1  # failed rows (which ones count: --fail-on)
+INCOMPLETE_EXIT = 4  # rows left to do (--limit, --time-limit), under --require-complete
 
 TRACE = 5  # the log level of a line per row (`-vv`); DEBUG is a line per window and lane (`-v`)
 logging.addLevelName(TRACE, "TRACE")
@@ -31,6 +35,8 @@ class RunSummary:
     complete: bool = True  # pending == 0: a reader may take the output as the whole job
     ok: int = 0
     failed: int = 0
+    failed_now: int = 0  # ... of them failed by this run (the rest failed earlier and were not retried)
+    failed_earlier: int = 0
     resumed: int = 0  # rows taken from an earlier run instead of generated again
     generated: int = 0  # rows processed by this run
     prompt_tokens: int = 0
@@ -43,11 +49,13 @@ class RunSummary:
     max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
     repetitions: int = 0  # this run's rows the loop stop ended (finish_reason repetition)
     looped_again: int = 0  # rows an earlier run's loop stop ended, generated again (--redo-repetition)
-    one_at_a_time: dict[str, int] = field(default_factory=dict)  # media rows that could not batch, by reason
+    one_at_a_time: dict[str, int] = field(default_factory=dict)  # rows that could not batch, by reason
     unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
     near_misses: dict[str, tuple[int, str]] = field(default_factory=dict)  # field → (rows, the field meant)
     dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
     private_urls_allowed: bool = False  # the URL policy was off: loopback and private hosts reachable
+    time_limited: bool = False  # --time-limit ended the run before its rows were all done
+    errors_file: str | None = None  # where the failed rows are listed, when some failed
     wall_s: float = 0.0
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
@@ -57,9 +65,13 @@ class RunSummary:
     cache: CacheStats | None = None  # prefix hits, misses, tokens saved; None without a prefix cache
     memory: MemoryStats = field(default_factory=MemoryStats)  # the budget, widths, out-of-memory splits
 
-    @property
-    def exit_code(self) -> int:
-        return 1 if self.failed else 0
+    def exit_code(self, fail_on: str = "any", require_complete: bool = False) -> int:
+        """0; FAILED_EXIT for failed rows (`fail_on` any, new: failed by this run, none);
+        else INCOMPLETE_EXIT for rows left to do when the run must complete."""
+        failed = {"any": self.failed, "new": self.failed_now, "none": 0}[fail_on]
+        if failed:
+            return FAILED_EXIT
+        return INCOMPLETE_EXIT if require_complete and not self.complete else 0
 
     def line(self) -> str:
         cache = ""
@@ -73,20 +85,27 @@ class RunSummary:
         drafts = ""
         if self.mtp_drafts:
             drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
-        capped = f" · {self.max_tokens_capped} rows capped at the context" if self.max_tokens_capped else ""
+        capped = (
+            f" · {plural(self.max_tokens_capped, 'row')} capped at the context"
+            if self.max_tokens_capped
+            else ""
+        )
         if self.looped_again:
-            capped += f" · {self.looped_again} looping rows generated again (--redo-repetition)"
+            capped += f" · {plural(self.looped_again, 'looping row')} generated again (--redo-repetition)"
         if self.repetitions:
-            capped += f" · {self.repetitions} rows stopped repeating themselves (finish_reason repetition)"
-        capped += "".join(f" · {n} rows one at a time ({why})" for why, n in self.one_at_a_time.items())
+            looped = plural(self.repetitions, "row")
+            capped += f" · {looped} stopped repeating themselves (finish_reason repetition)"
+        capped += "".join(
+            f" · {plural(n, 'row')} one at a time ({why})" for why, n in self.one_at_a_time.items()
+        )
         capped += _memory(self.memory)
         capped += "".join(
-            f" · warning: {n} rows without media beside column {name!r}, which looks like media "
+            f" · warning: {plural(n, 'row')} without media beside column {name!r}, which looks like media "
             f"(--image-column {name} or --video-column {name} to use it)"
             for name, n in self.unused_media.items()
         )
         capped += "".join(
-            f" · warning: {n} rows have field {name!r}, which batchgen does not read (did you mean "
+            f" · warning: {plural(n, 'row')} with field {name!r}, which batchgen does not read (did you mean "
             f"{meant!r}?)"
             for name, (n, meant) in self.near_misses.items()
         )
@@ -100,18 +119,29 @@ class RunSummary:
             )
         if self.commonest_errors:
             capped += f" · commonest errors: {'; '.join(self.commonest_errors)}"
+        if self.errors_file:
+            capped += f" · failed rows listed in {self.errors_file}"
         if not self.complete:
-            capped = (
-                f" · incomplete: {self.rows:,} of {self.job_rows:,} rows, {self.pending:,} pending "
-                f"(rerun without --limit to finish){capped}"
+            how = (
+                "stopped at --time-limit; rerun to go on"
+                if self.time_limited
+                else "rerun without --limit to finish"
             )
-        thought = f" ({self.reasoning_tokens} reasoning)" if self.reasoning_tokens else ""
-        counts = f"{self.rows} rows: {self.ok} ok, {self.failed} failed ({self.resumed} resumed){capped}"
+            left = f"{self.rows:,} of {self.job_rows:,} rows, {self.pending:,} pending"
+            capped = f" · incomplete: {left} ({how}){capped}"
+        if self.failed_earlier:  # apart from this run's: cron's mail is about tonight
+            earlier = f"{self.failed_earlier:,} failed earlier, not retried"
+            capped = f" · {earlier}; {self.failed_now:,} failed in this run{capped}"
+        thought = f" ({self.reasoning_tokens:,} reasoning)" if self.reasoning_tokens else ""
+        counts = (
+            f"{plural(self.rows, 'row')}: {self.ok:,} ok, {self.failed:,} failed ({self.resumed:,} resumed)"
+        )
+        counts += capped
         if not self.generated:  # a cron rerun with nothing left: no speed to speak of
             return f"{counts} · nothing to do"
         return (
             f"{counts} · "
-            f"tokens {self.prompt_tokens} prompt / {self.completion_tokens} completion"
+            f"tokens {self.prompt_tokens:,} prompt / {self.completion_tokens:,} completion"
             f"{thought}{cache}{drafts} · "
             f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
@@ -156,6 +186,7 @@ def finish(s: RunSummary, table: pa.Table, job_rows: int, wall: float) -> RunSum
     s.complete = not s.pending
     s.ok = pc.sum(pc.equal(table.column("status"), "ok")).as_py() or 0  # counted in Arrow: no row objects
     s.failed = s.rows - s.ok
+    s.failed_earlier = max(s.failed - s.failed_now, 0)
     s.resumed = table.num_rows - s.generated
     failed = table.filter(pc.not_equal(table.column("status"), "ok")) if s.failed else table.slice(0, 0)
     errors: Counter[tuple[str, str]] = Counter()
@@ -174,6 +205,11 @@ def finish(s: RunSummary, table: pa.Table, job_rows: int, wall: float) -> RunSum
     s.rows_per_s = round(s.generated / wall, 3) if wall > 0 else 0.0
     s.tokens_per_s = round(s.completion_tokens / wall, 1) if wall > 0 else 0.0
     return s
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 row`, `2,000 rows`."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def progress(s: RunSummary, cache: CacheStats | None, elapsed: float) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import ROOT, SAMPLE, batch, read, run_cli, write_jsonl
+from conftest import ROOT, SAMPLE, batch, read, run_cli, unstamped, write_jsonl
 
 from batchgen.core.records import RESULT_COLUMNS
 
@@ -521,7 +521,7 @@ def test_an_internal_crash_has_its_own_exit_code_and_a_traceback_file(workdir, m
     job = write_jsonl(workdir / "jobs.jsonl", [{"id": "a", "prompt": "Hi."}])
     code, output = batch(job, workdir / "out.parquet")
     assert code == 3, output
-    line = output.strip().splitlines()[-1]
+    line = unstamped(output.strip().splitlines()[-1])
     assert line.startswith("error: internal error RuntimeError: a bug in the writer (full traceback in ")
     path = line.split("full traceback in ", 1)[1].split(")", 1)[0]
     text = Path(path).read_text()
@@ -655,7 +655,7 @@ def test_a_rerun_with_nothing_to_do_says_so_and_a_refusal_names_only_what_change
     out = workdir / "out.parquet"
     assert batch(job, out, "--max-tokens", "48")[0] == 0
     code, output = batch(job, out, "--max-tokens", "48")
-    assert code == 0 and "1 rows: 1 ok, 0 failed (1 resumed) · nothing to do" in output, output
+    assert code == 0 and "1 row: 1 ok, 0 failed (1 resumed) · nothing to do" in output, output
     assert f"up to date: {out}" in output and "rows/s" not in output and "wrote" not in output
     code, output = batch(job, out, "--max-tokens", "5")
     assert code == 2 and "generation.max_tokens: 48 then, 5 now" in output, output

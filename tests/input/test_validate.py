@@ -78,9 +78,9 @@ def test_a_run_warns_once_of_a_field_one_slip_from_one_it_reads(tmp_path, script
     assert output.count("field 'max_token' is not one batchgen reads; did you mean 'max_tokens'?") == 1
     assert output.count("field 'imgae' is not one batchgen reads; did you mean 'image'?") == 1
     assert (
-        "3 rows have field 'max_token', which batchgen does not read (did you mean 'max_tokens'?)" in output
+        "3 rows with field 'max_token', which batchgen does not read (did you mean 'max_tokens'?)" in output
     )
-    assert "3 rows have field 'imgae'" in output and "'caption'" not in output
+    assert "3 rows with field 'imgae'" in output and "'caption'" not in output
     code, output = run_cli("run", str(job), "-o", str(tmp_path / "p.parquet"), "--model", "m",
                            "--prompt-template", "{imgae}")  # fmt: skip
     assert code == 0 and "imgae" not in output.replace("{imgae}", "")  # a template's field is meant

@@ -1,0 +1,105 @@
+"""The files a run keeps for whoever watches it from outside: a heartbeat beside the lock
+(who runs, how far it got, how it ended), and the error file (its failed rows, one JSON line
+each, as OpenAI's batches give an `error_file_id`). Both are written whole (atomically), so a
+reader never sees half of one."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..core.uris import is_uri
+from .store import Store, strict_json
+
+__all__ = ["Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "write_errors", "stamp"]
+
+ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
+
+
+def stamp(t: float | None = None) -> str:
+    """A moment as the files and `status` say it: local time with its offset."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t))
+
+
+def heartbeat_path(output: Path | str, sharded: bool = False) -> str:
+    return f"{output}/_heartbeat.json" if sharded else f"{output}.heartbeat.json"
+
+
+def errors_path(output: Path | str, sharded: bool = False) -> Path | str:
+    name = f"{output}/_errors.jsonl" if sharded else f"{output}.errors.jsonl"
+    return name if is_uri(str(output)) else Path(name)
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    """A run as it goes, rewritten after every batch it commits, and how it ended."""
+
+    pid: int
+    host: str
+    started: str  # stamp()
+    todo: int  # rows this run set out to do
+    done_before: int  # rows earlier runs had finished
+    done: int = 0  # rows this run has committed
+    failed: int = 0  # ... of them failed
+    rows_per_s: float = 0.0
+    eta_s: float | None = None  # seconds left at that rate
+    last_commit: str | None = None
+    state: str = "running"  # running, or one of ENDINGS
+    ended: str | None = None
+    message: str | None = None  # how it ended, in words (an error's text)
+    time_limit_s: float | None = None
+
+    @classmethod
+    def begin(cls, todo: int, done_before: int, time_limit: float | None) -> Heartbeat:
+        return cls(os.getpid(), socket.gethostname(), stamp(), todo, done_before, time_limit_s=time_limit)
+
+    def committed(self, done: int, failed: int, elapsed: float) -> None:
+        self.done, self.failed = done, failed
+        self.rows_per_s = round(done / elapsed, 3) if elapsed > 0 else 0.0
+        self.eta_s = round((self.todo - done) / self.rows_per_s, 1) if self.rows_per_s else None
+        self.last_commit = stamp()
+
+    def end(self, state: str, message: str | None = None) -> None:
+        self.state, self.ended, self.message, self.eta_s = state, stamp(), message, None
+
+    def write(self, store: Store, path: str) -> None:
+        store.write_text(path, strict_json(asdict(self), indent=2) + "\n")
+
+
+def read_heartbeat(store: Store, path: str) -> Heartbeat | None:
+    """The heartbeat there, or None (none written, or not one of ours)."""
+    try:
+        value = json.loads(store.read_text(path))
+        known = {f.name for f in fields(Heartbeat)}
+        return Heartbeat(**{k: v for k, v in value.items() if k in known})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def write_errors(store: Store, path: str, table: pa.Table, this_run: set[Any]) -> int:
+    """The output's failed rows, a JSON line each (id, stage, error, attempts, transient, and
+    whether this run failed it); no file when none failed, so a stale one never stays."""
+    failed = table.filter(pc.not_equal(table.column("status"), "ok"))
+    if not failed.num_rows:
+        store.remove(path)
+        return 0
+    names = ("id", "error_stage", "error", "attempts", "transient")
+    columns = {n: failed.column(n).to_pylist() if n in failed.column_names else [None] * failed.num_rows
+               for n in names}  # fmt: skip
+    lines = []
+    for i in range(failed.num_rows):
+        row = {n: columns[n][i] for n in names}
+        lines.append(strict_json({
+            "id": row["id"], "stage": row["error_stage"], "error": row["error"], "attempts": row["attempts"],
+            "transient": bool(row["transient"]), "this_run": row["id"] in this_run,
+        }))  # fmt: skip
+    store.write_text(path, "\n".join(lines) + "\n")
+    return failed.num_rows

@@ -1,9 +1,25 @@
 """batchgen: batch inference for text and vision-language models on MLX."""
 
-from .core.errors import BatchgenError
-from .core.settings import RunConfig, build_config
-from .execution.runner import run
-from .execution.summary import RunSummary
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .core.errors import BatchgenError
+    from .core.settings import RunConfig, build_config
+    from .execution.runner import run
+    from .execution.summary import RunSummary
 
 __all__ = ["BatchgenError", "RunConfig", "RunSummary", "build_config", "run"]
 __version__ = "0.1.0"
+
+# Loaded on first use: `batchgen status` and `--help` start without MLX and transformers.
+_HOMES = {"BatchgenError": ".core.errors", "RunConfig": ".core.settings", "build_config": ".core.settings",
+          "run": ".execution.runner", "RunSummary": ".execution.summary"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'batchgen' has no attribute {name!r}")
+    return getattr(import_module(_HOMES[name], __name__), name)

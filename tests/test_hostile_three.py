@@ -492,13 +492,13 @@ def test_a_retried_row_is_held_once_in_a_shard_folder_after_a_kill(workdir, netw
 
 
 def test_a_shard_replaced_during_a_run_is_said_and_its_rows_stay_to_do(tmp_path, monkeypatch, scripted):
-    import batchgen.execution.runner
+    import batchgen.execution.start
 
     folder = tmp_path / "job"
     folder.mkdir()
     write_jsonl(folder / "a.jsonl", [{"id": f"a{i}", "prompt": f"A {i}."} for i in range(3)])
     write_jsonl(folder / "b.jsonl", [{"id": f"b{i}", "prompt": f"B {i}."} for i in range(3)])
-    real_scan = batchgen.execution.runner.scan
+    real_scan = batchgen.execution.start.scan
 
     def scan_then_replace(*args, **kwargs):
         index = real_scan(*args, **kwargs)
@@ -507,12 +507,12 @@ def test_a_shard_replaced_during_a_run_is_said_and_its_rows_stay_to_do(tmp_path,
         os.replace(shorter, folder / "b.jsonl")  # as a sync job would, mid-run
         return index
 
-    monkeypatch.setattr(batchgen.execution.runner, "scan", scan_then_replace)
+    monkeypatch.setattr(batchgen.execution.start, "scan", scan_then_replace)
     out = tmp_path / "out.parquet"
     code, output = batch(folder, out)
     assert code == 2, output
     assert "b.jsonl: changed since the run started" in output and "rerun" in output
-    monkeypatch.setattr(batchgen.execution.runner, "scan", real_scan)
+    monkeypatch.setattr(batchgen.execution.start, "scan", real_scan)
     code, output = batch(folder, out)
     assert code == 0 and "5 rows: 5 ok, 0 failed" in output, output
 

@@ -19,6 +19,7 @@ from ..tools.tiny.builder import KINDS
 from .flags import config_from_flags, default_output, fail
 from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, option, run_options, variables
 from .process import ProgressDisplay, Signals, configure_logging, say
+from .status import status
 
 __all__ = ["main"]
 
@@ -69,6 +70,9 @@ def main(verbose: int, log_level: str | None) -> None:
             else " (BATCHGEN_<COMMAND>_<FLAG>, e.g. BATCHGEN_RUN_MAX_TOKENS)"
         )
         say(f"warning: {name} is not a batchgen variable and is ignored{hint}", "WARNING")
+
+
+main.add_command(status)
 
 
 @main.command(cls=Sectioned)

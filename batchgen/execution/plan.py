@@ -25,7 +25,7 @@ from ..input.read import RawRow
 from ..media.resolve import MediaStage
 from ..output.resume import Resume
 from .local import generate_window
-from .runner import open_job, writer_for
+from .start import open_job, writer_for
 
 __all__ = ["PlanReport", "Calibration", "plan_job"]
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -15,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..core.constraints import answer_kinds, merge_kinds
 from ..core.errors import (
     BatchgenError,
     ConfigError,
@@ -29,31 +27,23 @@ from ..core.records import TOTALS, CacheStats, Finished
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.stop import Stop
 from ..generate.router import Engines
-from ..input.parse import near_miss, template_fields
-from ..input.plan import share_keys
-from ..input.read import JobIndex, scan
-from ..input.source import Source, resolve
+from ..input.parse import near_miss
+from ..input.read import JobIndex
 from ..output.openai_batch import write_batch_output
-from ..output.resume import Resume, settings_of
+from ..output.resume import Resume
 from ..output.run_files import Heartbeat, errors_path, heartbeat_path, write_errors
 from ..output.store import strict_json
-from ..output.tables import dropped_columns
 from ..output.write import (
-    JOB_KEY,
-    MEDIA_BASE_KEY,
-    MEDIA_POLICY_KEY,
-    TEMPLATE_KEY,
     OutputLock,
     ResultWriter,
-    WriteOptions,
-    partial_dir,
     stats_path,
 )
 from .local import LocalExecutor
 from .ray import RayExecutor
+from .start import open_job, writer_for
 from .summary import TRACE, Progress, RunSummary, finish
 
-__all__ = ["run", "open_job", "writer_for", "check_paths", "check_columns", "record_row"]
+__all__ = ["run", "record_row"]
 
 log = logging.getLogger(__name__)
 
@@ -101,87 +91,6 @@ def run(
             return _run(config, work, index, engines, _Caller(progress, stop), started)
         finally:
             cleanups.clear()
-
-
-def open_job(config: RunConfig) -> JobIndex:
-    """The job scanned and checked (its outputs writable, its columns there, its ids unique),
-    narrowed to its --shard and --limit: what a run or a plan starts from."""
-    source = dataclasses.replace(
-        resolve(config.input, config.format), caps=config.media.caps, video_columns=config.columns.video
-    )
-    check_paths(config, source)
-    share = share_keys(config.columns)
-    index = scan(source, id_column=config.columns.id, share=share)
-    check_columns(config, index)
-    if config.shard is not None or config.limit is not None:
-        index.narrow(config.shard, config.limit)
-    return index
-
-
-def writer_for(config: RunConfig, index: JobIndex) -> ResultWriter:
-    """The run's writer (a plan only peeks at what it holds)."""
-    dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
-    mirrored = index.source is not None and index.source.folder  # a folder of job files: a shard each
-    options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
-                           config.overwrite, config.left_out, mirrored,
-                           _answer_columns(config, index))  # fmt: skip
-    return ResultWriter(config.output, index, settings_of(config), options, skip=dropped,
-                        about=_about(config, index, dropped))  # fmt: skip
-
-
-def check_paths(config: RunConfig, source: Source) -> None:
-    """Outputs that cannot be written, or that would replace a job file, stop the run before
-    any work (exit 2), not after the first batch. Nothing is created here."""
-    if isinstance(config.output, str):  # a URI: reachable now, or not at all
-        _check_remote(config.output)
-        return
-    jobs = {p.resolve() for p in source.local_paths()}
-    output, sharded = config.output, config.output_shards
-    errors = config.errors_file or errors_path(output, sharded)
-    written = [output, stats_path(output, sharded), partial_dir(output, sharded), Path(errors)]
-    if config.openai_output is not None:
-        written.append(config.openai_output)
-    for path in written:
-        if path.resolve() in jobs:  # type: ignore[union-attr]
-            raise ConfigError(f"{path} is the job file itself: choose another -o")
-    if sharded and any(job.is_relative_to(output.resolve()) for job in jobs):
-        raise ConfigError(f"-o {output}: the job's files are in it; choose another folder for the shards")
-    if output.is_dir() and not sharded:
-        raise ConfigError(f"-o {output}: is a folder; give a file name (e.g. {output / 'results.parquet'})")
-    if output.exists() and not output.is_dir() and sharded:
-        raise ConfigError(f"-o {output}/: a file, not a folder; choose another folder for the shards")
-    for path in written:
-        folder = path.parent
-        while not folder.exists() and folder != folder.parent:  # the nearest folder that exists
-            folder = folder.parent
-        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            raise ConfigError(f"cannot write {path}: {folder} is not a writable folder")
-
-
-def _check_remote(output: str) -> None:
-    from ..output.store import Store
-
-    store = Store(output)
-    parent = output.rsplit("/", 1)[0]
-    try:
-        store.exists(output), store.exists(parent)
-    except Exception as e:  # noqa: BLE001 - credentials, an unknown bucket, no network
-        raise ConfigError(f"-o {output}: cannot reach it ({type(e).__name__}: {short(e)})") from None
-
-
-def check_columns(config: RunConfig, index: JobIndex) -> None:
-    """Columns the settings name (mapping, kept or dropped columns, template fields) must be the
-    file's: a typo stops the run before any work, listing the columns there are."""
-    if not index.ids:
-        return
-    named = [*config.columns.named(), *(("--keep-columns", c) for c in config.keep_columns),
-             *(("--drop-columns", c) for c in config.drop_columns)]  # fmt: skip
-    if config.prompt_template is not None:
-        named += [("--prompt-template", name) for name in template_fields(config.prompt_template)]
-    missing = [f"{flag} {name!r}" for flag, name in named if name not in index.columns]
-    if missing:
-        shown = ", ".join(index.columns[:40]) + (" …" if len(index.columns) > 40 else "")
-        raise ConfigError(f"{config.input}: no column {', '.join(missing)}; its columns: {shown}")
 
 
 @dataclass(slots=True)
@@ -336,46 +245,6 @@ def _beat(beat: Heartbeat, writer: ResultWriter, path: str) -> None:
         beat.write(writer.store, path)
     except OSError as e:
         log.warning("warning: cannot write the heartbeat %s (%s)", path, e.strerror or e)
-
-
-def _answer_columns(config: RunConfig, index: JobIndex) -> dict[str, str]:
-    """The output's answer columns, decided before the first row is written: the run's
-    schema's fields, then those of the schemas the job's rows give (their union)."""
-    default = config.defaults.constraint
-    union: dict[str, str] = {}
-    merge_kinds(union, answer_kinds(default) if default is not None else ())
-    merge_kinds(union, tuple(index.answers.items()))
-    return union
-
-
-def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes, str]:
-    """What readers of the output need that its rows do not say: where the job's relative
-    media paths start (report shows the pictures from any folder) and the prompt template."""
-    about = {}
-    base = index.source.base if index.source is not None else None
-    if base is not None:
-        about[MEDIA_BASE_KEY] = str(Path(base).resolve())
-    root = config.media.media_root
-    about[MEDIA_POLICY_KEY] = json.dumps(
-        {
-            "local_paths": base is not None,
-            "media_root": str(Path(root).resolve()) if root else None,
-            "allow_private_urls": config.media.allow_private_urls,
-        }
-    )
-    if config.prompt_template is not None:
-        about[TEMPLATE_KEY] = config.prompt_template
-    source = index.source
-    local = source is not None and base is not None
-    about[JOB_KEY] = json.dumps({  # the gallery shows pictures the output does not carry (bytes) from here
-        "path": str(Path(source.given).resolve()) if local else None,  # type: ignore[union-attr]
-        "format": source.format if source is not None else None,
-        "id_column": config.columns.id,
-        "image": list(config.columns.image),
-        "video": list(config.columns.video),
-        "not_carried": sorted(dropped),  # the columns only the job holds (a dataset's image bytes)
-    })  # fmt: skip
-    return about
 
 
 def _conclude(

@@ -50,7 +50,8 @@ class Heartbeat:
     done: int = 0  # rows this run has committed
     failed: int = 0  # ... of them failed
     rows_per_s: float = 0.0
-    eta_s: float | None = None  # seconds left at that rate
+    eta_s: float | None = None  # seconds left at that rate, from the last commit
+    eta: str | None = None  # ... the moment it would end
     last_commit: str | None = None
     state: str = "running"  # running, or one of ENDINGS
     ended: str | None = None
@@ -65,10 +66,11 @@ class Heartbeat:
         self.done, self.failed = done, failed
         self.rows_per_s = round(done / elapsed, 3) if elapsed > 0 else 0.0
         self.eta_s = round((self.todo - done) / self.rows_per_s, 1) if self.rows_per_s else None
+        self.eta = stamp(time.time() + self.eta_s) if self.eta_s is not None else None
         self.last_commit = stamp()
 
     def end(self, state: str, message: str | None = None) -> None:
-        self.state, self.ended, self.message, self.eta_s = state, stamp(), message, None
+        self.state, self.ended, self.message, self.eta_s, self.eta = state, stamp(), message, None, None
 
     def write(self, store: Store, path: str) -> None:
         store.write_text(path, strict_json(asdict(self), indent=2) + "\n")

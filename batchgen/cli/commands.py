@@ -301,14 +301,19 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
 @main.command("inspect")
 @click.argument("results", type=click.Path(path_type=Path, exists=True))
 @option("--slowest", type=int, default=5, show_default=True, help="How many of the slowest rows to list.")
-def inspect_results(results: Path, slowest: int) -> None:
-    """Summarize a results file: statuses, errors by stage, tokens, reuse, drafts, slowest rows."""
-    from ..tools.report import summarize
+@option("--failed", is_flag=True, help="List every failed row instead: id, stage and error, tab-separated.")
+@option("--json", "as_json", is_flag=True, help="With --failed: a JSON line each (attempts, transient too).")
+def inspect_results(results: Path, slowest: int, failed: bool, as_json: bool) -> None:
+    """Summarize a results file: statuses, errors by stage, tokens, reuse, drafts, slowest rows;
+    or, with --failed, list its failed rows."""
+    from ..tools.report import failed_rows, summarize
 
     try:
-        click.echo(summarize(results, slowest))
+        text = failed_rows(results, as_json) if failed else summarize(results, slowest)
     except BatchgenError as e:
         fail(e)
+    if text:
+        click.echo(text)
 
 
 @main.command()

@@ -1,4 +1,5 @@
-"""Errors: run-stopping ones carry their exit code; row failures carry their stage."""
+"""Errors: run-stopping ones carry their exit code; row failures carry their stage; and the
+few helpers every message is written with."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 
 __all__ = [
     "one_line",
+    "plural",
     "describe",
     "short",
     "StopRequested",
@@ -24,6 +26,11 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 def one_line(text: str) -> str:
     """Control characters (a newline in a path) escaped: an error is one line, whatever it quotes."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def plural(n: int, noun: str) -> str:
+    """`1 row`, `2,000 rows`."""
+    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def describe(source: str | bytes, width: int = 80) -> str:

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..core.constraints import answer_kinds, satisfied
-from ..core.errors import RowError, one_line
+from ..core.errors import RowError, one_line, plural
 from ..core.records import TOTALS, Finished, Generation, Job, Media, MemoryStats, Result
 from ..core.settings import RunConfig, WorkSettings
 from ..generate.lanes import completions
@@ -28,7 +28,6 @@ from ..input.read import RawRow, id_key
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.resume import Pending
 from .executor import Executor, ExecutorStats
-from .summary import plural
 
 __all__ = ["LocalExecutor", "generate_window"]
 

@@ -11,10 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.budget import human_bytes
-from ..core.errors import gist
+from ..core.errors import gist, plural
 from ..core.records import CacheStats, MediaStats, MemoryStats
 
-__all__ = ["RunSummary", "Progress", "finish", "progress", "plural", "TRACE", "FAILED_EXIT",
+__all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE", "FAILED_EXIT",
            "INCOMPLETE_EXIT"]  # fmt: skip
 
 FAILED_EXIT = 1  # failed rows (which ones count: --fail-on)
@@ -205,11 +205,6 @@ def finish(s: RunSummary, table: pa.Table, job_rows: int, wall: float) -> RunSum
     s.rows_per_s = round(s.generated / wall, 3) if wall > 0 else 0.0
     s.tokens_per_s = round(s.completion_tokens / wall, 1) if wall > 0 else 0.0
     return s
-
-
-def plural(n: int, noun: str) -> str:
-    """`1 row`, `2,000 rows`."""
-    return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}s"
 
 
 def progress(s: RunSummary, cache: CacheStats | None, elapsed: float) -> str:

@@ -19,7 +19,8 @@ import pyarrow.compute as pc
 from ..core.uris import is_uri
 from .store import Store, strict_json
 
-__all__ = ["Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "write_errors", "stamp"]
+__all__ = ["Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records", "write_errors",
+           "stamp"]  # fmt: skip
 
 ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
 
@@ -73,6 +74,7 @@ class Heartbeat:
         self.state, self.ended, self.message, self.eta_s, self.eta = state, stamp(), message, None, None
 
     def write(self, store: Store, path: str) -> None:
+        store.makedirs(path.rsplit("/", 1)[0])  # a folder of shards is made with its first shard
         store.write_text(path, strict_json(asdict(self), indent=2) + "\n")
 
 
@@ -86,22 +88,28 @@ def read_heartbeat(store: Store, path: str) -> Heartbeat | None:
         return None
 
 
+def failed_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each failed row as the error file and `inspect --failed` list it."""
+    return [
+        {"id": r.get("id"), "stage": r.get("error_stage"), "error": r.get("error"),
+         "attempts": r.get("attempts"), "transient": bool(r.get("transient"))}
+        for r in rows if r.get("status") != "ok"
+    ]  # fmt: skip
+
+
 def write_errors(store: Store, path: str, table: pa.Table, this_run: set[Any]) -> int:
-    """The output's failed rows, a JSON line each (id, stage, error, attempts, transient, and
-    whether this run failed it); no file when none failed, so a stale one never stays."""
+    """The output's failed rows, a JSON line each (failed_records, and whether this run failed
+    it); no file when none failed, so a stale one never stays."""
     failed = table.filter(pc.not_equal(table.column("status"), "ok"))
     if not failed.num_rows:
         store.remove(path)
         return 0
-    names = ("id", "error_stage", "error", "attempts", "transient")
-    columns = {n: failed.column(n).to_pylist() if n in failed.column_names else [None] * failed.num_rows
-               for n in names}  # fmt: skip
-    lines = []
-    for i in range(failed.num_rows):
-        row = {n: columns[n][i] for n in names}
-        lines.append(strict_json({
-            "id": row["id"], "stage": row["error_stage"], "error": row["error"], "attempts": row["attempts"],
-            "transient": bool(row["transient"]), "this_run": row["id"] in this_run,
-        }))  # fmt: skip
+    names = [
+        n
+        for n in ("id", "status", "error_stage", "error", "attempts", "transient")
+        if n in failed.column_names
+    ]
+    records = failed_records(failed.select(names).to_pylist())
+    lines = [strict_json({**r, "this_run": r["id"] in this_run}) for r in records]
     store.write_text(path, "\n".join(lines) + "\n")
-    return failed.num_rows
+    return len(records)

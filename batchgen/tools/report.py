@@ -8,11 +8,13 @@ import stat
 from collections import Counter
 from pathlib import Path
 
-from ..core.errors import gist
+from ..core.errors import gist, plural
+from ..output.run_files import failed_records
+from ..output.store import strict_json
 from ..output.write import COMPLETE_KEY
 from .results import read_results, results_schema
 
-__all__ = ["summarize"]
+__all__ = ["summarize", "failed_rows"]
 
 
 # Terminal controls (C0, DEL, C1) and bidirectional overrides: an id or an error message
@@ -92,12 +94,21 @@ def _answer_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+def failed_rows(path: Path, as_json: bool = False) -> str:
+    """`inspect --failed`: every failed row's id, stage and error, a line each (tab-separated),
+    or as JSON lines with attempts and transient, as the run's error file has them."""
+    records = failed_records(read_results(path))
+    if as_json:
+        return "\n".join(strict_json(r) for r in records)
+    return "\n".join("\t".join(_printable(str(r[k])) for k in ("id", "stage", "error")) for r in records)
+
+
 def summarize(path: Path, slowest: int = 5) -> str:
     """Rows by status, errors by stage with their commonest messages, tokens and speed,
     prefix reuse, draft acceptance, and the slowest rows."""
     rows = read_results(path)
     ok = sum(r["status"] == "ok" for r in rows)
-    lines = [f"{path}: {len(rows)} rows, {ok} ok, {len(rows) - ok} failed"]
+    lines = [f"{path}: {plural(len(rows), 'row')}, {ok:,} ok, {len(rows) - ok:,} failed"]
     by_stage: dict[str, Counter[str]] = {}
     for r in rows:
         if r["status"] != "ok":
@@ -122,7 +133,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
     schema = results_schema(path)
     recorded = set(schema.names)  # a slim output holds no counts or timings
     if {"prompt_tokens", "completion_tokens"} <= recorded:
-        lines.append(f"tokens: {prompt} prompt, {completion} completion{speed}")
+        lines.append(f"tokens: {prompt:,} prompt, {completion:,} completion{speed}")
     try:
         done = json.loads((schema.metadata or {}).get(COMPLETE_KEY, b"{}") or b"{}")
     except ValueError:
@@ -136,8 +147,9 @@ def summarize(path: Path, slowest: int = 5) -> str:
     reused = sum(c > 0 for c in cached)
     if cached and "cached_tokens" in recorded:
         lines.append(
-            f"cache: {reused} of {len(cached)} rows reused a prefix ({reused / len(cached):.0%} of rows), "
-            f"{sum(cached)} prompt tokens saved"
+            f"cache: {reused:,} of {plural(len(cached), 'row')} reused a prefix "
+            f"({reused / len(cached):.0%} of rows), "
+            f"{sum(cached):,} prompt tokens saved"
         )
     lines += _loop_lines(rows) + _answer_lines(rows) + _score_lines(rows)
     drafted = sum(r.get("mtp_drafts") or 0 for r in rows)

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.budget import human_duration
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, plural
 from ..core.uris import is_uri
 from ..output.run_files import Heartbeat, heartbeat_path, read_heartbeat
 from ..output.store import OutputLock, Store
@@ -151,7 +151,7 @@ def render(s: OutputStatus) -> str:
     """The status as a person reads it: one headline, then what the latest run did."""
     stages = ", ".join(f"{stage} {n:,}" for stage, n in sorted(s.errors_by_stage.items()))
     failed = f"{s.failed:,} failed" + (f" ({stages})" if stages else "")
-    counts = f"{s.rows:,} rows: {s.ok:,} ok, {failed}" if s.state != "running" else ""
+    counts = f"{plural(s.rows, 'row')}: {s.ok:,} ok, {failed}" if s.state != "running" else ""
     if s.state == "incomplete":
         counts = f"{s.rows:,} of {s.job_rows:,} rows, {s.pending:,} pending; {s.ok:,} ok, {failed}"
     lines = [f"{s.output}: {s.state}" + (f" · {counts}" if counts else "")]
@@ -174,7 +174,9 @@ def render(s: OutputStatus) -> str:
         if s.state == "incomplete":
             lines.append("  rerun the same command to resume")
     for shard in s.shards:
-        lines.append(f"  shard {shard.name}: {shard.rows:,} rows, {shard.ok:,} ok, {shard.failed:,} failed")
+        lines.append(
+            f"  shard {shard.name}: {plural(shard.rows, 'row')}, {shard.ok:,} ok, {shard.failed:,} failed"
+        )
     return "\n".join(lines)
 
 

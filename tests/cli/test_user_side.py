@@ -474,8 +474,6 @@ def test_an_img2dataset_jobs_gallery_shows_its_pictures_in_chromium(tmp_path):
     assert attrs["data-cards"] == 2 and attrs["data-images"] == 2 and attrs["data-loaded"] == 2
 
 
-
-
 def test_a_cron_log_has_times_a_start_line_and_as_much_detail_as_asked(tmp_path, scripted):
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Item {i}."} for i in range(5)])
     out = tmp_path / "out.parquet"
@@ -496,7 +494,8 @@ def test_a_cron_log_has_times_a_start_line_and_as_much_detail_as_asked(tmp_path,
     # -q: no start or progress lines; the closing lines, stamped like the rest
     assert code == 0 and "INFO start" not in output, output
     assert [re.sub(rf"^{STAMP} ", "", line)[:17] for line in output.splitlines()] == [
-        "INFO 5 rows: 5 ok", f"INFO wrote {str(out)[:6]}"
+        "INFO 5 rows: 5 ok",
+        f"INFO wrote {str(out)[:6]}",
     ]
 
 

@@ -6,17 +6,29 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .core.errors import BatchgenError
+    from .core.errors import (
+        BatchgenError,
+        ConfigError,
+        FailFastError,
+        Interrupted,
+        JobFileError,
+        OutputLockedError,
+    )
     from .core.settings import RunConfig, build_config
     from .execution.runner import run
-    from .execution.summary import RunSummary
+    from .execution.summary import Progress, RunSummary
 
-__all__ = ["BatchgenError", "RunConfig", "RunSummary", "build_config", "run"]
+__all__ = ["BatchgenError", "ConfigError", "JobFileError", "OutputLockedError", "Interrupted",
+           "FailFastError", "RunConfig", "RunSummary", "Progress", "build_config", "run"]  # fmt: skip
 __version__ = "0.1.0"
 
 # Loaded on first use: `batchgen status` and `--help` start without MLX and transformers.
-_HOMES = {"BatchgenError": ".core.errors", "RunConfig": ".core.settings", "build_config": ".core.settings",
-          "run": ".execution.runner", "RunSummary": ".execution.summary"}  # fmt: skip
+_HOMES = {
+    **dict.fromkeys(("BatchgenError", "ConfigError", "JobFileError", "OutputLockedError", "Interrupted",
+                     "FailFastError"), ".core.errors"),
+    "RunConfig": ".core.settings", "build_config": ".core.settings", "run": ".execution.runner",
+    "RunSummary": ".execution.summary", "Progress": ".execution.summary",
+}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

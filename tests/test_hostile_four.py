@@ -548,7 +548,7 @@ def test_inspect_reads_a_damaged_or_fifo_stats_file_as_none(tmp_path, scripted):
                    "\x00" * 10, " " * (2 << 20)):  # fmt: skip
         stats.write_text(damage)
         code, output = run_cli("inspect", str(out))
-        assert code == 0 and "1 rows, 1 ok, 0 failed" in output, (damage[:20], output)
+        assert code == 0 and "1 row, 1 ok, 0 failed" in output, (damage[:20], output)
     stats.unlink()
     os.mkfifo(stats)
     signal.alarm(30)

@@ -305,7 +305,13 @@ def build_config(
     columns: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> RunConfig:
-    """Merge preset < flags (None or empty means 'not given') into a validated RunConfig."""
+    """Merge preset < flags (None or empty means 'not given') into a validated RunConfig.
+
+    What the CLI builds a run from, and the way to build one in Python: `preset` a name or
+    YAML path (None: configs/default.yaml where it can be found); `generation` GenParams
+    fields (max_tokens, temperature, json_schema, …); `media` MediaConfig fields; `columns`
+    the column mapping (id, prompt, image, …); any other RunConfig field by keyword (model,
+    batch_size, time_limit="55m", fail_on, …). A bad value raises ConfigError naming it."""
     input, output = checked_location(str(input), "job"), checked_location(str(output), "-o")
     data = load_preset(find_preset(preset))
     gen = dict(data.pop("generation", None) or {})

@@ -76,9 +76,18 @@ def run(
     """Run a job file to completion; rows already in the output or its parts are skipped.
 
     The job file and the models are checked before the output is locked or touched. The run
-    prints nothing and installs no signal handler: `progress` is called when it starts and
-    after every batch it commits; a set `stop` ends it between two batches (finished rows
-    written, then Interrupted), and a `core.stop.Stop` also learns what a hard exit must clean."""
+    prints nothing and installs no signal handler: `progress` is called with a `Progress` when
+    it starts and after every batch it commits; a set `stop` ends it between two batches
+    (finished rows written, then Interrupted), and a `core.stop.Stop` also learns what a hard
+    exit must clean. `config.time_limit` ends it early as an incomplete run, not an error.
+
+    Returns the RunSummary (its `exit_code(fail_on, require_complete)` is the CLI's: 0, 1 for
+    failed rows, 4 for an incomplete run that had to complete). Raises, each with the
+    `exit_code` the CLI exits with: ConfigError, JobFileError and OutputLockedError (2: bad
+    settings, an unreadable job, duplicate ids, an output held by another run — before any
+    work, or a model that cannot load at its first row, finished rows kept), FailFastError (1,
+    `fail_fast`), Interrupted (130; the CLI says 143 after SIGTERM). Any other exception is a
+    bug (the CLI exits 3); finished rows are kept in every case, and a rerun resumes."""
     started = time.perf_counter()
     stop = stop if stop is not None else Stop()
     index = open_job(config)

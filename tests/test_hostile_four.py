@@ -556,7 +556,7 @@ def test_inspect_reads_a_damaged_or_fifo_stats_file_as_none(tmp_path, scripted):
         code, output = run_cli("inspect", str(out))
     finally:
         signal.alarm(0)
-    assert code == 0 and "1 rows, 1 ok" in output
+    assert code == 0 and "1 row, 1 ok" in output
 
 
 def test_a_mirrored_shard_whose_job_file_is_gone_says_so(tmp_path, scripted):

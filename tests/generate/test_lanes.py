@@ -487,7 +487,7 @@ def test_prompts_that_cannot_batch_on_a_batched_family_run_one_at_a_time(tmp_pat
     code, output = run_cli("run", str(job), "-o", str(out), "--model", str(offset_families["llava_next"]),
                            "--temperature", "0")  # fmt: skip
     assert code == 0, output
-    assert "1 rows one at a time (llava_next: rows with several images" in output
+    assert "1 row one at a time (llava_next: rows with several images" in output
     assert [r["status"] for r in read(out)] == ["ok", "ok"]
 
 

@@ -10,14 +10,22 @@ from pathlib import Path
 import click
 
 from ..core.budget import human_bytes
-from ..core.errors import BatchgenError, Interrupted
+from ..core.errors import BatchgenError, Interrupted, plural
 from ..core.params import LOOP_SPAN
 from ..input.formats import FORMATS
 from ..tools.export import FORMATS as EXPORT_FORMATS
 from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS
 from .flags import config_from_flags, default_output, fail
-from .options import COLUMN, COLUMN_FLAGS, Sectioned, caption_options, option, run_options, variables
+from .options import (
+    COLUMN_FLAGS,
+    Sectioned,
+    caption_options,
+    option,
+    run_options,
+    validate_options,
+    variables,
+)
 from .process import ProgressDisplay, Signals, configure_logging, say
 from .status import status
 
@@ -212,36 +220,29 @@ def _run(job_file: str | Path, output: str | Path, **flags) -> int:
 @main.command()
 @click.argument("job_file")
 @option(
-    "--format",
-    "fmt",
-    type=click.Choice(list(FORMATS)),
-    help="Job format [by extension; .tar: webdataset].",
+    "--format", "fmt", type=click.Choice(list(FORMATS)), help="Job format [by extension; .tar: webdataset]."
 )
-@option("--id-column", **COLUMN)
-@option("--prompt-column", **COLUMN)
-@option("--system-column", **COLUMN)
-@option("--image-column", multiple=True, **COLUMN)
-@option("--video-column", multiple=True, **COLUMN)
-@option("--score-column", **COLUMN)
-@option("--prompt-template", help="As for run.")
+@validate_options
 def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flags) -> None:
     """Check every row of JOB_FILE as `run` would read it (with the same column mapping and
-    prompt template); print each problem with its line; exit 1 if any."""
+    prompt template); print each problem with its line, and warnings (fields one slip from
+    one batchgen reads, columns that look like media but are not mapped); exit 1 if any problem."""
     from ..core.settings import build_columns
     from ..input.validate import validate_file
 
     count = 0
     try:
         columns = build_columns({}, {key: flags[flag] for flag, key in COLUMN_FLAGS.items()})
-        for finding in validate_file(job_file, fmt, columns, prompt_template):
+        checked = validate_file(job_file, fmt, columns, prompt_template)
+        for finding in checked:
             click.echo(finding.line())
             count += 0 if finding.warning else finding.rows
     except BatchgenError as e:
         fail(e)
     if count:
-        say(f"{count} problem(s) in {job_file}", "ERROR")
+        say(f"{plural(count, 'problem')} in {job_file} ({plural(checked.rows, 'row')} read)", "ERROR")
         sys.exit(1)
-    say(f"{job_file}: ok")
+    say(f"{job_file}: ok, {plural(checked.rows, 'row')}")
 
 
 @main.command("env")

@@ -14,6 +14,7 @@ from ..core.errors import BatchgenError
 __all__ = [
     "run_options",
     "caption_options",
+    "validate_options",
     "Sectioned",
     "EnvOption",
     "option",
@@ -171,13 +172,23 @@ def _column_options() -> list:
     ]
 
 
+_TEMPLATE = option("--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".')
+
+
+def validate_options(command):
+    """`validate`'s: the column mapping and the prompt template, as `run` takes them."""
+    for decorate in reversed([*_column_options(), _TEMPLATE]):
+        command = decorate(command)
+    return command
+
+
 def run_options(command, columns: bool = True):
     """The options `run` and `caption` share: models, presets, generation, media, output."""
     options = [
         option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
         option("--text-model", help="Model for rows without media [--model]."),
         option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
-        option("--prompt-template", help='Prompt made from each row\'s columns, e.g. "Describe {title}".'),
+        _TEMPLATE,
         *(_column_options() if columns else []),
         option(
             "--keep-columns", multiple=True, help="Carry these binary columns to the output too (repeatable)."

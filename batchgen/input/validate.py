@@ -9,14 +9,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import ConfigError, JobFileError
+from ..core.errors import ConfigError, JobFileError, plural
 from ..core.records import GenParams, Job
 from ..core.settings import Columns
 from .parse import near_miss, parse_row, template_fields
 from .read import id_key, iter_rows
 from .source import resolve
 
-__all__ = ["Finding", "validate_file"]
+__all__ = ["Finding", "Validation", "validate_file"]
 
 _SCHEME = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://")
 _GROUPS = 10_000  # distinct problems held per file to count repeats; more are said as they come
@@ -60,12 +60,33 @@ def _missing_media(job: Job, base: str | None) -> Iterator[tuple[str, str]]:
             yield ref.kind, f"no such file {source!r:.80}"
 
 
+class Validation:
+    """A job file's findings as they are found (iterate), and the rows read (`rows`, once done)."""
+
+    def __init__(self, path: Path, fmt: str | None, columns: Columns | None, template: str | None):
+        self.path, self.fmt, self.columns, self.template = path, fmt, columns, template
+        self.rows = 0
+
+    def __iter__(self) -> Iterator[Finding]:
+        for finding, rows in _findings(self.path, self.fmt, self.columns, self.template):
+            self.rows = rows
+            if finding is not None:
+                yield finding
+
+
 def validate_file(
     path: Path, fmt: str | None = None, columns: Columns | None = None, template: str | None = None
-) -> Iterator[Finding]:
+) -> Validation:
     """Each problem of each row read as `run` reads it with this column mapping and prompt
     template, a file at a time. Columns the mapping names that the file lacks are a
     ConfigError, as in `run`."""
+    return Validation(path, fmt, columns, template)
+
+
+def _findings(
+    path: Path, fmt: str | None, columns: Columns | None, template: str | None
+) -> Iterator[tuple[Finding | None, int]]:
+    """(finding, rows read so far); a last (None, rows) once the file is read."""
     source = resolve(path, fmt)
     columns = columns or Columns()
     if columns.prompt and template:
@@ -76,11 +97,12 @@ def validate_file(
     rows = parsed = 0
     groups: dict[tuple[str, str], Finding] = {}
     slips: dict[str, int] = {}
+    unused: dict[str, int] = {}  # columns that look like media, beside rows without media
     file, first = None, 0
     for raw in iter_rows(source, id_column=columns.id):
         name = raw.file or str(path)
         if name != file:
-            yield from _said(file, groups, slips)
+            yield from ((f, rows) for f in _said(file, groups, slips, unused))
             file, first = name, raw.index
         rows += 1
         if isinstance(raw.value, dict):
@@ -93,6 +115,8 @@ def validate_file(
             problems = list(_missing_media(job, source.base))
         for slip in job.near_misses:
             slips[slip] = slips.get(slip, 0) + 1
+        for column in job.unused_media:
+            unused[column] = unused.get(column, 0) + 1
         for field_name, message in problems:
             found = groups.get((field_name, message))
             if found is not None:
@@ -102,13 +126,13 @@ def validate_file(
             elif len(groups) < _GROUPS:
                 groups[(field_name, message)] = Finding(where, field_name, message)
             else:
-                yield Finding(where, field_name, message)
+                yield Finding(where, field_name, message), rows
         key = id_key(job.id)
         if key in seen:
-            yield Finding(where, "id", f"duplicate id {job.id!r:.80} (first at {seen[key]})")
+            yield Finding(where, "id", f"duplicate id {job.id!r:.80} (first at {seen[key]})"), rows
         else:
             seen[key] = raw.where
-    yield from _said(file, groups, slips)
+    yield from ((f, rows) for f in _said(file, groups, slips, unused))
     if rows and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
     missing = [f"{flag} {name!r}" for flag, name in named if rows and name not in present]
@@ -116,16 +140,23 @@ def validate_file(
         raise ConfigError(
             f"{path}: no column {', '.join(missing)}; its columns: {', '.join(sorted(present))}"
         )
+    yield None, rows
 
 
 def _said(
-    file: str | None, groups: dict[tuple[str, str], Finding], slips: dict[str, int]
+    file: str | None, groups: dict[tuple[str, str], Finding], slips: dict[str, int], unused: dict[str, int]
 ) -> Iterator[Finding]:
-    """A file's problems, each once with its count, then its near-miss fields; both emptied."""
+    """A file's problems, each once with its count, then its near-miss fields and the columns
+    that look like media; all emptied."""
     yield from groups.values()
     for name, n in slips.items():
         meant = near_miss(name)
-        yield Finding(str(file), f"field {name!r}", f"in {n} row(s), not one batchgen reads (did you mean "
-                      f"{meant!r}? it is kept as data)", warning=True)  # fmt: skip
+        said = f"in {plural(n, 'row')}, not one batchgen reads (did you mean {meant!r}? it is kept as data)"
+        yield Finding(str(file), f"field {name!r}", said, warning=True)
+    for name, n in unused.items():
+        said = (f"looks like media, beside {plural(n, 'row')} without media; --image-column {name} or "
+                f"--video-column {name} to use it")  # fmt: skip
+        yield Finding(str(file), f"column {name!r}", said, warning=True)
     groups.clear()
     slips.clear()
+    unused.clear()

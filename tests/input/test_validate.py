@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import click
 from conftest import run_cli, write_jsonl
+
+from batchgen.cli.commands import main
 
 
 def test_validate_reports_every_problem_with_its_line(tmp_path):
@@ -26,7 +29,7 @@ def test_validate_reports_every_problem_with_its_line(tmp_path):
     assert f"{job}:8: row: expected a JSON object, got list" in lines
     # Lines that are no JSON object are named by their line, so they never clash with ids.
     assert not any("duplicate id 2" in line or "duplicate id 6" in line for line in lines)
-    assert "7 problem(s)" in output
+    assert "7 problems in " in output and "(7 rows read)" in output
 
 
 def test_validate_clean_file_exits_0(tmp_path):
@@ -62,10 +65,10 @@ def test_validate_counts_repeats_checks_media_numbers_rows_per_file_and_warns_of
     assert (f"{f1}: row 1: prompt: missing: a row needs 'prompt' or 'messages' (3 rows alike; also "
             "row 2, row 3)") in lines  # fmt: skip
     assert f"{f1}: row 4: image: no such file 'nope.png'" in lines  # the first file's rows count from 0
-    assert (f"{f1}: warning: field 'max_token': in 5 row(s), not one batchgen reads (did you mean "
+    assert (f"{f1}: warning: field 'max_token': in 5 rows, not one batchgen reads (did you mean "
             "'max_tokens'? it is kept as data)") in lines  # fmt: skip
     assert not any("there.png" in line or "00000.parquet" in line for line in lines)
-    assert "4 problem(s)" in output
+    assert "4 problems in " in output
 
 
 def test_a_run_warns_once_of_a_field_one_slip_from_one_it_reads(tmp_path, scripted):
@@ -84,3 +87,17 @@ def test_a_run_warns_once_of_a_field_one_slip_from_one_it_reads(tmp_path, script
     code, output = run_cli("run", str(job), "-o", str(tmp_path / "p.parquet"), "--model", "m",
                            "--prompt-template", "{imgae}")  # fmt: skip
     assert code == 0 and "imgae" not in output.replace("{imgae}", "")  # a template's field is meant
+
+
+def test_validate_names_a_column_that_looks_like_media_and_counts_rows_on_success(tmp_path):
+    job = write_jsonl(
+        tmp_path / "jobs.jsonl", [{"id": i, "prompt": "x", "jpg": f"{i}.png"} for i in range(3)]
+    )
+    code, output = run_cli("validate", str(job))
+    assert code == 0, output
+    assert (f"{job}: warning: column 'jpg': looks like media, beside 3 rows without media; "
+            "--image-column jpg or --video-column jpg to use it") in output  # fmt: skip
+    assert output.rstrip().endswith(f"{job}: ok, 3 rows")
+    options = [p for p in main.commands["validate"].params if isinstance(p, click.Option)]
+    assert len(options) == 8 and all(o.help for o in options)  # every option says what it is
+    assert "Column holding images" in run_cli("validate", "--help")[1]

@@ -65,7 +65,7 @@ _SECTIONS = {
                            "continuous", "window", "plan_horizon", "cache", "row_timeout"),
     "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
     "Scale-out": ("engine", "ray_address", "workers"),
-    "Output and reruns": ("output_format", "output_shards", "keep_columns", "drop_columns",
+    "Output and reruns": ("output_format", "output_shards", "write_captions", "keep_columns", "drop_columns",
                           "result_columns", "drop_result_columns", "overwrite",
                           "fail_fast", "max_attempts", "retry_failed", "redo_repetition", "changed",
                           "time_limit", "fail_on", "require_complete", "errors_file", "quiet", "help"),

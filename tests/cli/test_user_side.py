@@ -334,8 +334,8 @@ def test_gallery_in_headless_chromium(tmp_path):
     assert (tmp_path / "gallery.png").stat().st_size > 10_000
 
 
-def test_run_help_comes_in_sections_and_the_top_help_names_the_formats():
-    code, text = run_cli("run", "--help")
+def _sections(command: str) -> dict[str, list[str]]:
+    code, text = run_cli(command, "--help")
     assert code == 0
     heads = [line for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert heads == ["Input:", "Models:", "Generation:", "Media:", "Reuse and batching:", "Drafts:",
@@ -347,11 +347,22 @@ def test_run_help_comes_in_sections_and_the_top_help_names_the_formats():
             current = line
         elif line.strip().startswith("-") and current:
             sections.setdefault(current, []).append(line.split()[0].rstrip(","))
+    return sections
+
+
+def test_run_help_comes_in_sections_and_the_top_help_names_the_formats():
+    sections = _sections("run")
     assert "--image-column" in sections["Input:"] and "--max-tokens" in sections["Generation:"]
     assert (
         "--max-attempts" in sections["Output and reruns:"]
         and "--batch-size" in sections["Reuse and batching:"]
+        and {"--time-limit", "--fail-on", "--require-complete", "--errors-file"}
+        <= {*sections["Output and reruns:"]}
+        and {"--memory-budget", "--kv-bits"} <= {*sections["Reuse and batching:"]}
     )
+    caption = _sections("caption")
+    assert {"-p", "--ext"} <= {*caption["Input:"]} and "--write-captions" in caption["Output and reruns:"]
+    assert not any(option.startswith(("--write", "--time")) for option in caption["Generation:"])
     code, top = run_cli("--help")
     assert "CSV" in top and "OpenAI Batch" in top and "WebDataset" in top
 

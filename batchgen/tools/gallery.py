@@ -283,7 +283,7 @@ header{display:flex;gap:1.5em;align-items:center;flex-wrap:wrap;margin-bottom:1e
 .card{background:#fff;border:1px solid #ddd;border-radius:8px;padding:10px}
 .card.error{border:2px solid #c62828;background:#fff5f5}
 .card img{max-width:160px;max-height:160px;margin:0 4px 4px 0;border-radius:4px}
-.card div{overflow-wrap:anywhere}.id{font-weight:600}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
+.card div{overflow-wrap:anywhere}.id{font-weight:600}.rid{color:#777;font-size:.85em;margin-top:.6em}.q{color:#555;margin:.3em 0}.a{white-space:pre-wrap;margin:.3em 0}
 .r{color:#777;font-size:12px}.err{color:#c62828}.m{color:#888;font-size:12px}.s{color:#1565c0;font-size:12px}.miss{color:#c62828}.hit{color:#2e7d32}
 </style></head><body>
 <header><h2 style="margin:0">{{ title }}</h2><span>{{ counts }}</span>
@@ -310,6 +310,7 @@ function render() {
     for (const key of c.media) for (const src of D.thumbs[key] || []) { const img = el("img"); img.src = src; img.alt = key; card.append(img); }
     card.append(el("div", "id", c.id));
     for (const e of c.entries) {
+      if (c.entries.length > 1) card.append(el("div", "rid", e.id));  // whose answer and score follow
       card.append(el("div", "q", e.question));
       if (e.reasoning) { const d = el("details", "r"); d.append(el("summary", "", "reasoning"), el("div", "a", e.reasoning)); card.append(d); }
       if (e.status === "ok") card.append(el("div", "a", e.text)); else card.append(el("div", "err", e.error));
@@ -327,6 +328,7 @@ function render() {
     document.body.dataset.images = imgs.length;
     document.body.dataset.loaded = imgs.filter(i => i.naturalWidth > 0).length;
     document.body.dataset.failed = box.querySelectorAll(".card.error").length;
+    document.body.dataset.rowIds = box.querySelectorAll(".rid").length;
   });
 }
 document.getElementById("failed").onchange = () => { page = 0; render(); };

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 from conftest import MEDIA, MODELS, ROOT, SAMPLE, STAMP, read, run_cli, write_jsonl
@@ -293,6 +294,11 @@ def test_the_readme_results_gallery_shows_every_picture_wherever_it_is_written(t
     frames = attrs["data-images"] - pictures
     assert attrs["data-cards"] == len(groups) + alone < len(rows) and frames >= 2  # each picture once
     assert attrs["data-loaded"] == attrs["data-images"]
+    # A card of several rows names each row above its question: whose answer and score it shows.
+    sizes = Counter(
+        json.dumps([pictures_of(r), r.get("video")]) for r in rows if pictures_of(r) or r.get("video")
+    )
+    assert attrs["data-row-ids"] == sum(n for n in sizes.values() if n > 1) > 0
 
     template_rows = [{"id": "t", "image": str(MEDIA / "red_circle.png"), "title": "a red thing"},
                      {"id": "bad", "image": "nope.png", "title": "x"}]  # fmt: skip

@@ -349,6 +349,33 @@ def build_config(
         raise ConfigError("retries, fetch_workers and decode_workers must be >= 1")
     if min(limits.max_image_pixels, limits.max_row_pixels, limits.frame_pixels or 1) < 1:
         raise ConfigError("max_image_pixels, max_row_pixels and frame_pixels must be >= 1")
+    _check_run_settings(data)
+    if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
+        data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
+    if data.get("output_shards") and data.get("openai_output") is not None:
+        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
+    if mapping.prompt and data.get("prompt_template"):
+        raise ConfigError("give --prompt-column or --prompt-template, not both")
+    if data.get("result_columns", "all") not in ("all", "slim"):
+        raise ConfigError(f"--result-columns {data['result_columns']!r}: expected all or slim")
+    for name in data.get("drop_result_columns") or ():
+        if name not in RESULT_COLUMNS or name in KEPT_COLUMNS:
+            why = "every output keeps it" if name in KEPT_COLUMNS else "not one of batchgen's columns"
+            droppable = ", ".join(c for c in RESULT_COLUMNS if c not in KEPT_COLUMNS)
+            raise ConfigError(f"--drop-result-columns {name!r:.60}: {why} (these can go: {droppable})")
+    data = {k: tuple(v) if k in _LISTS else v for k, v in data.items()}
+    return RunConfig(
+        input=str(input) if is_uri(str(input)) else Path(input),
+        output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),
+        defaults=dataclasses.replace(_gen_params(gen), constraint=constraint),
+        media=limits,
+        columns=mapping,
+        **data,
+    )
+
+
+def _check_run_settings(data: dict[str, Any]) -> None:
+    """The run-wide settings' values, checked (and read: a shard, a duration) in place."""
     if data.get("changed", "refuse") not in ("refuse", "redo", "keep"):
         raise ConfigError(f"--changed {data['changed']!r}: expected refuse, redo or keep")
     if data.get("engine", "local") not in ("local", "ray"):
@@ -390,28 +417,6 @@ def build_config(
         raise ConfigError("--limit must be >= 0")
     if data.get("plan_horizon") is not None and int(data["plan_horizon"]) < 0:
         raise ConfigError("--plan-horizon must be >= 0 (MiB; 0 runs the rows in job order)")
-    if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
-        data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
-    if data.get("output_shards") and data.get("openai_output") is not None:
-        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
-    if mapping.prompt and data.get("prompt_template"):
-        raise ConfigError("give --prompt-column or --prompt-template, not both")
-    if data.get("result_columns", "all") not in ("all", "slim"):
-        raise ConfigError(f"--result-columns {data['result_columns']!r}: expected all or slim")
-    for name in data.get("drop_result_columns") or ():
-        if name not in RESULT_COLUMNS or name in KEPT_COLUMNS:
-            why = "every output keeps it" if name in KEPT_COLUMNS else "not one of batchgen's columns"
-            droppable = ", ".join(c for c in RESULT_COLUMNS if c not in KEPT_COLUMNS)
-            raise ConfigError(f"--drop-result-columns {name!r:.60}: {why} (these can go: {droppable})")
-    data = {k: tuple(v) if k in _LISTS else v for k, v in data.items()}
-    return RunConfig(
-        input=str(input) if is_uri(str(input)) else Path(input),
-        output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),
-        defaults=dataclasses.replace(_gen_params(gen), constraint=constraint),
-        media=limits,
-        columns=mapping,
-        **data,
-    )
 
 
 def _constraint(gen: dict[str, Any]) -> Any:

@@ -10,7 +10,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -184,54 +185,81 @@ def _run(
         )
 
     beat = Heartbeat.begin(todo, resume.done_before, config.time_limit)
-    beat_at = heartbeat_path(config.output, config.output_shards)
-    _beat(beat, writer, beat_at)
-    clock = _Clock(config.time_limit, started, caller)
-    this_run: set = set()  # ids this run failed, apart from earlier runs' failures
-    caller.tell(report(0, None))
-    try:
-        with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
-            cleanups = getattr(caller.stop, "cleanups", [])
-            cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
-            kind = RayExecutor if config.engine == "ray" else LocalExecutor  # the driver then loads no model
-            executor = kind(config, work, engines, Path(tmp), caller.stop)
-            batches = executor.run(resume.pending)
+    with _heartbeat(beat, writer, heartbeat_path(config.output, config.output_shards), summary) as tick:
+        caller.tell(report(0, None))
+        clock = _Clock(config.time_limit, started, caller)
+        this_run = _generate(config, work, engines, caller, resume, writer, summary, report, tick, clock)
+        _conclude(config, writer, summary, started, this_run)
+        beat.end("complete" if summary.complete else "time-limit" if summary.time_limited else "incomplete")
+    return summary
+
+
+def _generate(
+    config: RunConfig, work: WorkSettings, engines: Engines, caller: _Caller, resume: Resume,
+    writer: ResultWriter, summary: RunSummary, report: Callable[[int, CacheStats | None], Progress],
+    tick: Callable[[float], None], clock: _Clock,
+) -> set:  # fmt: skip
+    """The pending rows through the executor, committed batch by batch until done, stopped or
+    out of time; the executor's figures into `summary`. Returns the ids this run failed."""
+    this_run: set = set()  # apart from earlier runs' failures
+    with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
+        cleanups = getattr(caller.stop, "cleanups", [])
+        cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+        kind = RayExecutor if config.engine == "ray" else LocalExecutor  # the driver then loads no model
+        executor = kind(config, work, engines, Path(tmp), caller.stop)
+        batches = executor.run(resume.pending)
+        try:
             try:
-                try:
-                    for finished in batches:
-                        for done in finished:
-                            done.result.attempts = resume.attempts(done.result.id)
-                            if done.result.status == "error":
-                                this_run.add(done.result.id)
-                            record_row(done, writer, summary, config)
-                        writer.flush()  # a finished batch is on disk before the next one starts
-                        beat.committed(summary.generated, summary.failed_now, time.perf_counter() - started)
-                        _beat(beat, writer, beat_at)
-                        caller.tell(report(len(finished), executor.stats().cache))
-                        caller.check(writer)
-                        if not clock.committed():
-                            break
-                except StopRequested:
-                    pass  # the batch in flight is dropped; its rows run again on resume
-                except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced:
-                    # the same exit 2 as before any work
-                    writer.flush()
-                    raise ConfigError(
-                        f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
-                    ) from None
-                caller.check(writer)
-            finally:
-                clock.close()
-                batches.close()
-                executor.close()
-            stats = executor.stats()
-            summary.media, summary.cache = stats.media, stats.cache
-            summary.max_tokens_capped = stats.max_tokens_capped
-            summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
-            summary.memory = stats.memory
-            summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
-            summary.time_limited = caller.time_up.is_set()
-            _conclude(config, writer, summary, started, this_run)
+                for finished in batches:
+                    for done in finished:
+                        done.result.attempts = resume.attempts(done.result.id)
+                        if done.result.status == "error":
+                            this_run.add(done.result.id)
+                        record_row(done, writer, summary, config)
+                    writer.flush()  # a finished batch is on disk before the next one starts
+                    progress = report(len(finished), executor.stats().cache)
+                    tick(progress.elapsed)
+                    caller.tell(progress)
+                    caller.check(writer)
+                    if not clock.committed():
+                        break
+            except StopRequested:
+                pass  # the batch in flight is dropped; its rows run again on resume
+            except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced:
+                # the same exit 2 as before any work
+                writer.flush()
+                raise ConfigError(
+                    f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
+                ) from None
+            caller.check(writer)
+        finally:
+            clock.close()
+            batches.close()
+            executor.close()
+        stats = executor.stats()
+    summary.media, summary.cache = stats.media, stats.cache
+    summary.max_tokens_capped = stats.max_tokens_capped
+    summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
+    summary.memory = stats.memory
+    summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
+    summary.time_limited = caller.time_up.is_set()
+    return this_run
+
+
+@contextmanager
+def _heartbeat(
+    beat: Heartbeat, writer: ResultWriter, path: str, summary: RunSummary
+) -> Iterator[Callable[[float], None]]:
+    """The heartbeat kept while the run goes: written now, after every commit (the callable
+    it gives, with the seconds elapsed), and with how the run ended, an exception's too."""
+
+    def tick(elapsed: float) -> None:
+        beat.committed(summary.generated, summary.failed_now, elapsed)
+        _beat(beat, writer, path)
+
+    try:
+        _beat(beat, writer, path)
+        yield tick
     except Interrupted as e:
         beat.end("interrupted", str(e))
         raise
@@ -241,11 +269,8 @@ def _run(
     except Exception as e:
         beat.end("crashed", f"{type(e).__name__}: {short(e)}")
         raise
-    else:
-        beat.end("complete" if summary.complete else "time-limit" if summary.time_limited else "incomplete")
     finally:
-        _beat(beat, writer, beat_at)
-    return summary
+        _beat(beat, writer, path)
 
 
 def _beat(beat: Heartbeat, writer: ResultWriter, path: str) -> None:

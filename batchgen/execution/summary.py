@@ -74,77 +74,92 @@ class RunSummary:
         return INCOMPLETE_EXIT if require_complete and not self.complete else 0
 
     def line(self) -> str:
-        cache = ""
-        if self.cache:
-            c = self.cache
-            cache = (
-                f" · prefix cache {c.prefix_hits} hits / {c.prefix_misses} misses "
-                f"({c.prefix_hit_rate:.0%} of lookups), "
-                f"{c.prompt_tokens_saved} prompt tokens saved"
-            )
-        drafts = ""
-        if self.mtp_drafts:
-            drafts = f" · drafts {self.mtp_accepted}/{self.mtp_drafts} accepted ({self.acceptance_rate:.0%})"
-        capped = (
-            f" · {plural(self.max_tokens_capped, 'row')} capped at the context"
-            if self.max_tokens_capped
-            else ""
+        """The closing line: the counts, what this run's rows went through, then speed."""
+        counts = (
+            f"{plural(self.rows, 'row')}: {self.ok:,} ok, {self.failed:,} failed ({self.resumed:,} resumed)"
         )
-        if self.looped_again:
-            capped += f" · {plural(self.looped_again, 'looping row')} generated again (--redo-repetition)"
-        if self.repetitions:
-            looped = plural(self.repetitions, "row")
-            capped += f" · {looped} stopped repeating themselves (finish_reason repetition)"
-        capped += "".join(
-            f" · {plural(n, 'row')} one at a time ({why})" for why, n in self.one_at_a_time.items()
+        counts += self._state() + self._notes()
+        if not self.generated:  # a cron rerun with nothing left: no speed to speak of
+            return f"{counts} · nothing to do"
+        thought = f" ({self.reasoning_tokens:,} reasoning)" if self.reasoning_tokens else ""
+        return (
+            f"{counts} · "
+            f"tokens {self.prompt_tokens:,} prompt / {self.completion_tokens:,} completion"
+            f"{thought}{self._reuse()} · "
+            f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
         )
-        capped += _memory(self.memory)
-        capped += "".join(
-            f" · warning: {plural(n, 'row')} without media beside column {name!r}, which looks like media "
-            f"(--image-column {name} or --video-column {name} to use it)"
-            for name, n in self.unused_media.items()
-        )
-        capped += "".join(
-            f" · warning: {plural(n, 'row')} with field {name!r}, which batchgen does not read (did you mean "
-            f"{meant!r}?)"
-            for name, (n, meant) in self.near_misses.items()
-        )
-        if self.dropped_columns:
-            names = ", ".join(self.dropped_columns)
-            capped += f" · not copied to the output: {names} (binary; --keep-columns to keep)"
-        if self.private_urls_allowed:
-            capped += (
-                " · warning: private and loopback URLs were allowed (allow_private_urls, from "
-                "--allow-private-urls, BATCHGEN_RUN_ALLOW_PRIVATE_URLS or a config)"
-            )
-        if self.commonest_errors:
-            capped += f" · commonest errors: {'; '.join(self.commonest_errors)}"
-        if self.errors_file:
-            capped += f" · failed rows listed in {self.errors_file}"
+
+    def _state(self) -> str:
+        """Old failures apart from this run's (cron's mail is about tonight), and what is left to do."""
+        said = ""
+        if self.failed_earlier:
+            earlier = f"{self.failed_earlier:,} failed earlier, not retried"
+            said += f" · {earlier}; {self.failed_now:,} failed in this run"
         if not self.complete:
             how = (
                 "stopped at --time-limit; rerun to go on"
                 if self.time_limited
                 else "rerun without --limit to finish"
             )
-            left = f"{self.rows:,} of {self.job_rows:,} rows, {self.pending:,} pending"
-            capped = f" · incomplete: {left} ({how}){capped}"
-        if self.failed_earlier:  # apart from this run's: cron's mail is about tonight
-            earlier = f"{self.failed_earlier:,} failed earlier, not retried"
-            capped = f" · {earlier}; {self.failed_now:,} failed in this run{capped}"
-        thought = f" ({self.reasoning_tokens:,} reasoning)" if self.reasoning_tokens else ""
-        counts = (
-            f"{plural(self.rows, 'row')}: {self.ok:,} ok, {self.failed:,} failed ({self.resumed:,} resumed)"
+            said += (
+                f" · incomplete: {self.rows:,} of {self.job_rows:,} rows, {self.pending:,} pending ({how})"
+            )
+        return said
+
+    def _notes(self) -> str:
+        """What the rows went through (capped, looped, alone, memory) and the warnings."""
+        said = (
+            f" · {plural(self.max_tokens_capped, 'row')} capped at the context"
+            if self.max_tokens_capped
+            else ""
         )
-        counts += capped
-        if not self.generated:  # a cron rerun with nothing left: no speed to speak of
-            return f"{counts} · nothing to do"
-        return (
-            f"{counts} · "
-            f"tokens {self.prompt_tokens:,} prompt / {self.completion_tokens:,} completion"
-            f"{thought}{cache}{drafts} · "
-            f"{self.wall_s:.1f} s, {self.rows_per_s:.2f} rows/s, {self.tokens_per_s:.1f} tok/s"
+        if self.looped_again:
+            said += f" · {plural(self.looped_again, 'looping row')} generated again (--redo-repetition)"
+        if self.repetitions:
+            looped = plural(self.repetitions, "row")
+            said += f" · {looped} stopped repeating themselves (finish_reason repetition)"
+        said += "".join(
+            f" · {plural(n, 'row')} one at a time ({why})" for why, n in self.one_at_a_time.items()
         )
+        said += _memory(self.memory)
+        said += "".join(
+            f" · warning: {plural(n, 'row')} without media beside column {name!r}, which looks like media "
+            f"(--image-column {name} or --video-column {name} to use it)"
+            for name, n in self.unused_media.items()
+        )
+        said += "".join(
+            f" · warning: {plural(n, 'row')} with field {name!r}, which batchgen does not read (did you mean "
+            f"{meant!r}?)"
+            for name, (n, meant) in self.near_misses.items()
+        )
+        if self.dropped_columns:
+            names = ", ".join(self.dropped_columns)
+            said += f" · not copied to the output: {names} (binary; --keep-columns to keep)"
+        if self.private_urls_allowed:
+            said += (
+                " · warning: private and loopback URLs were allowed (allow_private_urls, from "
+                "--allow-private-urls, BATCHGEN_RUN_ALLOW_PRIVATE_URLS or a config)"
+            )
+        if self.commonest_errors:
+            said += f" · commonest errors: {'; '.join(self.commonest_errors)}"
+        if self.errors_file:
+            said += f" · failed rows listed in {self.errors_file}"
+        return said
+
+    def _reuse(self) -> str:
+        """Prefix reuse and draft acceptance, where there were any."""
+        said = ""
+        if self.cache:
+            c = self.cache
+            said += (
+                f" · prefix cache {c.prefix_hits:,} hits / {c.prefix_misses:,} misses "
+                f"({c.prefix_hit_rate:.0%} of lookups), {c.prompt_tokens_saved:,} prompt tokens saved"
+            )
+        if self.mtp_drafts:
+            said += (
+                f" · drafts {self.mtp_accepted:,}/{self.mtp_drafts:,} accepted ({self.acceptance_rate:.0%})"
+            )
+        return said
 
 
 def _memory(m: MemoryStats) -> str:

@@ -75,7 +75,7 @@ class Signals:
 
     @property
     def exit_code(self) -> int:
-        return self.CODES.get(self.received, 130)  # type: ignore[arg-type]
+        return self.CODES.get(signal.Signals(self.received), 130) if self.received is not None else 130
 
     @property
     def name(self) -> str:

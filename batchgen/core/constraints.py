@@ -129,7 +129,8 @@ def grammar(c: Constraint, markers: tuple[str, str] | None = None) -> str:
             json.dumps(closed(json.loads(c.spec))) if c.kind == "json_schema" else _ANY_OBJECT
         )
     if c.kind == "tool_call":
-        return _tool_grammar(json.loads(c.spec), markers or tuple(map(json.dumps, TOOL_CALL_FORMAT[1:])))
+        start, end = markers or (json.dumps(TOOL_CALL_FORMAT[1]), json.dumps(TOOL_CALL_FORMAT[2]))
+        return _tool_grammar(json.loads(c.spec), (start, end))
     return llg.grammar_from(c.kind, c.spec)
 
 

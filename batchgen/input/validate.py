@@ -4,9 +4,10 @@ from a field batchgen reads warned about once per file."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError, JobFileError, plural
@@ -32,7 +33,7 @@ class Finding:
     message: str
     rows: int = 1
     warning: bool = False
-    more: list[str] = field(default_factory=list)  # a few of the other rows it is in (`line 7`, `row 3`)
+    more: list[str] = dataclasses.field(default_factory=list)  # other rows it is in (`line 7`, `row 3`)
 
     def line(self) -> str:
         if self.warning:
@@ -52,7 +53,7 @@ def _missing_media(job: Job, base: str | None) -> Iterator[tuple[str, str]]:
             continue  # a URL: `run` fetches it (or names its scheme)
         try:
             path = Path(source).expanduser()
-            path = path if path.is_absolute() else Path(base) / path
+            path = path if path.is_absolute() or base is None else Path(base) / path
             there = path.is_file()
         except (OSError, ValueError, RuntimeError):
             there = False

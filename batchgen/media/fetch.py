@@ -46,6 +46,14 @@ _EXTENSIONS = {
 }  # fmt: skip
 
 
+def _text(ref: MediaRef) -> str:
+    """A reference the fetcher reads: a URL, data URL or path (media given as bytes never
+    reach it: resolve hands them over as they are)."""
+    if not isinstance(ref.source, str):
+        raise TypeError("media bytes are not fetched")
+    return ref.source
+
+
 @dataclass(slots=True)
 class Fetched:
     """A media item's bytes (`data`) or a local file holding them (`path`)."""
@@ -133,7 +141,7 @@ class Fetcher:
         return {"image": c.image_timeout, "video": c.video_timeout, "audio": c.audio_timeout}[kind]
 
     def fetch(self, ref: MediaRef) -> Fetched:
-        source = ref.source.strip()
+        source = _text(ref).strip()
         scheme = source.split(":", 1)[0].lower() if re.match(r"^[a-zA-Z][\w+.-]*:", source) else ""
         if scheme == "data":
             return self._from_data_url(MediaRef(ref.kind, source))
@@ -148,13 +156,13 @@ class Fetcher:
 
     # -- data URLs and local files ------------------------------------------------
     def _from_data_url(self, ref: MediaRef) -> Fetched:
-        m = _DATA_URL.match(ref.source)
+        m = _DATA_URL.match(_text(ref))
         if not m or ";base64" not in (m.group("params") or ""):
             raise RowError("fetch", f"{describe(ref.source)}: only base64 data URLs are supported")
         mime = m.group("mime") or ""
         if mime and not mime.startswith(ref.kind + "/") and mime != "application/octet-stream":
             raise RowError("fetch", f"{describe(ref.source)}: a {mime} data URL given as {ref.kind}")
-        payload = ref.source[m.end() :]
+        payload = _text(ref)[m.end() :]
         cap = self._cap(ref.kind)
         if len(payload) > cap * _B64_FACTOR:
             raise RowError(
@@ -175,7 +183,7 @@ class Fetcher:
             raise RowError(
                 "fetch", f"{describe(ref.source)}: a local path in a remote job (give a URL or the bytes)"
             )
-        path = local_path(ref.source, self.base_dir)  # type: ignore[arg-type]
+        path = local_path(_text(ref), self.base_dir)
         if self.config.media_root is not None:
             root = Path(self.config.media_root).resolve()
             if not path.resolve().is_relative_to(root):
@@ -205,7 +213,7 @@ class Fetcher:
         return root / "urls" / hashlib.sha256(url.encode()).hexdigest(), root / "blobs"
 
     def _from_url(self, ref: MediaRef) -> Fetched:
-        cached = self._cache_paths(ref.source)
+        cached = self._cache_paths(_text(ref))
         if cached and cached[0].is_file():
             digest = cached[0].read_text().strip()
             blob = cached[1] / digest
@@ -273,7 +281,7 @@ class Fetcher:
         return pools[key]
 
     def _attempt(self, ref: MediaRef) -> Fetched:
-        kind, url = ref.kind, ref.source
+        kind, url = ref.kind, _text(ref)
         timeout = self._timeout(kind)
         deadline = time.monotonic() + timeout
         per_read = min(timeout, 10.0)  # a stalled socket is noticed well before the deadline
@@ -356,7 +364,7 @@ class Fetcher:
             tmp.unlink(missing_ok=True)
             raise
         digest = h.hexdigest()
-        path = self.tmp_dir / (digest + _extension(mime, ref.source))
+        path = self.tmp_dir / (digest + _extension(mime, _text(ref)))
         os.replace(tmp, path)
         with self._lock:
             self.downloads += 1

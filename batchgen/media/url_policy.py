@@ -23,7 +23,7 @@ __all__ = ["Target", "parse_target", "check_url"]
 
 def _resolve(host: str, port: int) -> list[str]:
     """Every address the host resolves to (tests patch this to fake public DNS)."""
-    return sorted({info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
+    return sorted({str(info[4][0]) for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)})
 
 
 # IPv6 ranges that carry an IPv4 address in their low 32 bits: a private v4 hides in them.

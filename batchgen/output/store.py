@@ -16,7 +16,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -210,7 +210,7 @@ class OutputLock:
         else:
             output = Path(output)
             self.path = output.with_name(output.name + ".lock")
-        self._file = None
+        self._file: IO[str] | None = None
 
     def __enter__(self) -> OutputLock:
         try:

@@ -156,7 +156,7 @@ def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str
 def rows_to_table(
     rows: list[tuple[dict[str, Any], Result]],
     schema: pa.Schema | None,
-    skip: set[str] = frozenset(),
+    skip: set[str] | frozenset[str] = frozenset(),
     answers: dict[str, str] | None = None,
 ) -> pa.Table:
     """Input columns but `skip` (typed by the input schema when there is one), then our

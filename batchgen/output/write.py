@@ -96,7 +96,7 @@ class ResultWriter:
     """
 
     def __init__(self, output: Path | str, index: JobIndex, settings: dict[str, Any],
-                 options: WriteOptions = WriteOptions(), skip: set[str] = frozenset(),
+                 options: WriteOptions = WriteOptions(), skip: set[str] | frozenset[str] = frozenset(),
                  about: dict[bytes, str] | None = None):  # fmt: skip
         self.output = output
         self.store = Store(str(output))
@@ -248,7 +248,7 @@ class ResultWriter:
         if not self.store.exists(f"{partial}/manifest.json"):  # made with the first rows
             self.store.makedirs(partial)
             self.store.write_text(f"{partial}/manifest.json", json.dumps(self._manifest, indent=2) + "\n")
-        groups = {None: self._buffer}
+        groups: dict[int | None, list] = {None: self._buffer}
         if self.mirrored:  # a part holds one job file's rows
             groups = {}
             for raw, result in self._buffer:

@@ -127,7 +127,9 @@ class Sectioned(click.Command):
                     if isinstance(param, EnvOption)
                     else param.envvar
                 )
-                e.message = f"{e.message} (from the environment variable {variable})"
+                raise click.BadParameter(
+                    f"{e.message} (from the environment variable {variable})", ctx=e.ctx, param=param
+                ) from None
             raise
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

@@ -131,7 +131,9 @@ def grammar(c: Constraint, markers: tuple[str, str] | None = None) -> str:
     if c.kind == "tool_call":
         start, end = markers or (json.dumps(TOOL_CALL_FORMAT[1]), json.dumps(TOOL_CALL_FORMAT[2]))
         return _tool_grammar(json.loads(c.spec), (start, end))
-    return llg.grammar_from(c.kind, c.spec)
+    if c.kind not in ("regex", "choice"):
+        raise ValueError(f"no grammar for a {c.kind} constraint")
+    return llg.grammar_from("regex" if c.kind == "regex" else "choice", c.spec)
 
 
 def tool_constraint(tools: tuple[dict[str, Any], ...], choice: str) -> Constraint | None:

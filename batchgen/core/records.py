@@ -35,7 +35,13 @@ __all__ = [
 MediaKind = Literal["image", "video", "audio"]
 
 # Flat media columns and the kind each holds.
-MEDIA_COLUMNS = {"image": "image", "images": "image", "video": "video", "videos": "video", "audio": "audio"}
+MEDIA_COLUMNS: dict[str, MediaKind] = {
+    "image": "image",
+    "images": "image",
+    "video": "video",
+    "videos": "video",
+    "audio": "audio",
+}
 
 # The stages a row can fail in, in pipeline order.
 STAGES = ("read", "fetch", "decode", "frames", "generate")

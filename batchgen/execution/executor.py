@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,7 @@ class Executor(ABC):
         self.config, self.work, self.engines, self.tmp_dir, self.stop = config, work, engines, tmp_dir, stop
 
     @abstractmethod
-    def run(self, todo: Pending) -> Iterator[list[Finished]]: ...
+    def run(self, todo: Pending) -> Generator[list[Finished], None, None]: ...
 
     @abstractmethod
     def stats(self) -> ExecutorStats: ...

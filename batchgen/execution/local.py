@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -193,8 +193,9 @@ class LocalExecutor(Executor):
 
     def _redone(self, job: Job) -> Job:
         """A row the loop stop ended in an earlier run, with --redo-repetition's penalty."""
-        if self.looped and not job.error and id_key(job.id) in self.looped:
-            job.params = dataclasses.replace(job.params, repetition_penalty=self.config.redo_repetition)
+        redo = self.config.redo_repetition
+        if redo is not None and self.looped and not job.error and id_key(job.id) in self.looped:
+            job.params = dataclasses.replace(job.params, repetition_penalty=redo)
         return job
 
     def _counted(self, job: Job) -> Job:
@@ -211,7 +212,7 @@ class LocalExecutor(Executor):
             self.near_misses[name] = self.near_misses.get(name, 0) + 1
         return job
 
-    def run(self, todo: Pending) -> Iterator[list[Finished]]:
+    def run(self, todo: Pending) -> Generator[list[Finished], None, None]:
         self.looped = todo.looped
         rows = todo.rows()
         if self.config.plan_horizon:  # rows sharing a picture or prefix brought together over the job
@@ -223,7 +224,7 @@ class LocalExecutor(Executor):
             rows = grouping.ordered(rows, self.config.plan_horizon * 2**20, self.work.window)
         return self.generate(rows)
 
-    def generate(self, rows: Iterable[RawRow]) -> Iterator[list[Finished]]:
+    def generate(self, rows: Iterable[RawRow]) -> Generator[list[Finished], None, None]:
         """Finished rows for these raw rows (a Ray actor's share, or the pending rows here)."""
         c = self.work
         parsed = (parse_row(raw, c.defaults, c.prompt_template, c.columns)[0] for raw in rows)

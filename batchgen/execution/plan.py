@@ -239,7 +239,7 @@ def _calibrate(work: WorkSettings, rows: list[RawRow], todo: int, scan_s: float)
     return Calibration(len(rows), load_s, once_s, prefill_s, decode_s, projected)
 
 
-def _timed(jobs: list[Job], stage: MediaStage, engines: Engines, width: int, **params: int) -> float:
+def _timed(jobs: list[Job], stage: MediaStage, engines: Engines, width: int, **params: Any) -> float:
     """Seconds these rows take through the media stage and a window's generation, with
     `params` (max_tokens, completions) in place of their own."""
     t0 = time.perf_counter()

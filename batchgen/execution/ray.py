@@ -26,7 +26,7 @@ import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +86,9 @@ def pending_items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
         return {"segments": [segment(r) for r in [*runs, run]]}
 
     grouping = Grouping(todo.index, todo.done)
-    items, rows, group = [], [], -2
+    items: list[dict[str, Any]] = []
+    rows: list[int] = []
+    group = -2
     for i, g in grouping.in_groups(todo.indices()):
         if rows and len(rows) >= per_item and (g != group or g < 0 or len(rows) >= 4 * per_item):
             items.append(item(rows))
@@ -182,12 +184,12 @@ def _start_ray(config: RunConfig, temp_dir: str) -> bool:
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         if config.ray_address:
-            ray.init(address=config.ray_address, logging_level="WARNING", log_to_driver=False)
+            ray.init(address=config.ray_address, logging_level=logging.WARNING, log_to_driver=False)
         else:
             # More logical CPUs than actors: actors holding every CPU would starve Ray's read task.
             cpus = max(os.cpu_count() or 1, config.workers) + 2
-            ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp_dir, logging_level="WARNING",
-                     log_to_driver=False)  # fmt: skip
+            ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp_dir,
+                     logging_level=logging.WARNING, log_to_driver=False)  # fmt: skip
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():
@@ -209,7 +211,7 @@ class RayExecutor(Executor):
         super().__init__(config, work, engines, tmp_dir, stop)
         self._latest: dict[str, ExecutorStats] = {}  # each actor's last figures
 
-    def run(self, todo: Pending) -> Iterator[list[Finished]]:
+    def run(self, todo: Pending) -> Generator[list[Finished], None, None]:
         import ray
         from ray.data import ActorPoolStrategy
 

@@ -68,11 +68,11 @@ def check_paths(config: RunConfig, source: Source) -> None:
     jobs = {p.resolve() for p in source.local_paths()}
     output, sharded = config.output, config.output_shards
     errors = config.errors_file or errors_path(output, sharded)
-    written = [output, stats_path(output, sharded), partial_dir(output, sharded), Path(errors)]
+    written = [Path(p) for p in (output, stats_path(output, sharded), partial_dir(output, sharded), errors)]
     if config.openai_output is not None:
         written.append(config.openai_output)
     for path in written:
-        if path.resolve() in jobs:  # type: ignore[union-attr]
+        if path.resolve() in jobs:
             raise ConfigError(f"{path} is the job file itself: choose another -o")
     if sharded and any(job.is_relative_to(output.resolve()) for job in jobs):
         raise ConfigError(f"-o {output}: the job's files are in it; choose another folder for the shards")

@@ -9,8 +9,11 @@ __all__ = ["Schedulable", "schedule"]
 
 
 class Schedulable(Protocol):
-    lane: str
-    group: Hashable
+    @property
+    def lane(self) -> Hashable: ...
+
+    @property
+    def group(self) -> Hashable: ...
 
     @property
     def solo(self) -> bool: ...

@@ -22,7 +22,7 @@ from ..core.params import (
     is_int,
     is_number,
 )  # fmt: skip
-from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef, Scoring
+from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaKind, MediaRef, Scoring
 from ..core.settings import Columns
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
@@ -30,7 +30,7 @@ from .read import RawRow, valid_id
 __all__ = ["parse_row", "shared_parts", "media_like", "template_fields", "near_miss", "FIELDS"]
 
 # OpenAI content-part types and (kind, key holding the reference).
-_PART_TYPES = {
+_PART_TYPES: dict[str, tuple[MediaKind, str]] = {
     "image_url": ("image", "image_url"),
     "image": ("image", "image"),
     "video_url": ("video", "video_url"),

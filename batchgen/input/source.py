@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any, BinaryIO
 
 from ..core.errors import JobFileError
 from ..core.records import ByteCaps
@@ -52,7 +52,7 @@ class Source:
     def remote(self) -> bool:
         return is_uri(self.given) and not self.given.startswith("file://")
 
-    def open(self, shard: int) -> IO[bytes]:
+    def open(self, shard: int) -> BinaryIO:
         """A shard's file, refused when it is no longer the file the run scanned (replaced
         meanwhile): its rows would be read otherwise than the index counted them."""
         path, size = self.shards[shard].path, self.shards[shard].size

@@ -64,7 +64,7 @@ def _missing_media(job: Job, base: str | None) -> Iterator[tuple[str, str]]:
 class Validation:
     """A job file's findings as they are found (iterate), and the rows read (`rows`, once done)."""
 
-    def __init__(self, path: Path, fmt: str | None, columns: Columns | None, template: str | None):
+    def __init__(self, path: Path | str, fmt: str | None, columns: Columns | None, template: str | None):
         self.path, self.fmt, self.columns, self.template = path, fmt, columns, template
         self.rows = 0
 
@@ -76,7 +76,7 @@ class Validation:
 
 
 def validate_file(
-    path: Path, fmt: str | None = None, columns: Columns | None = None, template: str | None = None
+    path: Path | str, fmt: str | None = None, columns: Columns | None = None, template: str | None = None
 ) -> Validation:
     """Each problem of each row read as `run` reads it with this column mapping and prompt
     template, a file at a time. Columns the mapping names that the file lacks are a
@@ -85,7 +85,7 @@ def validate_file(
 
 
 def _findings(
-    path: Path, fmt: str | None, columns: Columns | None, template: str | None
+    path: Path | str, fmt: str | None, columns: Columns | None, template: str | None
 ) -> Iterator[tuple[Finding | None, int]]:
     """(finding, rows read so far); a last (None, rows) once the file is read."""
     source = resolve(path, fmt)

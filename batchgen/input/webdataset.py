@@ -124,7 +124,7 @@ def iter_tar(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[Raw
 
     with tarfile.open(fileobj=f, mode="r:") as tar:  # seekable: skipped bodies are seeked over
         while (member := tar.next()) is not None:
-            tar.members.clear()  # tarfile keeps every header it read: millions in a large shard
+            vars(tar)["members"].clear()  # tarfile keeps every header it read: millions in a large shard
             if not member.isfile():
                 continue
             name, ext = _split(member.name)

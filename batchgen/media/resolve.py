@@ -188,6 +188,8 @@ class MediaStage:
     def _audio_track(self, item: Fetched) -> str | None:
         """The video's sound as 16 kHz mono WAV, or None when it has none."""
         out = self.tmp_dir / f"{item.digest}.wav"
+        if self._ffmpeg is None:
+            return None
         cmd = [self._ffmpeg, "-nostdin", "-v", "error", "-y", "-i", str(self._on_disk(item)),
                "-vn", "-ac", "1", "-ar", "16000", "-f", "wav", str(out)]  # fmt: skip
         with self._cpu:

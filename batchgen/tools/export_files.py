@@ -290,8 +290,8 @@ def _find_bytes(items: list[Item], origin: Origin) -> None:
             need[key] = input_hash
     for pictures in job_pictures(origin.about, need, columns, origin.policy, len(need)).values():
         for picture in pictures:
-            if (item := wanted.get(_sha(picture))) is not None:
-                item.data = picture
+            if (found := wanted.get(_sha(picture))) is not None:
+                found.data = picture
 
 
 def _sha(data: bytes) -> str:

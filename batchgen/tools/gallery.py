@@ -115,11 +115,11 @@ def _media_of(row: dict[str, Any], columns: list[tuple[str, str]]) -> list[tuple
     for message in _messages(row) or []:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else []:
-            kind = _PARTS.get(part.get("type")) if isinstance(part, dict) else None
-            ref = part.get(part["type"]) if kind else None
+            part_kind = _PARTS.get(str(part.get("type"))) if isinstance(part, dict) else None
+            ref = part.get(part["type"]) if part_kind else None
             ref = ref.get("url") if isinstance(ref, dict) else ref
-            if kind and isinstance(ref, str):
-                refs.append((ref, kind))
+            if part_kind and isinstance(ref, str):
+                refs.append((ref, part_kind))
     return refs
 
 

@@ -18,6 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache as lm_prompt_cache
 from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
 
 from ..core.records import GenParams
+from .reasoning import Part
 
 __all__ = ["Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "embedded"]
 
@@ -35,7 +36,7 @@ class Sequence:
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
     capped: bool = False  # max_tokens was lowered to fit the model's context
     loops: Any = None  # sampling.Loops, with params.stop_repetition
-    part: str = "answer"  # a thinking model's part when decoding starts (reasoning.Part)
+    part: Part = "answer"  # a thinking model's part when decoding starts
     # outputs
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"
@@ -99,6 +100,13 @@ class LMAdapter(Adapter):
         return self.model(tokens, cache=cache)
 
 
+def _positions(s: Sequence) -> mx.array:
+    """A row's explicit (mRoPE) positions, which the lanes that need them always set."""
+    if s.positions is None:
+        raise ValueError("a row without its positions on a lane that needs them")
+    return s.positions
+
+
 def _tails(seqs: list[Sequence], a: list[int]) -> mx.array:
     return mx.array([s.ids[start:] for s, start in zip(seqs, a, strict=True)])
 
@@ -123,18 +131,17 @@ class VLMAdapter(Adapter):
 
     def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
         # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
-        pos = [len(s.ids) + len(s.tokens) - 1 + s.delta if s is not None else 0 for s in seqs]
-        pos = mx.array(pos, dtype=mx.int32)
-        pos = pos.reshape(1, -1, 1)
-        positions = mx.broadcast_to(pos, (3, len(seqs), 1))
+        at = [len(s.ids) + len(s.tokens) - 1 + s.delta if s is not None else 0 for s in seqs]
+        positions = mx.broadcast_to(mx.array(at, dtype=mx.int32).reshape(1, -1, 1), (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
     def forward_batch(
         self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
     ) -> mx.array:
+        # mRoPE rows carry their positions (VLMAdapter's plans set them)
         positions = mx.concatenate(
-            [s.positions[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
-        )  # type: ignore[index]
+            [_positions(s)[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
+        )
         out = self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache, position_ids=positions)
         return out.logits[:, -1]
 

@@ -22,6 +22,7 @@ from llguidance.numpy import fill_next_token_bitmask
 
 from ..core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
 from ..core.records import Constraint
+from .arrays import scalar
 
 __all__ = ["processor"]
 
@@ -64,7 +65,7 @@ class _Masking:
 
     def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
         if self.steps:  # the token sampled at the previous step ends the history
-            self.consume(history[-1].item())
+            self.consume(scalar(history[-1]))
         self.steps += 1
         return self.masked(logits)
 

@@ -25,6 +25,7 @@ from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
 from .adapters import Adapter, Sequence, embedded
+from .arrays import ints, scalar
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
@@ -247,10 +248,10 @@ class DecodeBatch:
         if len(live) < len(self.slots):
             logits = logits[mx.array(live)]
         mx.eval(logits)
-        rows = [self.slots[s] for s in live]
+        rows = [i for i in (self.slots[s] for s in live) if i is not None]  # live slots hold rows
         if self.memory is not None:
             self.memory[0].step(len(live))
-        running = set(self.pick(rows, logits))  # type: ignore[arg-type]
+        running = set(self.pick(rows, logits))
         if len(running) < len(rows):
             yield from (i for i in rows if i not in running)
             self.slots = [i if i in running else None for i in self.slots]
@@ -284,7 +285,7 @@ class DecodeBatch:
         """Sample each row's next token and return the rows still running."""
         seqs = self.seqs
         if all(self.samplers[i] is None and not self.processors[i] for i in rows):
-            picked, shaped = mx.argmax(logits, axis=-1).tolist(), None
+            picked, shaped = ints(mx.argmax(logits, axis=-1)), None
         else:
             picked, shaped = self._sampled(rows, logits)
         want = [j for j, i in enumerate(rows) if seqs[i].params.wants_logprobs]
@@ -330,14 +331,14 @@ class DecodeBatch:
         greedy = [j for j, i in enumerate(rows) if self.samplers[i] is None]
         picked = [0] * len(rows)
         if greedy:
-            best = mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1).tolist()
+            best = ints(mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1))
             for j, token in zip(greedy, best, strict=True):
                 picked[j] = token
         for j, i in enumerate(rows):
             sampler = self.samplers[i]
             if sampler is not None:
                 row = shaped[j]
-                picked[j] = sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)).item()
+                picked[j] = scalar(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)))
         return picked, shaped
 
 

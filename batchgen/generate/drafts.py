@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
+from .arrays import load_lm, parameters
 
 __all__ = ["Drafter", "inspect_drafter", "drafted_from_flags"]
 
@@ -69,7 +70,6 @@ def load_vision_drafter(drafter: Drafter, target: Any) -> None:
 
 
 def load_text_drafter(drafter: Drafter, target: Any) -> None:
-    import mlx_lm
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
     if not can_trim_prompt_cache(make_prompt_cache(target)):
@@ -78,7 +78,7 @@ def load_text_drafter(drafter: Drafter, target: Any) -> None:
             "a sliding window), which mlx-lm's speculative decoding needs"
         )
     try:
-        model, _ = mlx_lm.load(str(drafter.path))
+        model, _ = load_lm(str(drafter.path))
     except (ValueError, FileNotFoundError) as e:
         raise ConfigError(f"draft model {str(drafter.path)!r}: mlx-lm cannot load it ({e})") from e
     ours, theirs = _vocab(model), _vocab(target)
@@ -91,11 +91,10 @@ def load_text_drafter(drafter: Drafter, target: Any) -> None:
 
 def _vocab(model: Any) -> int | None:
     """Vocabulary size from the model's args, else from its token embedding's rows."""
-    from mlx.utils import tree_flatten
 
     size = getattr(getattr(model, "args", None), "vocab_size", None)
     if size is None:
-        embeddings = [w for k, w in tree_flatten(model.parameters()) if k.endswith("embed_tokens.weight")]
+        embeddings = [w for k, w in parameters(model) if k.endswith("embed_tokens.weight")]
         size = embeddings[0].shape[0] if embeddings else None
     return size
 

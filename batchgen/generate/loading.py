@@ -10,6 +10,7 @@ from typing import Any
 
 from ..core.errors import ConfigError, short
 from ..core.memo import Memo
+from .arrays import load_lm
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .models import ModelInfo
 from .prompts import END_OF_TURN
@@ -142,7 +143,7 @@ class Models:
             mend_processor(processor)
             if hasattr(processor, "image_processor"):
                 processor.image_processor = SharedImages(processor.image_processor)
-            tokenizer = getattr(processor, "tokenizer", processor)
+            tokenizer: Any = getattr(processor, "tokenizer", processor)
             criteria = getattr(tokenizer, "stopping_criteria", None)
             if criteria is not None and END_OF_TURN in tokenizer.get_vocab():
                 criteria.additional_eos_token_ids.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))
@@ -155,10 +156,8 @@ class Models:
         if "lm" in self._failed:
             raise self._failed["lm"]
         if self._lm is None and not self.text_on_vlm:
-            import mlx_lm
-
             try:
-                model, tokenizer = mlx_lm.load(str(self.text_info.path), lazy=self.lazy)
+                model, tokenizer = load_lm(str(self.text_info.path), lazy=self.lazy)
             except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
                 if not self.text_info.multimodal:
                     self._failed["lm"] = ConfigError(

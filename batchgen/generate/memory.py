@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from ..core.budget import BudgetSpec, human_bytes
 from ..core.errors import RowError
 from ..core.records import MemoryStats
+from .arrays import parameters
 
 __all__ = ["Footprint", "Memory", "PREFILL_STEP", "batch_need", "device_memory", "footprint", "out_of_memory",
            "weights_bytes"]  # fmt: skip
@@ -156,7 +156,7 @@ def batch_need(fp: Footprint, lengths: list[int], prompt: int) -> int:
 
 
 def weights_bytes(model: Any) -> int:
-    return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    return sum(v.nbytes for _, v in parameters(model))
 
 
 class Memory:

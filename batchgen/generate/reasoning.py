@@ -26,6 +26,7 @@ from mlx_lm.generate import TextStateMachine
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..core.records import Generation, GenParams
+from .arrays import scalar
 
 __all__ = ["Markers", "Thinking", "Part", "markers_of", "initial_part", "budgeted", "split_generation"]
 
@@ -196,7 +197,7 @@ class Thinking:
 
     def __call__(self, history: mx.array, logits: mx.array) -> mx.array:
         if self.calls:
-            self._feed(int(history[-1].item()))
+            self._feed(scalar(history[-1]))
         self.calls += 1
         if self.forced:
             only = mx.arange(logits.shape[-1]) == self.forced[0]

@@ -11,6 +11,7 @@ from typing import Any
 import mlx.core as mx
 
 from ..core.records import GenParams
+from .arrays import float_rows, floats, int_rows
 from .constrain import processor
 from .reasoning import Markers, Part, Thinking
 
@@ -86,14 +87,14 @@ def token_logprobs(
         top = mx.argpartition(-lp, k - 1, axis=-1)[:, :k]
         values = mx.take_along_axis(lp, top, axis=-1)
         mx.eval(chosen, top, values)
-        rows = zip(top.tolist(), values.tolist(), ks, strict=True)
+        rows = zip(int_rows(top), float_rows(values), ks, strict=True)
         # a token a constraint masked has logprob -inf: no alternative (and no number JSON can hold)
         tops = [sorted(((u, x) for u, x in zip(t, v, strict=True) if x > -math.inf), key=lambda x: -x[1])[:n]
                 for t, v, n in rows]  # fmt: skip
     else:
         mx.eval(chosen)
         tops = [[] for _ in picked]
-    return list(zip(chosen.tolist(), tops, strict=True))
+    return list(zip(floats(chosen), tops, strict=True))
 
 
 def logprob_records(

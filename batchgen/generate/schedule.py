@@ -32,7 +32,7 @@ def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[i
     instead of on their own at the end, and rows of like lengths share a batch (less padding
     to attend over; under a memory budget, long rows run narrow together and the short ones
     wide after them, where mixed they would hold every slot to the longest's size)."""
-    groups: dict[tuple[str, Hashable], list[int]] = {}
+    groups: dict[tuple[Hashable, Hashable], list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault((row.lane, row.group), []).append(i)
     if batch_size is None:
@@ -40,7 +40,7 @@ def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[i
             members.sort(key=lambda i: -rows[i].span)
         groups = dict(sorted(groups.items(), key=lambda g: -rows[g[1][0]].span))
     batches: list[list[int]] = []
-    open_batch: dict[str, list[int]] = {}
+    open_batch: dict[Hashable, list[int]] = {}
     for (lane, _), members in groups.items():
         for i in members:
             if rows[i].solo:

@@ -18,6 +18,7 @@ import mlx.core as mx
 
 from ..core.records import Scoring
 from .adapters import Adapter, Sequence
+from .arrays import floats
 from .decoder import Watch, merge_caches, prefill
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
@@ -43,7 +44,7 @@ class Scores:
 
     def __init__(self, scoring: Scoring, totals: list[float], lengths: list[int]):
         n = len(scoring.choices)
-        self.choices = [
+        self.choices: list[dict[str, Any]] = [
             {"choice": c, "logprob": lp, "tokens": k}
             for c, lp, k in zip(scoring.choices, totals[:n], lengths[:n], strict=True)
         ]
@@ -84,9 +85,9 @@ def score(
                          for _, ans in part])  # fmt: skip
         lp = log_softmax(adapter.continue_all(seq, merge_caches([copy.deepcopy(cache) for _ in part]), feed))
         picked = mx.take_along_axis(lp, target[..., None], axis=-1)[..., 0]
-        for (j, _), total in zip(part, (picked * mask).sum(axis=-1).tolist(), strict=True):
+        for (j, _), total in zip(part, floats((picked * mask).sum(axis=-1)), strict=True):
             totals[j] = total
-    heads = first[mx.array([ans[0] for ans in answers])].tolist() if not lead else [0.0] * len(answers)
+    heads = floats(first[mx.array([ans[0] for ans in answers])]) if not lead else [0.0] * len(answers)
     return [head + tail for head, tail in zip(heads, totals, strict=True)]
 
 

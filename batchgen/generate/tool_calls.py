@@ -92,7 +92,7 @@ def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Any) -> Generation
     state, segments = TextStateMachine.split(machine.make_state("normal"), gen.text)
     _, rest, last = TextStateMachine.flush(state)
     segments.append((last, rest))
-    parsed = []
+    parsed: list[dict[str, Any]] = []
     for text in (text for part, text in segments if part == "tool"):
         try:
             found = fmt.parse(text, [t["function"] for t in p.tools])

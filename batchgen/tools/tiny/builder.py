@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from ...core.families import FAMILIES
 from . import families
@@ -93,9 +94,9 @@ def make_tiny_model(
     if kind in ("lm", "thinking-lm", "channel-lm"):
         from mlx_lm.models import qwen2
 
-        config = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+        config: dict[str, Any] = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
         config.update(text_config(vocab, ids, hidden=hidden or 128, layers=layers or 4, heads=4))
-        model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
+        model: Any = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     elif kind in ("qwen3_vl", "qwen3_vl_moe"):
         return families.make_qwen3_vl(out, vocab, ids, sensitive, moe=kind == "qwen3_vl_moe")
     elif kind in ("vlm", "qwen2_5_vl"):

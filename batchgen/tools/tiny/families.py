@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from .parts import (
     CHAT_TEMPLATE,
@@ -27,7 +28,7 @@ __all__ = ["VISION_KINDS", "make_qwen3_vl", "make_vision_family", "make_mtp_pair
 _GEMMA4_IMAGES = {"patch_size": 8, "max_soft_tokens": 4, "pooling_kernel_size": 2, "do_normalize": True,
                   "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}  # fmt: skip
 # Per family: special tokens, vision config, top-level config, processor files (32² images, patch 8).
-_VISION = {
+_VISION: dict[str, tuple[tuple[str, ...], dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]] = {
     "llava": (
         ("<image>",),
         {"model_type": "clip_vision_model", "projection_dim": 32},
@@ -112,7 +113,7 @@ _VISION = {
         {"num_image_token": 4, "image_size": 32, "patch_size": 8, "downsample_ratio": 0.5},
     ),
 }  # fmt: skip
-_TEXT = {  # the language model under each family's vision tower
+_TEXT: dict[str, dict[str, Any]] = {  # the language model under each family's vision tower
     "llava": {"model_type": "llama"},
     "smolvlm": {"model_type": "llama"},
     "idefics3": {"model_type": "llama"},
@@ -155,8 +156,8 @@ def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path
     template = CHAT_TEMPLATE.replace(
         "<|vision_start|><|image_pad|><|vision_end|>", _SLOT.get(kind, "<image>")
     )
-    named = _NAMED.get(kind)
-    named = dict(zip(named, specials, strict=False)) if named else None
+    attributes = _NAMED.get(kind)
+    named = dict(zip(attributes, specials, strict=False)) if attributes else None
     vocab = build_tokenizer(out, extra=specials, template=template, named=named)
     ids = token_ids(out)
     text = {**text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16, **_TEXT[kind]}

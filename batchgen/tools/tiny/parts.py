@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import Any, cast
 
 __all__ = [
     "SPECIAL_TOKENS", "CHAT_TEMPLATE", "THINK_TOKENS", "THINKING_TEMPLATE",
@@ -216,7 +217,7 @@ def sharpen(model, more: dict[tuple[str, str], float] | None = None) -> None:
     from mlx.utils import tree_flatten
 
     gains = {"layers.": 3.0, "merger.": 4.0}
-    params = tree_flatten(model.parameters())
+    params = cast(list[tuple[str, Any]], tree_flatten(model.parameters()))
     weights = dict(
         (name, w * gain)
         for name, w in params

@@ -295,7 +295,7 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
     inputs, no audio tower); mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL."""
     from ..tools.tiny.builder import make_tiny_model as build
 
-    build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)  # type: ignore[arg-type]
+    build(out_dir, kind=kind, seed=seed, sensitive=sensitive, bits=int(bits) if bits else None)
     say(f"wrote {kind} checkpoint to {out_dir}")
 
 

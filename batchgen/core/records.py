@@ -308,7 +308,7 @@ class MediaStats:
 
     @classmethod
     def added(cls, parts: list[MediaStats]) -> MediaStats:
-        return cls(*(sum(getattr(p, f) for p in parts) for f in cls.__slots__))  # type: ignore[attr-defined]
+        return cls(*(sum(getattr(p, f) for p in parts) for f in cls.__slots__))
 
 
 @dataclass(slots=True)

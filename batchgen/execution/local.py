@@ -93,10 +93,9 @@ def _combined(outcomes: list[Generation | RowError]) -> tuple[Generation | RowEr
     counted, every completion in `choices`; any failure fails the row."""
     if len(outcomes) == 1:
         return outcomes[0], None
-    failed = [o for o in outcomes if isinstance(o, RowError)]
-    if failed:
-        return failed[0], None
-    gens: list[Generation] = outcomes  # type: ignore[assignment]
+    gens = [o for o in outcomes if isinstance(o, Generation)]
+    if len(gens) < len(outcomes):
+        return next(o for o in outcomes if isinstance(o, RowError)), None
     first = dataclasses.replace(
         gens[0], completion_tokens=sum(g.completion_tokens for g in gens),
         reasoning_tokens=sum(g.reasoning_tokens for g in gens),

@@ -164,7 +164,7 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
                     config.retry_failed, config.changed,
                     config.redo_repetition is not None)  # fmt: skip
     grouping = Grouping(index, resume.done)
-    work = work_settings(config, index.source.base)  # type: ignore[union-attr]
+    work = work_settings(config, index.base)
     engines = Engines.from_config(work.engine, lazy=True)
     counts = _Counts(config.cache_entries if config.cache else 0)
     horizon = config.plan_horizon * 2**20

@@ -92,7 +92,7 @@ def run(
     started = time.perf_counter()
     stop = stop if stop is not None else Stop()
     index = open_job(config)
-    work = work_settings(config, index.source.base)  # type: ignore[union-attr]
+    work = work_settings(config, index.base)
     engines = Engines.from_config(work.engine)
     with OutputLock(config.output) as lock:
         cleanups = getattr(stop, "cleanups", [])

@@ -128,7 +128,7 @@ def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes,
     """What readers of the output need that its rows do not say: where the job's relative
     media paths start (report shows the pictures from any folder) and the prompt template."""
     about = {}
-    base = index.source.base if index.source is not None else None
+    base = index.base
     if base is not None:
         about[MEDIA_BASE_KEY] = str(Path(base).resolve())
     root = config.media.media_root
@@ -142,9 +142,9 @@ def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes,
     if config.prompt_template is not None:
         about[TEMPLATE_KEY] = config.prompt_template
     source = index.source
-    local = source is not None and base is not None
+    local = source if source is not None and base is not None else None
     about[JOB_KEY] = json.dumps({  # the gallery shows pictures the output does not carry (bytes) from here
-        "path": str(Path(source.given).resolve()) if local else None,  # type: ignore[union-attr]
+        "path": str(Path(local.given).resolve()) if local is not None else None,
         "format": source.format if source is not None else None,
         "id_column": config.columns.id,
         "image": list(config.columns.image),

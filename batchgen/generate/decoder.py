@@ -78,8 +78,8 @@ def prefill(
             adapter.forward(seq, cache, start, step_end)
             mx.eval([c.state for c in cache])
             start = step_end
-        if key is not None:
-            prefixes.put(key, copy.deepcopy(cache))  # type: ignore[union-attr]
+        if key is not None and prefixes is not None:  # keys come from the prefix cache's boundaries
+            prefixes.put(key, copy.deepcopy(cache))
     return cache, start
 
 

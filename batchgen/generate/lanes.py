@@ -154,19 +154,21 @@ class BatchedLane(Lane):
         adapter, eos, decode, tokenizer = self._engine()
         scores: dict[int, Scores | None] = {}
         for i, plan in enumerate(plans):  # scored first: a row's prompt prefix is then cached
-            if plan.job.scoring is None:
+            scoring = plan.job.scoring
+            if scoring is None:
                 continue
-            seq = _fresh(plan).seq
+            seq = _seq(_fresh(plan))
             try:
-                scores[i] = score_row(adapter, seq, plan.job.scoring, tokenizer, eos, self.prefixes, watch,  # type: ignore[arg-type]
-                                      self.info.context)  # fmt: skip
+                found = score_row(
+                    adapter, seq, scoring, tokenizer, eos, self.prefixes, watch, self.info.context
+                )
             except Exception as e:  # noqa: BLE001 - a row's error (a stop request is no Exception)
                 scores[i] = None
                 yield i, row_error(e)
                 continue
+            scores[i] = found
             if plan.job.params.score_only:
-                found = scores[i]
-                gen = Generation(found.best or "", "score", len(seq.ids), 0, seq.cached_tokens)  # type: ignore[union-attr]
+                gen = Generation(found.best or "", "score", len(seq.ids), 0, seq.cached_tokens)
                 yield i, _scored(gen, found)
         todo = [
             i
@@ -175,7 +177,7 @@ class BatchedLane(Lane):
         ]
         if not todo:
             return
-        seqs: list[Sequence] = [plans[i].seq for i in todo]  # type: ignore[misc]
+        seqs = [_seq(plans[i]) for i in todo]
         finished: set[int] = set()
         memory = (self.memory, self.footprint()) if self.memory is not None else None
         try:
@@ -221,7 +223,7 @@ class TextLane(BatchedLane):
     name = "lm"
 
     def plan(self, job: Job, media: Media) -> Plan:
-        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        model, tokenizer = self.models.text()
         p = job.params
         messages = text_only(job.messages)
         if getattr(tokenizer, "chat_template", None):
@@ -236,7 +238,7 @@ class TextLane(BatchedLane):
         return Plan(job, media, self, seq, group=(tuple(ids[: bounds[-1]]) if bounds else (),))
 
     def _engine(self):
-        model, tokenizer = self.models.lm()  # type: ignore[misc]
+        model, tokenizer = self.models.text()
         return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
 
 
@@ -307,11 +309,11 @@ class LMSingleLane(_OneByOne):
         return Plan(job, media, self, self.text.plan(job, media).seq)  # tokenized once
 
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
-        model, tokenizer = self.models.lm()  # type: ignore[misc]
-        seq = plan.seq
+        model, tokenizer = self.models.text()
+        seq = _seq(plan)
         drafter = self.models.drafter if self.drafts else None
-        gen = generate_lm(model, tokenizer, seq.ids, seq.params, watch, seq.part, drafter, self.kv)  # type: ignore
-        gen.capped = gen.capped or seq.capped  # type: ignore[union-attr]
+        gen = generate_lm(model, tokenizer, seq.ids, seq.params, watch, seq.part, drafter, self.kv)
+        gen.capped = gen.capped or seq.capped
         return gen
 
 
@@ -344,9 +346,16 @@ def _scored(gen: Generation, scores: Scores | None) -> Generation:
 
 def _fresh(plan: Plan) -> Plan:
     """The same plan with cleared outputs, to run again on its own."""
-    s = plan.seq
-    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped, part=s.part)  # type: ignore
+    s = _seq(plan)
+    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped, part=s.part)
     return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
+
+
+def _seq(plan: Plan) -> Sequence:
+    """The tokenized row of a plan on a lane that tokenizes (every lane but mlx-vlm's own)."""
+    if plan.seq is None:
+        raise ValueError(f"row {plan.job.id!r}: planned without its tokens")
+    return plan.seq
 
 
 def row_error(e: Exception) -> RowError:

@@ -150,6 +150,13 @@ class Models:
             self._vlm = (model, processor)
         return self._vlm
 
+    def text(self) -> tuple[Any, Any]:
+        """The text model through mlx-lm, where a lane that runs on it has been chosen."""
+        found = self.lm()
+        if found is None:
+            raise ValueError("no mlx-lm text model: mlx-vlm serves the text rows")
+        return found
+
     def lm(self) -> tuple[Any, Any] | None:
         """The text model through mlx-lm, or None when mlx-lm cannot load this (multimodal)
         checkpoint and mlx-vlm serves its text rows."""

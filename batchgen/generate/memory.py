@@ -208,7 +208,9 @@ class Memory:
 
     def room(self) -> int:
         """KV bytes a batch may take now: the budget less weights and what the caches hold."""
-        room = self.budget - self.weights() - self.held()  # type: ignore[operator]
+        if self.budget is None:
+            raise ValueError("no budget, no room to weigh")
+        room = self.budget - self.weights() - self.held()
         return room if self.stats.ceiling is None else min(room, self.stats.ceiling)
 
     def check_alone(self, fp: Footprint | None, prompt: int, max_tokens: int) -> None:

@@ -62,6 +62,11 @@ class JobIndex:
         return len(self.ids)
 
     @property
+    def base(self) -> str | None:
+        """Where the job's relative media paths start (None: a remote job, or no files)."""
+        return self.source.base if self.source is not None else None
+
+    @property
     def output_ids(self) -> list[Any]:
         """The ids the output holds, in job order: a --limit narrows the work, never the output."""
         return self.kept_ids if self.kept_ids is not None else self.ids

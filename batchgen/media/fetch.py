@@ -75,14 +75,19 @@ class Fetched:
         return MediaFile(self.ref.kind, ref, size, self.mtime_ns, self._digest)
 
     def read(self) -> bytes:
-        return self.data if self.data is not None else self.path.read_bytes()  # type: ignore[union-attr]
+        return self.data if self.data is not None else self._file().read_bytes()
+
+    def _file(self) -> Path:
+        if self.path is None:
+            raise ValueError(f"{describe(self.ref.source)}: neither bytes nor a file")
+        return self.path
 
     @property
     def digest(self) -> str:
         """sha256 of all the bytes: equal prefixes (one renderer's JPEG headers) never collide."""
         if self._digest is None:
             self._digest = (
-                hashlib.sha256(self.data).hexdigest() if self.data is not None else file_digest(self.path)  # type: ignore[arg-type]
+                hashlib.sha256(self.data).hexdigest() if self.data is not None else file_digest(self._file())
             )
         return self._digest
 

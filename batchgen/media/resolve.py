@@ -120,11 +120,12 @@ class MediaStage:
         return out
 
     def _given(self, ref: MediaRef) -> Fetched:
+        data = ref.source if isinstance(ref.source, bytes) else ref.source.encode()
         cap = self.config.caps.of(ref.kind)
         if len(ref.source) > cap:
             raise RowError("fetch", f"{describe(ref.source)}: {len(ref.source):,} bytes is over the "
                                     f"{ref.kind} cap ({cap:,} bytes)")  # fmt: skip
-        return Fetched(ref, data=ref.source)  # type: ignore[arg-type]
+        return Fetched(ref, data=data)
 
     def _budget_left(self, out: Prepared) -> int:
         """Decoded pixels the row may still take (max_row_pixels less its images and frames)."""

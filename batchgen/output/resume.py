@@ -246,7 +246,7 @@ class Resume:
         if earlier.settings is not None:
             check_settings(earlier.where, earlier.settings, settings)
         self.done = finished(earlier.files, store)
-        base = index.source.base if index.source is not None else None
+        base = index.base
         replaced = replaced_media(earlier.files, store, base, set(self.done)) if self.done else {}
         rows = check_unchanged(index, self.done, changed, replaced)
         self.redone = len(rows) if changed == "redo" else 0  # changed rows generated again

@@ -138,12 +138,13 @@ class Forbidden:
 def item_text(item: Item, ks: list[int], options: ExportOptions) -> str | None:
     """An item's caption: its chosen answers joined, between the prefix and the suffix; None
     when one of its rows failed, "" when its answers are empty."""
-    answers = [item.answers.get(k) for k in ks]
-    if any(a is None for a in answers):
+    found = [item.answers.get(k) for k in ks]
+    answers = [a for a in found if a is not None]
+    if len(answers) < len(found):
         return None
     if not all(answers):
         return ""
-    return options.prefix + (options.join or "").join(answers) + options.suffix  # type: ignore[arg-type]
+    return options.prefix + (options.join or "").join(answers) + options.suffix
 
 
 def item_fields(item: Item, fields: dict[str, tuple[int, str]]) -> dict[str, Any]:

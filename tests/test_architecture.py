@@ -10,7 +10,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "batchgen"
 
-# The folders each folder may import (besides itself). ARCHITECTURE.md says the same in words.
+# The folders each folder may import (besides itself): ARCHITECTURE.md's diagram, arrow for arrow.
 ALLOWED = {
     "core": set(),
     "input": {"core"},
@@ -19,7 +19,7 @@ ALLOWED = {
     "output": {"core", "input"},
     "execution": {"core", "input", "media", "generate", "output"},
     "tools": {"core", "input", "media", "output"},
-    "cli": {"core", "input", "media", "generate", "output", "execution", "tools"},
+    "cli": {"core", "input", "generate", "output", "execution", "tools"},
     "": {"core", "input", "media", "generate", "output", "execution", "tools", "cli"},  # batchgen/*.py
 }
 MLX = ("mlx", "mlx_lm", "mlx_vlm")

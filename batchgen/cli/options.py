@@ -184,14 +184,9 @@ def validate_options(command):
     return command
 
 
-def run_options(command, columns: bool = True):
-    """The options `run` and `caption` share: models, presets, generation, media, output."""
-    options = [
-        option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
-        option("--text-model", help="Model for rows without media [--model]."),
-        option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
-        _TEMPLATE,
-        *(_column_options() if columns else []),
+def _output_options() -> list:
+    """What the output holds and where, and how reruns treat earlier rows."""
+    return [
         option(
             "--keep-columns", multiple=True, help="Carry these binary columns to the output too (repeatable)."
         ),
@@ -222,6 +217,12 @@ def run_options(command, columns: bool = True):
             default=None,
             help="-o is a folder of Parquet shards (as -o DIR/ is), read with pandas.read_parquet(DIR).",
         ),  # fmt: skip
+    ]  # fmt: skip
+
+
+def _scale_options() -> list:
+    """Where rows run (here or on Ray) and which share of the job."""
+    return [
         option("--engine", type=click.Choice(["local", "ray"]), help="Where rows run [local]."),
         option("--ray-address", help="Join this Ray cluster (e.g. ray://head:10001) [a local Ray]."),
         option("--workers", type=int, help="Ray actors, one model load each [1]."),
@@ -230,34 +231,12 @@ def run_options(command, columns: bool = True):
             help="Only shard i of N, e.g. 0/4, for job arrays: by a stable hash of the row's "
             "pictures (rows sharing one are one shard's), else of its id.",
         ),
-        option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
-        option(
-            "--max-attempts",
-            type=int,
-            help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
-        ),  # fmt: skip
-        option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
-        option(
-            "--redo-repetition",
-            type=float,
-            metavar="PENALTY",
-            help="Generate the rows the loop stop ended again, with this repetition penalty (e.g. 1.3).",
-        ),  # fmt: skip
-        option(
-            "--changed",
-            type=click.Choice(["refuse", "redo", "keep"]),
-            help="Rows changed since their results were written: refuse the run, generate them "
-            "again, or keep their results [refuse].",
-        ),  # fmt: skip
-        *_generation_options(),
-        option(
-            "--json-schema",
-            "json_schema_file",
-            type=click.Path(exists=True, dir_okay=False, path_type=Path),
-            help="Every row answers JSON matching this schema file (a row's own constraint wins).",
-        ),
-        option("--guided-choice", multiple=True, help="Every row answers one of these (repeatable)."),
-        option("--guided-regex", help="Every row answers text matching this regular expression."),
+    ]  # fmt: skip
+
+
+def _media_options() -> list:
+    """How media are fetched and decoded."""
+    return [
         option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
         option("--video-max-frames", type=int, help="Most frames per video [128]."),
         option("--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts."),
@@ -267,12 +246,24 @@ def run_options(command, columns: bool = True):
         ),
         option("--fetch-workers", type=int, help="Downloads in flight [16]."),
         option("--decode-workers", type=int, help="Image/video decodes at once [2]."),
+    ]  # fmt: skip
+
+
+def _draft_options() -> list:
+    """Speculative decoding."""
+    return [
         option("--draft-model", help="Draft model (text) or drafter (vision) for speculative decoding."),
         option("--num-draft-tokens", type=int, help="Text drafts per round [3]."),
         option(
             "--draft-kind", type=click.Choice(["mtp", "dflash", "eagle3"]), help="Vision drafter kind [auto]."
         ),
         option("--draft-block-size", type=int, help="Vision drafter block size, >= 2 [the drafter's]."),
+    ]  # fmt: skip
+
+
+def _reuse_options() -> list:
+    """Batch width, memory, the KV cache and prefix reuse."""
+    return [
         option("--batch-size", type=int, help="Rows decoded together at most; 1 is off [32]."),
         option(
             "--memory-budget",
@@ -313,6 +304,31 @@ def run_options(command, columns: bool = True):
         option(
             "--no-cache", "cache", flag_value=False, default=None, help="No prompt-prefix reuse across rows."
         ),
+    ]  # fmt: skip
+
+
+def _rerun_options() -> list:
+    """How a rerun treats failed and changed rows, what ends a run, what it reports."""
+    return [
+        option("--fail-fast", is_flag=True, help="Stop at the first failed row (exit 1)."),
+        option(
+            "--max-attempts",
+            type=int,
+            help="Runs a row that failed transiently (server down, timeout, engine error) gets [3].",
+        ),  # fmt: skip
+        option("--retry-failed", is_flag=True, default=None, help="Try every failed row again."),
+        option(
+            "--redo-repetition",
+            type=float,
+            metavar="PENALTY",
+            help="Generate the rows the loop stop ended again, with this repetition penalty (e.g. 1.3).",
+        ),  # fmt: skip
+        option(
+            "--changed",
+            type=click.Choice(["refuse", "redo", "keep"]),
+            help="Rows changed since their results were written: refuse the run, generate them "
+            "again, or keep their results [refuse].",
+        ),  # fmt: skip
         option("--time-limit", help="Take no batch that would end past this (55m, 2h, 1h30m); the run "
                "then ends incomplete, and the next resumes [none]."),
         option("--fail-on", type=click.Choice(["any", "new", "none"]),
@@ -323,6 +339,32 @@ def run_options(command, columns: bool = True):
         option("--errors-file", help="The failed rows' list, a JSON line each [OUTPUT.errors.jsonl]."),
         option("-q", "--quiet", is_flag=True, default=None,
                help="No progress bar and no info lines: warnings, errors and the closing lines only."),
+    ]  # fmt: skip
+
+
+def run_options(command, columns: bool = True):
+    """The options `run` and `caption` share: models, presets, generation, media, output."""
+    options = [
+        option("-m", "--model", help="Checkpoint folder or Hugging Face id [from the config]."),
+        option("--text-model", help="Model for rows without media [--model]."),
+        option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
+        _TEMPLATE,
+        *(_column_options() if columns else []),
+        *_output_options(),
+        *_scale_options(),
+        *_generation_options(),
+        option(
+            "--json-schema",
+            "json_schema_file",
+            type=click.Path(exists=True, dir_okay=False, path_type=Path),
+            help="Every row answers JSON matching this schema file (a row's own constraint wins).",
+        ),
+        option("--guided-choice", multiple=True, help="Every row answers one of these (repeatable)."),
+        option("--guided-regex", help="Every row answers text matching this regular expression."),
+        *_media_options(),
+        *_draft_options(),
+        *_reuse_options(),
+        *_rerun_options(),
     ]  # fmt: skip
     for decorate in reversed(options):
         command = decorate(command)

@@ -339,6 +339,28 @@ def build_config(
     unknown = set(data) - allowed
     if unknown:
         raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
+    limits = _media_config(med)
+    _check_run_settings(data)
+    if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
+        data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
+    if data.get("output_shards") and data.get("openai_output") is not None:
+        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
+    if mapping.prompt and data.get("prompt_template"):
+        raise ConfigError("give --prompt-column or --prompt-template, not both")
+    _check_result_columns(data)
+    data = {k: tuple(v) if k in _LISTS else v for k, v in data.items()}
+    return RunConfig(
+        input=str(input) if is_uri(str(input)) else Path(input),
+        output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),
+        defaults=dataclasses.replace(_gen_params(gen), constraint=constraint),
+        media=limits,
+        columns=mapping,
+        **data,
+    )
+
+
+def _media_config(med: dict[str, Any]) -> MediaConfig:
+    """The media settings, checked."""
     media_fields = {f.name for f in dataclasses.fields(MediaConfig)}
     if set(med) - media_fields:
         raise ConfigError(f"unknown media setting(s): {', '.join(sorted(set(med) - media_fields))}")
@@ -349,13 +371,11 @@ def build_config(
         raise ConfigError("retries, fetch_workers and decode_workers must be >= 1")
     if min(limits.max_image_pixels, limits.max_row_pixels, limits.frame_pixels or 1) < 1:
         raise ConfigError("max_image_pixels, max_row_pixels and frame_pixels must be >= 1")
-    _check_run_settings(data)
-    if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
-        data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
-    if data.get("output_shards") and data.get("openai_output") is not None:
-        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
-    if mapping.prompt and data.get("prompt_template"):
-        raise ConfigError("give --prompt-column or --prompt-template, not both")
+    return limits
+
+
+def _check_result_columns(data: dict[str, Any]) -> None:
+    """--result-columns and --drop-result-columns name what batchgen writes, and never what a rerun needs."""
     if data.get("result_columns", "all") not in ("all", "slim"):
         raise ConfigError(f"--result-columns {data['result_columns']!r}: expected all or slim")
     for name in data.get("drop_result_columns") or ():
@@ -363,15 +383,6 @@ def build_config(
             why = "every output keeps it" if name in KEPT_COLUMNS else "not one of batchgen's columns"
             droppable = ", ".join(c for c in RESULT_COLUMNS if c not in KEPT_COLUMNS)
             raise ConfigError(f"--drop-result-columns {name!r:.60}: {why} (these can go: {droppable})")
-    data = {k: tuple(v) if k in _LISTS else v for k, v in data.items()}
-    return RunConfig(
-        input=str(input) if is_uri(str(input)) else Path(input),
-        output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),
-        defaults=dataclasses.replace(_gen_params(gen), constraint=constraint),
-        media=limits,
-        columns=mapping,
-        **data,
-    )
 
 
 def _check_run_settings(data: dict[str, Any]) -> None:

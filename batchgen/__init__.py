@@ -14,7 +14,8 @@ if TYPE_CHECKING:
         JobFileError,
         OutputLockedError,
     )
-    from .core.settings import RunConfig, build_config
+    from .core.settings import RunConfig
+    from .execution.config import build_config
     from .execution.runner import run
     from .execution.summary import Progress, RunSummary
 
@@ -26,7 +27,7 @@ __version__ = "0.1.0"
 _HOMES = {
     **dict.fromkeys(("BatchgenError", "ConfigError", "JobFileError", "OutputLockedError", "Interrupted",
                      "FailFastError"), ".core.errors"),
-    "RunConfig": ".core.settings", "build_config": ".core.settings", "run": ".execution.runner",
+    "RunConfig": ".core.settings", "build_config": ".execution.config", "run": ".execution.runner",
     "RunSummary": ".execution.summary", "Progress": ".execution.summary",
 }  # fmt: skip
 

@@ -228,7 +228,7 @@ def validate(job_file: str, fmt: str | None, prompt_template: str | None, **flag
     """Check every row of JOB_FILE as `run` would read it (with the same column mapping and
     prompt template); print each problem with its line, and warnings (fields one slip from
     one batchgen reads, columns that look like media but are not mapped); exit 1 if any problem."""
-    from ..core.settings import build_columns
+    from ..execution.config import build_columns
     from ..input.validate import validate_file
 
     count = 0

@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 from ..core.errors import BatchgenError, ConfigError
-from ..core.settings import GEN_FIELDS, RunConfig, build_config, read_json_settings
+from ..core.settings import GEN_FIELDS, RunConfig
 from ..core.uris import is_uri
+from ..execution.config import build_config, read_json_settings
 from .options import COLUMN_FLAGS
 from .process import say
 

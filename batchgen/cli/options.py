@@ -28,7 +28,7 @@ def _generation_options() -> list:
     """One option per generation parameter (params.PARAMS), showing the default a run without
     --config uses: the default preset's where it sets one, else the built-in one."""
     from ..core.params import PARAMS
-    from ..core.settings import find_preset, load_preset
+    from ..execution.config import find_preset, load_preset
 
     try:
         preset = load_preset(find_preset(None)).get("generation") or {}

@@ -4,7 +4,7 @@ import pytest
 from conftest import ROOT
 
 from batchgen.core.errors import ConfigError
-from batchgen.core.settings import build_config, find_preset
+from batchgen.execution.config import build_config, find_preset
 
 
 def test_presets_are_found_by_name_and_by_path(tmp_path, monkeypatch):

@@ -1,0 +1,292 @@
+"""A run's settings as a person gives them — a preset (found in ./configs, among the installed
+presets or in a checkout's configs/), YAML and settings files, flags or keyword arguments —
+merged and checked into core's frozen RunConfig. The CLI and `batchgen.build_config` both
+build through here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..core.budget import budget_spec, parse_duration
+from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
+from ..core.errors import ConfigError, one_line
+from ..core.params import check_params
+from ..core.records import KEPT_COLUMNS, RESULT_COLUMNS, GenParams
+from ..core.settings import GEN_FIELDS, KV_BITS, KV_GROUPS, Columns, MediaConfig, RunConfig
+from ..core.uris import checked_location, is_uri
+
+__all__ = ["find_preset", "load_preset", "read_settings_file", "read_json_settings", "build_config",
+           "build_columns"]  # fmt: skip
+
+PROJECT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # a checkout's presets
+
+
+def find_preset(name_or_path: str | None) -> Path | None:
+    """A config path, or a preset name looked up in ./configs then the project's configs/."""
+    if name_or_path is None:
+        name_or_path = "default"
+        required = False
+    else:
+        required = True
+    candidates = [Path(name_or_path)]
+    if not name_or_path.endswith((".yaml", ".yml")):
+        name = f"{name_or_path}.yaml"
+        candidates += [Path("configs") / name, *_packaged(name), PROJECT_CONFIGS / name]
+    for path in candidates:
+        if path.is_file():
+            return path
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"config {path}: not a regular file")
+    if required:
+        raise ConfigError(f"config {name_or_path!r} not found (looked in {', '.join(map(str, candidates))})")
+    return None
+
+
+def _packaged(name: str) -> list[Path]:
+    """The preset as installed with the package (batchgen.configs, built from configs/)."""
+    from importlib import resources
+
+    try:
+        return [Path(str(resources.files("batchgen.configs") / name))]
+    except (ModuleNotFoundError, TypeError):  # a source tree run without installing
+        return []
+
+
+SETTINGS_FILE_BYTES = 16 * 2**20  # presets and schemas are kilobytes: /dev/zero is not one
+
+
+def read_settings_file(path: Path, what: str) -> str:
+    """A preset's or a schema's text: a regular file of bounded size, opened without blocking,
+    so that a FIFO, a device or an endless file is a message, never a run that waits."""
+    try:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ConfigError(f"{what} {path}: not a regular file")
+            data = f.read(SETTINGS_FILE_BYTES + 1)
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror or e}") from e
+    if len(data) > SETTINGS_FILE_BYTES:
+        raise ConfigError(f"{what} {path}: over {SETTINGS_FILE_BYTES // 2**20} MiB")
+    try:
+        return data.decode()
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{what} {path}: not UTF-8 text") from e
+
+
+def read_json_settings(path: Path, what: str) -> Any:
+    try:
+        return json.loads(read_settings_file(path, what))
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} {path}: not a JSON file ({e})") from e
+    except RecursionError as e:
+        raise ConfigError(f"{what} {path}: nested too deep to read") from e
+
+
+def load_preset(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        data = yaml.safe_load(read_settings_file(path, "config")) or {}
+    except (yaml.YAMLError, RecursionError) as e:
+        raise ConfigError(f"cannot read config {path}: {one_line(str(e))}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path}: expected a mapping at the top level")
+    # Model paths in a preset are relative to the preset, so it works from any folder. The
+    # default preset's sample models are in a checkout only: installed from a wheel, it names none.
+    for key in ("model", "text_model"):
+        value = data.get(key)
+        if isinstance(value, str) and value.startswith("."):
+            local = (path.parent / value).resolve()
+            if path.name == "default.yaml" and not local.exists():
+                data.pop(key)
+            else:
+                data[key] = str(local)  # absolute: the output's `model` reads the same from any folder
+    return data
+
+
+def _gen_params(values: dict[str, Any]) -> GenParams:
+    unknown = set(values) - set(GEN_FIELDS)
+    if unknown:
+        raise ConfigError(f"unknown generation setting(s): {', '.join(sorted(unknown))}")
+    problems, params = check_params(values, GenParams())
+    if problems:
+        raise ConfigError("; ".join(f"{k}: {msg}" for k, msg in problems))
+    return params
+
+
+_LISTS = ("keep_columns", "drop_columns", "drop_result_columns")  # a preset may give one name as text
+
+
+def build_config(
+    input: str | Path,
+    output: str | Path,
+    preset: str | None = None,
+    generation: dict[str, Any] | None = None,
+    media: dict[str, Any] | None = None,
+    columns: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> RunConfig:
+    """Merge preset < flags (None or empty means 'not given') into a validated RunConfig.
+
+    What the CLI builds a run from, and the way to build one in Python: `preset` a name or
+    YAML path (None: configs/default.yaml where it can be found); `generation` GenParams
+    fields (max_tokens, temperature, json_schema, …); `media` MediaConfig fields; `columns`
+    the column mapping (id, prompt, image, …); any other RunConfig field by keyword (model,
+    batch_size, time_limit="55m", fail_on, …). A bad value raises ConfigError naming it."""
+    input, output = checked_location(str(input), "job"), checked_location(str(output), "-o")
+    data = load_preset(find_preset(preset))
+    gen = dict(data.pop("generation", None) or {})
+    gen.update({k: v for k, v in (generation or {}).items() if v is not None})
+    med = dict(data.pop("media", None) or {})
+    med.update({k: v for k, v in (media or {}).items() if v is not None})
+    mapping = build_columns(data.pop("columns", None) or {}, columns or {})
+    constraint = _constraint(gen)
+    for key in _LISTS:
+        if isinstance(data.get(key), str):
+            data[key] = (data[key],)
+        if overrides.get(key) == ():
+            overrides[key] = None
+    if overrides.get("model") is not None and overrides.get("text_model") is None:
+        data.pop("text_model", None)  # --model alone means that model for every row
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    if not data.get("model"):
+        raise ConfigError(
+            "no model: pass --model PATH_OR_ID (e.g. mlx-community/Qwen2.5-VL-3B-Instruct-4bit) or a preset, "
+            "--config qwen2.5-vl-captioning, qwen3-vl-video or olmocr-documents (the bundled sample models "
+            "come with a checkout of the repository, not with the package)"
+        )
+    allowed = {f.name for f in dataclasses.fields(RunConfig)} - {"input", "output", "defaults", "media"}
+    allowed.discard("columns")
+    unknown = set(data) - allowed
+    if unknown:
+        raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
+    limits = _media_config(med)
+    _check_run_settings(data)
+    if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
+        data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
+    if data.get("output_shards") and data.get("openai_output") is not None:
+        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
+    if mapping.prompt and data.get("prompt_template"):
+        raise ConfigError("give --prompt-column or --prompt-template, not both")
+    _check_result_columns(data)
+    data = {k: tuple(v) if k in _LISTS else v for k, v in data.items()}
+    return RunConfig(
+        input=str(input) if is_uri(str(input)) else Path(input),
+        output=str(output).rstrip("/") if is_uri(str(output)) else Path(output),
+        defaults=dataclasses.replace(_gen_params(gen), constraint=constraint),
+        media=limits,
+        columns=mapping,
+        **data,
+    )
+
+
+def _media_config(med: dict[str, Any]) -> MediaConfig:
+    """The media settings, checked."""
+    media_fields = {f.name for f in dataclasses.fields(MediaConfig)}
+    if set(med) - media_fields:
+        raise ConfigError(f"unknown media setting(s): {', '.join(sorted(set(med) - media_fields))}")
+    limits = MediaConfig(**med)
+    if not 1 <= limits.video_min_frames <= limits.video_max_frames or limits.video_fps <= 0:
+        raise ConfigError("video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames")
+    if min(limits.retries, limits.fetch_workers, limits.decode_workers) < 1:
+        raise ConfigError("retries, fetch_workers and decode_workers must be >= 1")
+    if min(limits.max_image_pixels, limits.max_row_pixels, limits.frame_pixels or 1) < 1:
+        raise ConfigError("max_image_pixels, max_row_pixels and frame_pixels must be >= 1")
+    return limits
+
+
+def _check_result_columns(data: dict[str, Any]) -> None:
+    """--result-columns and --drop-result-columns name what batchgen writes, and never what a rerun needs."""
+    if data.get("result_columns", "all") not in ("all", "slim"):
+        raise ConfigError(f"--result-columns {data['result_columns']!r}: expected all or slim")
+    for name in data.get("drop_result_columns") or ():
+        if name not in RESULT_COLUMNS or name in KEPT_COLUMNS:
+            why = "every output keeps it" if name in KEPT_COLUMNS else "not one of batchgen's columns"
+            droppable = ", ".join(c for c in RESULT_COLUMNS if c not in KEPT_COLUMNS)
+            raise ConfigError(f"--drop-result-columns {name!r:.60}: {why} (these can go: {droppable})")
+
+
+def _check_run_settings(data: dict[str, Any]) -> None:
+    """The run-wide settings' values, checked (and read: a shard, a duration) in place."""
+    if data.get("changed", "refuse") not in ("refuse", "redo", "keep"):
+        raise ConfigError(f"--changed {data['changed']!r}: expected refuse, redo or keep")
+    if data.get("engine", "local") not in ("local", "ray"):
+        raise ConfigError(f"--engine {data['engine']!r}: expected local or ray")
+    redo = data.get("redo_repetition")
+    if redo is not None and (data.get("engine") == "ray" or not float(redo) > 0):
+        raise ConfigError("--redo-repetition: a repetition penalty > 0 (e.g. 1.3), with the local engine")
+    for key in ("batch_size", "window", "cache_entries", "workers", "max_attempts"):
+        if data.get(key) is not None and int(data[key]) < 1:
+            raise ConfigError(f"{key} must be >= 1")
+    shard = data.get("shard")
+    if shard is not None:
+        if isinstance(shard, str):
+            try:
+                shard = tuple(int(x) for x in shard.split("/"))
+            except ValueError:
+                shard = ()
+        if len(shard) != 2 or not 0 <= shard[0] < shard[1]:
+            raise ConfigError(f"--shard {data['shard']!r}: expected i/N with 0 <= i < N, e.g. 0/4")
+        data["shard"] = tuple(shard)
+    budget_spec(data.get("memory_budget", "auto"))  # a budget that cannot be read stops the run here
+    bits, group, start = (data.get(k, d) for k, d in (("kv_bits", None), ("kv_group_size", 64),
+                                                      ("quantized_kv_start", 0)))  # fmt: skip
+    if bits is not None and (type(bits) is not int or bits not in KV_BITS):
+        raise ConfigError(f"--kv-bits {bits!r}: expected one of {', '.join(map(str, KV_BITS))}")
+    if type(group) is not int or group not in KV_GROUPS:
+        raise ConfigError(f"--kv-group-size {group!r}: expected 32, 64 or 128")
+    if type(start) is not int or start < 0:
+        raise ConfigError(f"--quantized-kv-start {start!r}: expected a token count >= 0")
+    if data.get("time_limit") is not None:
+        data["time_limit"] = parse_duration(data["time_limit"])
+    if data.get("fail_on", "any") not in ("any", "new", "none"):
+        raise ConfigError(f"--fail-on {data['fail_on']!r:.40}: expected any, new or none")
+    if data.get("errors_file") is not None and not is_uri(str(data["errors_file"])):
+        data["errors_file"] = Path(data["errors_file"])
+    if data.get("row_timeout") is not None and not float(data["row_timeout"]) > 0:
+        raise ConfigError("--row-timeout must be > 0 seconds")
+    if data.get("limit") is not None and int(data["limit"]) < 0:
+        raise ConfigError("--limit must be >= 0")
+    if data.get("plan_horizon") is not None and int(data["plan_horizon"]) < 0:
+        raise ConfigError("--plan-horizon must be >= 0 (MiB; 0 runs the rows in job order)")
+
+
+def _constraint(gen: dict[str, Any]) -> Any:
+    """The run's output constraint (--json-schema FILE, --guided-choice, --guided-regex, or the
+    same keys under a preset's `generation:`), taken out of `gen`."""
+    given = {k: gen.pop(k) for k in CONSTRAINT_FIELDS if gen.get(k) not in (None, (), [])}
+    given = {k: list(v) if isinstance(v, tuple) else v for k, v in given.items()}
+    problems: list[tuple[str, str]] = []
+    constraint = constraint_of(given, problems)
+    if problems:
+        raise ConfigError("; ".join(f"{k}: {msg}" for k, msg in problems))
+    return constraint
+
+
+def build_columns(preset: Any, flags: dict[str, Any]) -> Columns:
+    """The column mapping: the preset's `columns:` overlaid with the flags (empty = not given)."""
+    if not isinstance(preset, dict):
+        raise ConfigError("columns: expected a mapping such as {id: key, image: jpg}")
+    values = {**preset, **{k: v for k, v in flags.items() if v not in (None, ())}}
+    unknown = set(values) - {f.name for f in dataclasses.fields(Columns)}
+    if unknown:
+        raise ConfigError(
+            f"unknown columns setting(s): {', '.join(sorted(unknown))} "
+            "(id, prompt, system, image, video, score)"
+        )
+    for key in ("image", "video"):
+        if isinstance(values.get(key), str):
+            values[key] = (values[key],)
+        values[key] = tuple(values.get(key) or ())
+    for key, value in values.items():
+        names = value if isinstance(value, tuple) else (value,)
+        if not all(isinstance(n, str) and n for n in names if n is not None):
+            raise ConfigError(f"columns: {key}: expected a column name, got {value!r:.60}")
+    return Columns(**values)

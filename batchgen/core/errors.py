@@ -4,6 +4,7 @@ few helpers every message is written with."""
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 __all__ = [
     "one_line",
@@ -18,7 +19,11 @@ __all__ = [
     "Interrupted",
     "OutputLockedError",
     "RowError",
+    "Stage",
 ]
+
+# The stages a row can fail in, in pipeline order (records.STAGES lists them).
+Stage = Literal["read", "fetch", "decode", "frames", "generate"]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
 
@@ -92,7 +97,7 @@ class RowError(Exception):
     """One row failed; it becomes an error row and the run goes on. `transient`: the failure
     may not happen again (a server down, a timeout, an engine error), so a rerun retries it."""
 
-    def __init__(self, stage: str, message: str, transient: bool = False):
+    def __init__(self, stage: Stage, message: str, transient: bool = False):
         super().__init__(message)
         self.stage = stage
         self.message = message

@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
+
+from .errors import Stage
 
 __all__ = [
     "STAGES",
@@ -43,8 +45,8 @@ MEDIA_COLUMNS: dict[str, MediaKind] = {
     "audio": "audio",
 }
 
-# The stages a row can fail in, in pipeline order.
-STAGES = ("read", "fetch", "decode", "frames", "generate")
+# The stages a row can fail in, in pipeline order (errors.Stage).
+STAGES: tuple[Stage, ...] = get_args(Stage)
 
 
 @dataclass(slots=True, frozen=True)
@@ -235,7 +237,7 @@ class Result:
     tool_calls: list[dict[str, Any]] | None = None  # Generation.tool_calls
     finish_reason: str | None = None
     error: str | None = None
-    error_stage: str | None = None
+    error_stage: Stage | None = None  # errors.Stage
     prompt_tokens: int = 0
     completion_tokens: int = 0
     reasoning_tokens: int = 0

@@ -6,8 +6,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from .records import SLIM_DROPS, ByteCaps, GenParams
+from .budget import budget_spec
+from .errors import ConfigError
+from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams
 
 __all__ = [
     "MediaConfig",
@@ -48,6 +51,17 @@ class MediaConfig:
     video_min_frames: int = 4
     video_max_frames: int = 128
 
+    def __post_init__(self) -> None:
+        """Checked however it is made (build_config, or in Python)."""
+        if not 1 <= self.video_min_frames <= self.video_max_frames or self.video_fps <= 0:
+            raise ConfigError(
+                "video settings need 0 < video_fps and 1 <= video_min_frames <= video_max_frames"
+            )
+        if min(self.retries, self.fetch_workers, self.decode_workers) < 1:
+            raise ConfigError("retries, fetch_workers and decode_workers must be >= 1")
+        if min(self.max_image_pixels, self.max_row_pixels, self.frame_pixels or 1) < 1:
+            raise ConfigError("max_image_pixels, max_row_pixels and frame_pixels must be >= 1")
+
     @property
     def caps(self) -> ByteCaps:
         return ByteCaps(self.image_bytes, self.video_bytes, self.audio_bytes)
@@ -86,7 +100,7 @@ class RunConfig:
     columns: Columns = field(default_factory=Columns)  # dataset columns taken as id, prompt, media
     keep_columns: tuple[str, ...] = ()  # carried to the output although binary (images as bytes)
     drop_columns: tuple[str, ...] = ()  # not carried to the output
-    result_columns: str = "all"  # all | slim: our columns but how each row was made (SLIM_DROPS)
+    result_columns: Literal["all", "slim"] = "all"  # slim: our columns but how rows were made (SLIM_DROPS)
     drop_result_columns: tuple[str, ...] = ()  # more of our columns left out (never KEPT_COLUMNS)
     openai_output: Path | None = None  # also write an OpenAI Batch output file here
     defaults: GenParams = field(default_factory=GenParams)
@@ -98,12 +112,12 @@ class RunConfig:
     max_attempts: int = 3  # runs a transiently failed row gets (a server down at 3 a.m. is back at 4)
     retry_failed: bool = False  # a rerun tries every failed row again, transient or not
     redo_repetition: float | None = None  # a rerun generates the loop stop's rows again with this penalty
-    changed: str = "refuse"  # rows changed under a finished id: refuse (exit 2), redo them, or keep
+    changed: Literal["refuse", "redo", "keep"] = "refuse"  # rows changed under a finished id (refuse: exit 2)
     draft_model: str | None = None  # speculative decoding: a text draft model or an mlx-vlm drafter
     num_draft_tokens: int = 3  # text drafts per round
     draft_kind: str | None = None  # mtp | dflash | eagle3 (vision drafters); None = from the checkpoint
     draft_block_size: int | None = None  # vision drafters; None = the drafter's own
-    engine: str = "local"  # local | ray
+    engine: Literal["local", "ray"] = "local"  # local | ray
     ray_address: str | None = None  # join this Ray cluster; None = start a local instance
     workers: int = 1  # Ray actors, one model load each
     cache: bool = True  # reuse prompt-prefix KV state across rows (--no-cache to compare)
@@ -125,9 +139,48 @@ class RunConfig:
     progress_seconds: float = 30.0  # without a terminal: a progress line this often (cron logs)
     quiet: bool = False
     time_limit: float | None = None  # seconds (--time-limit 55m): no batch begun that would end past it
-    fail_on: str = "any"  # any | new (failed in this run) | none: the failed rows that make the exit code 1
+    fail_on: Literal["any", "new", "none"] = "any"  # the failed rows that make exit 1 (new: this run's)
     require_complete: bool = False  # an incomplete run (--limit, --time-limit) exits 4
     errors_file: Path | str | None = None  # the failed rows, a JSON line each; None: beside the output
+
+    def __post_init__(self) -> None:
+        """Checked however it is made (build_config, or in Python): each value in its range."""
+        for name, allowed in _CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} {getattr(self, name)!r:.40}: expected {_either(allowed)}"
+                )
+        if self.redo_repetition is not None and (self.engine == "ray" or not self.redo_repetition > 0):
+            raise ConfigError("--redo-repetition: a repetition penalty > 0 (e.g. 1.3), with the local engine")
+        for key in ("batch_size", "window", "cache_entries", "workers", "max_attempts"):
+            if not _number(getattr(self, key), int) or getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1")
+        budget_spec(self.memory_budget)  # a budget that cannot be read stops the run here
+        if self.kv_bits is not None and (type(self.kv_bits) is not int or self.kv_bits not in KV_BITS):
+            raise ConfigError(f"--kv-bits {self.kv_bits!r}: expected one of {', '.join(map(str, KV_BITS))}")
+        if type(self.kv_group_size) is not int or self.kv_group_size not in KV_GROUPS:
+            raise ConfigError(f"--kv-group-size {self.kv_group_size!r}: expected 32, 64 or 128")
+        if type(self.quantized_kv_start) is not int or self.quantized_kv_start < 0:
+            raise ConfigError(
+                f"--quantized-kv-start {self.quantized_kv_start!r}: expected a token count >= 0"
+            )
+        if self.row_timeout is not None and not (
+            _number(self.row_timeout, (int, float)) and self.row_timeout > 0
+        ):
+            raise ConfigError("--row-timeout must be > 0 seconds")
+        if self.time_limit is not None and not (
+            _number(self.time_limit, (int, float)) and self.time_limit > 0
+        ):
+            raise ConfigError(f"--time-limit {str(self.time_limit)[:40]!r}: must be more than 0 seconds")
+        if self.limit is not None and not (_number(self.limit, int) and self.limit >= 0):
+            raise ConfigError("--limit must be >= 0")
+        if not _number(self.plan_horizon, int) or self.plan_horizon < 0:
+            raise ConfigError("--plan-horizon must be >= 0 (MiB; 0 runs the rows in job order)")
+        for name in self.drop_result_columns:
+            if name not in RESULT_COLUMNS or name in KEPT_COLUMNS:
+                why = "every output keeps it" if name in KEPT_COLUMNS else "not one of batchgen's columns"
+                droppable = ", ".join(c for c in RESULT_COLUMNS if c not in KEPT_COLUMNS)
+                raise ConfigError(f"--drop-result-columns {name!r:.60}: {why} (these can go: {droppable})")
 
     @property
     def left_out(self) -> frozenset[str]:
@@ -183,3 +236,22 @@ def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
 
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 KV_GROUPS = (32, 64, 128)
+# The settings that name one of a few ways, and those ways.
+_CHOICES = {"changed": ("refuse", "redo", "keep"), "engine": ("local", "ray"),
+            "fail_on": ("any", "new", "none"), "result_columns": ("all", "slim")}  # fmt: skip
+
+
+def _number(value: object, kind: type | tuple[type, ...]) -> bool:
+    """A number of that kind (a bool is none, though Python counts it an int)."""
+    return isinstance(value, kind) and not isinstance(value, bool)
+
+
+def _seconds(value: object) -> bool:
+    """None (no limit), or a positive number of seconds."""
+    if value is None:
+        return True
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+def _either(allowed: tuple[str, ...]) -> str:
+    return f"{', '.join(allowed[:-1])} or {allowed[-1]}"

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import RowError, describe, short
+from ..core.errors import RowError, Stage, describe, short
 from ..core.memo import Memo
 from ..core.records import Job, Media, MediaFile, MediaRef, MediaStats
 from ..core.settings import MediaConfig
@@ -88,7 +88,8 @@ class MediaStage:
         """Never raises for a row problem: the failure comes back in `Prepared.error`, named
         after the row's own reference and the stage it happened in."""
         out = Prepared()
-        stage, ref = "fetch", None
+        stage: Stage = "fetch"
+        ref = None
         try:
             for ref in job.media:
                 stage = "fetch"
@@ -98,7 +99,7 @@ class MediaStage:
                 item = self._given(ref) if isinstance(ref.source, bytes) else self.fetcher.fetch(ref)
                 t1 = time.perf_counter()
                 out.times.fetch_ms += (t1 - t0) * 1000
-                stage = {"image": "decode", "video": "frames"}.get(ref.kind, "fetch")
+                stage = "decode" if ref.kind == "image" else "frames" if ref.kind == "video" else "fetch"
                 try:
                     self._decode_into(job, ref, item, out)
                 finally:  # after decoding: its content digest is known then

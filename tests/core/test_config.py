@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import ROOT
 
 from batchgen.core.errors import ConfigError
+from batchgen.core.settings import MediaConfig, RunConfig
 from batchgen.execution.config import build_config, find_preset
 
 
@@ -77,7 +80,7 @@ def test_a_wheel_installed_outside_the_checkout_finds_its_presets(tmp_path):
                     str(wheel)], check=True, capture_output=True, timeout=300)  # fmt: skip
     probe = (
         f"import sys; sys.path[:0] = [{str(target)!r}, *{site.getsitepackages()!r}]\n"
-        "import batchgen, batchgen.core.settings as c\n"
+        "import batchgen, batchgen.execution.config as c\n"
         "config = c.build_config('jobs.jsonl', 'out.parquet', 'qwen2.5-vl-captioning')\n"
         "print(batchgen.__file__, c.find_preset('qwen2.5-vl-captioning'), config.model, config.batch_size)\n"
     )
@@ -135,3 +138,26 @@ def test_each_real_model_preset_runs_on_a_tiny_stand_in_of_its_family(tmp_path, 
                            "--max-tokens", "4", "-q")  # fmt: skip
     assert code == 0, output
     assert [r["status"] for r in read(out)] == ["ok", "ok"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be >= 1"),
+        ({"engine": "slurm"}, "--engine 'slurm': expected local or ray"),
+        ({"fail_on": "tonight"}, "--fail-on 'tonight': expected any, new or none"),
+        ({"kv_bits": 7}, "--kv-bits 7: expected one of 2, 3, 4, 5, 6, 8"),
+        ({"time_limit": -1.0}, "--time-limit '-1.0': must be more than 0 seconds"),
+        ({"memory_budget": "lots"}, "--memory-budget"),
+        ({"drop_result_columns": ("id",)}, "--drop-result-columns 'id': every output keeps it"),
+    ],
+)
+def test_a_run_config_made_in_python_checks_itself_as_the_cli_does(settings, message):
+    """Without build_config (a script, a notebook): the same refusal, by the same words."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        RunConfig(input="j.jsonl", output="o.parquet", model="m", **settings)
+    with pytest.raises(ConfigError, match=re.escape(message)):  # and the CLI's way says the same
+        build_config("j.jsonl", "o.parquet", model="m", **settings)
+    assert RunConfig(input="j.jsonl", output="o.parquet", model="m").batch_size == 32
+    with pytest.raises(ConfigError, match="retries, fetch_workers and decode_workers must be >= 1"):
+        MediaConfig(retries=0)

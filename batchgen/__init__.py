@@ -13,6 +13,7 @@ if TYPE_CHECKING:
         Interrupted,
         JobFileError,
         OutputLockedError,
+        RunFailedError,
     )
     from .core.settings import RunConfig
     from .execution.config import build_config
@@ -20,13 +21,14 @@ if TYPE_CHECKING:
     from .execution.summary import Progress, RunSummary
 
 __all__ = ["BatchgenError", "ConfigError", "JobFileError", "OutputLockedError", "Interrupted",
-           "FailFastError", "RunConfig", "RunSummary", "Progress", "build_config", "run"]  # fmt: skip
+           "FailFastError", "RunFailedError", "RunConfig", "RunSummary", "Progress", "build_config",
+           "run"]  # fmt: skip
 __version__ = "0.1.0"
 
 # Loaded on first use: `batchgen status` and `--help` start without MLX and transformers.
 _HOMES = {
     **dict.fromkeys(("BatchgenError", "ConfigError", "JobFileError", "OutputLockedError", "Interrupted",
-                     "FailFastError"), ".core.errors"),
+                     "FailFastError", "RunFailedError"), ".core.errors"),
     "RunConfig": ".core.settings", "build_config": ".execution.config", "run": ".execution.runner",
     "RunSummary": ".execution.summary", "Progress": ".execution.summary",
 }  # fmt: skip

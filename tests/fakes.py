@@ -1,20 +1,26 @@
-"""A scripted generator behind the lane interface (as datatrove's dummy server): tests of the
-runner, resume, writes, shards and stops that do not test generation run without loading or
-even inspecting a model. Every end-to-end and lane test keeps the real tiny checkpoints."""
+"""A scripted generator (as datatrove's tests pick a dummy server): tests of the runner, resume,
+writes, shards and stops that do not test generation plug it in by argument —
+`batchgen.run(config, generator=scripted_generator)`, or the command line's
+`main(obj=Parts(generator=...))`, which the `scripted` fixture has `run_cli` pass — and run
+without loading or even inspecting a model. Only the router is scripted: the Generator around
+it (completions joined, rows timed, constraints judged) is batchgen's own. Every end-to-end and
+lane test keeps the real tiny checkpoints."""
 
 from __future__ import annotations
 
 import threading
+from contextvars import ContextVar
 from pathlib import Path
 
 import pytest
 
-import batchgen.execution.runner
 from batchgen.core.errors import RowError
 from batchgen.core.records import Generation
+from batchgen.core.settings import GenerationSettings
+from batchgen.generate.decoder import Watch
+from batchgen.generate.generator import Generator, GeneratorFactory
 from batchgen.generate.lanes import Lane, Plan
 from batchgen.generate.models import ModelInfo
-from batchgen.generate.router import Engines
 
 INFO = ModelInfo("scripted", Path("scripted"), vision=True, audio=False, video=False, context=4096)
 
@@ -30,6 +36,9 @@ class ScriptedLane(Lane):
 
     name = "scripted"
 
+    def __init__(self):
+        super().__init__(None, INFO)  # type: ignore[arg-type] - no models behind a script
+
     def plan(self, job, media) -> Plan:
         return Plan(job, media, self)
 
@@ -43,15 +52,16 @@ class ScriptedLane(Lane):
             yield i, Generation(text, "stop", prompt_tokens=5, completion_tokens=len(text.split()))
 
 
-class ScriptedEngines(Engines):
-    """The router's interface over the scripted lane: nothing is loaded or inspected."""
+class ScriptedRouter:
+    """The router's side of the Generator, scripted: nothing is loaded or inspected, and every
+    row goes to the scripted lane."""
 
-    def __init__(self, *args, **kwargs):
-        self.vision_info = self.text_info = INFO
-        self.prefixes, self.row_timeout, self.memory = None, None, None
-        self.stop = threading.Event()
+    vision_info = text_info = INFO
+    prefixes = memory = None
+
+    def __init__(self, stop: threading.Event):
+        self.stop, self.lane = stop, ScriptedLane()
         self.capped, self.one_at_a_time = 0, {}
-        self.lane = ScriptedLane(None, INFO)  # type: ignore[arg-type]
 
     def load(self, vision: bool, text: bool) -> None:
         pass
@@ -62,11 +72,25 @@ class ScriptedEngines(Engines):
     def model_for(self, job) -> str:
         return INFO.name
 
-    def route(self, job, media):
-        return self.lane
+    def plan(self, job, media) -> Plan:
+        return self.lane.plan(job, media)
+
+    def run(self, plans, width):
+        yield from self.lane.run(plans, Watch(self.stop), width)
+
+
+def scripted_generator(settings: GenerationSettings, stop: threading.Event) -> Generator:
+    """A GeneratorFactory: batchgen's Generator over the scripted router."""
+    return Generator(settings, stop, router=ScriptedRouter(stop))  # type: ignore[arg-type]
+
+
+# The generator factory `run_cli` gives the command line in this test (None: batchgen's own).
+plugged: ContextVar[GeneratorFactory | None] = ContextVar("plugged", default=None)
 
 
 @pytest.fixture
-def scripted(monkeypatch):
-    """Runs in this test generate with the scripted lane (`fakes.answer` says what)."""
-    monkeypatch.setattr(batchgen.execution.runner, "Engines", ScriptedEngines)
+def scripted():
+    """Runs in this test generate with the scripted generator (`fakes.answer` says what)."""
+    token = plugged.set(scripted_generator)
+    yield scripted_generator
+    plugged.reset(token)

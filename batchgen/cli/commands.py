@@ -5,7 +5,9 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -29,7 +31,18 @@ from .process import ProgressDisplay, Signals, configure_logging, say
 from .results import export, export_results, inspect_results, merge, report
 from .status import status
 
-__all__ = ["main"]
+if TYPE_CHECKING:
+    from ..generate.generator import GeneratorFactory
+
+__all__ = ["main", "Parts"]
+
+
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """What a caller embedding the command line gives it (Click's `obj`: `main(obj=Parts(...))`,
+    or CliRunner's): the factory a run makes its generators with (a test's scripted one)."""
+
+    generator: GeneratorFactory | None = None
 
 
 CRASH_EXIT = 3  # an internal error (a bug), not a row (1) or a setting (2); finished rows are kept
@@ -197,10 +210,11 @@ def _run(job_file: str | Path, output: str | Path, **flags) -> int:
     from ..execution.runner import run as run_job
 
     config, openai_output = config_from_flags(job_file, output, **flags)
+    parts = click.get_current_context().find_object(Parts) or Parts()
     display = ProgressDisplay(config, config.quiet, config.progress_seconds)
     try:
         with Signals() as signals:
-            summary = run_job(config, progress=display, stop=signals.stop)
+            summary = run_job(config, progress=display, stop=signals.stop, generator=parts.generator)
     except Interrupted as e:
         display.close()
         say(f"error: stopped by {signals.name}; {e}", "ERROR")

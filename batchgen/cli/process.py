@@ -111,7 +111,7 @@ class ProgressDisplay:
         models = c.model + (
             f" (text rows: {c.text_model})" if c.text_model and c.text_model != c.model else ""
         )
-        engine = f"ray, {c.workers} workers" if c.engine == "ray" else "local"
+        engine = f"ray, {c.workers} workers" if c.executor == "ray" else "local"
         log.info("start: %s → %s · %s rows, %s to do · model %s · engine %s", c.input, c.output,
                  f"{report.summary.job_rows:,}", f"{report.total:,}", models, engine)  # fmt: skip
         if report.done_before and report.total:

@@ -18,6 +18,7 @@ __all__ = [
     "FailFastError",
     "Interrupted",
     "OutputLockedError",
+    "RunFailedError",
     "RowError",
     "Stage",
 ]
@@ -63,7 +64,8 @@ def short(e: BaseException, width: int = 200) -> str:
 
 
 class BatchgenError(Exception):
-    """Stops a run before any work starts. `exit_code` follows Click: 2 for usage errors."""
+    """Stops a run, before any work starts unless it says otherwise. `exit_code` follows Click:
+    2 for usage errors."""
 
     exit_code = 2
 
@@ -78,6 +80,14 @@ class JobFileError(BatchgenError):
 
 class OutputLockedError(BatchgenError):
     """Another run holds the output."""
+
+
+class RunFailedError(BatchgenError):
+    """The run stopped after work had started: a model that could not load for a later row, a
+    job file changed under it, a Ray run that failed. Finished rows are kept; a rerun resumes.
+    Not 2, which says nothing was done."""
+
+    exit_code = 6
 
 
 class Interrupted(BatchgenError):

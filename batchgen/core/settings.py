@@ -1,5 +1,5 @@
-"""A run's settings as frozen records (RunConfig, MediaConfig, Columns, and the shares the engines
-and executors take); execution/config builds them from presets, files and flags."""
+"""A run's settings as frozen records (RunConfig, MediaConfig, Columns, and the shares generation
+and the executors take); execution/config builds them from presets, files and flags."""
 
 from __future__ import annotations
 
@@ -16,12 +16,13 @@ __all__ = [
     "MediaConfig",
     "Columns",
     "RunConfig",
-    "EngineSettings",
+    "GenerationSettings",
     "WorkSettings",
     "work_settings",
     "KV_BITS",
     "KV_GROUPS",
     "GEN_FIELDS",
+    "FLAG_NAMES",
 ]
 
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
@@ -117,7 +118,7 @@ class RunConfig:
     num_draft_tokens: int = 3  # text drafts per round
     draft_kind: str | None = None  # mtp | dflash | eagle3 (vision drafters); None = from the checkpoint
     draft_block_size: int | None = None  # vision drafters; None = the drafter's own
-    engine: Literal["local", "ray"] = "local"  # local | ray
+    executor: Literal["local", "ray"] = "local"  # where rows run (the --engine flag): here, or Ray actors
     ray_address: str | None = None  # join this Ray cluster; None = start a local instance
     workers: int = 1  # Ray actors, one model load each
     cache: bool = True  # reuse prompt-prefix KV state across rows (--no-cache to compare)
@@ -147,10 +148,9 @@ class RunConfig:
         """Checked however it is made (build_config, or in Python): each value in its range."""
         for name, allowed in _CHOICES.items():
             if getattr(self, name) not in allowed:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} {getattr(self, name)!r:.40}: expected {_either(allowed)}"
-                )
-        if self.redo_repetition is not None and (self.engine == "ray" or not self.redo_repetition > 0):
+                flag = FLAG_NAMES.get(name, name).replace("_", "-")
+                raise ConfigError(f"--{flag} {getattr(self, name)!r:.40}: expected {_either(allowed)}")
+        if self.redo_repetition is not None and (self.executor == "ray" or not self.redo_repetition > 0):
             raise ConfigError("--redo-repetition: a repetition penalty > 0 (e.g. 1.3), with the local engine")
         for key in ("batch_size", "window", "cache_entries", "workers", "max_attempts"):
             if not _number(getattr(self, key), int) or getattr(self, key) < 1:
@@ -191,8 +191,9 @@ class RunConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineSettings:
-    """What the engines need from a run: the models, the drafter, reuse, the row deadline."""
+class GenerationSettings:
+    """What generation needs from a run: the models, the drafter, reuse, the row deadline, the
+    batch width and how batches fill."""
 
     model: str
     text_model: str | None
@@ -208,49 +209,45 @@ class EngineSettings:
     kv_bits: int | None
     kv_group_size: int
     quantized_kv_start: int
+    batch_size: int
+    continuous: bool
 
 
 @dataclass(frozen=True, slots=True)
 class WorkSettings:
     """What an executor (here, or a Ray actor) needs: no outputs, no cluster address."""
 
-    engine: EngineSettings
+    generation: GenerationSettings
     media: MediaConfig
     defaults: GenParams
     prompt_template: str | None
     columns: Columns
     window: int
-    batch_size: int
-    continuous: bool
     base_dir: Path | None  # where the job's relative media paths start; None: a remote job
 
 
 def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
     """What executors need; `base` is the job's Source.base."""
-    engine = EngineSettings(**{f.name: getattr(config, f.name) for f in dataclasses.fields(EngineSettings)})
+    fields = dataclasses.fields(GenerationSettings)
+    generation = GenerationSettings(**{f.name: getattr(config, f.name) for f in fields})
     return WorkSettings(
-        engine, config.media, config.defaults, config.prompt_template, config.columns, config.window,
-        config.batch_size, config.continuous, Path(base) if base is not None else None,
+        generation, config.media, config.defaults, config.prompt_template, config.columns, config.window,
+        Path(base) if base is not None else None,
     )  # fmt: skip
 
 
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 KV_GROUPS = (32, 64, 128)
+# Settings whose flag (and preset key) is named otherwise than their field.
+FLAG_NAMES = {"executor": "engine"}
 # The settings that name one of a few ways, and those ways.
-_CHOICES = {"changed": ("refuse", "redo", "keep"), "engine": ("local", "ray"),
+_CHOICES = {"changed": ("refuse", "redo", "keep"), "executor": ("local", "ray"),
             "fail_on": ("any", "new", "none"), "result_columns": ("all", "slim")}  # fmt: skip
 
 
 def _number(value: object, kind: type | tuple[type, ...]) -> bool:
     """A number of that kind (a bool is none, though Python counts it an int)."""
     return isinstance(value, kind) and not isinstance(value, bool)
-
-
-def _seconds(value: object) -> bool:
-    """None (no limit), or a positive number of seconds."""
-    if value is None:
-        return True
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def _either(allowed: tuple[str, ...]) -> str:

@@ -19,7 +19,7 @@ from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, one_line
 from ..core.params import check_params
 from ..core.records import GenParams
-from ..core.settings import GEN_FIELDS, Columns, MediaConfig, RunConfig
+from ..core.settings import FLAG_NAMES, GEN_FIELDS, Columns, MediaConfig, RunConfig
 from ..core.uris import checked_location, is_uri
 
 __all__ = ["find_preset", "load_preset", "read_settings_file", "read_json_settings", "build_config",
@@ -139,7 +139,8 @@ def build_config(
     YAML path (None: configs/default.yaml where it can be found); `generation` GenParams
     fields (max_tokens, temperature, json_schema, …); `media` MediaConfig fields; `columns`
     the column mapping (id, prompt, image, …); any other RunConfig field by keyword (model,
-    batch_size, time_limit="55m", fail_on, …). A bad value raises ConfigError naming it."""
+    batch_size, time_limit="55m", fail_on, …; `engine`, as the flag says, for `executor`). A bad
+    value raises ConfigError naming it."""
     input, output = checked_location(str(input), "job"), checked_location(str(output), "-o")
     data = load_preset(find_preset(preset))
     gen = dict(data.pop("generation", None) or {})
@@ -156,6 +157,9 @@ def build_config(
     if overrides.get("model") is not None and overrides.get("text_model") is None:
         data.pop("text_model", None)  # --model alone means that model for every row
     data.update({k: v for k, v in overrides.items() if v is not None})
+    for name, flag in FLAG_NAMES.items():  # a preset or keyword may use the flag's name (engine: ray)
+        if flag in data:
+            data[name] = data.pop(flag)
     if not data.get("model"):
         raise ConfigError(
             "no model: pass --model PATH_OR_ID (e.g. mlx-community/Qwen2.5-VL-3B-Instruct-4bit) or a preset, "

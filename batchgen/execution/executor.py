@@ -3,20 +3,23 @@ settings, yield the same finished rows and report the same figures."""
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.records import CacheStats, Finished, MediaStats, MemoryStats
 from ..core.settings import RunConfig, WorkSettings
-from ..generate.router import Engines
+from ..generate.generator import GenerationStats, Generator, GeneratorFactory
 from ..output.resume import Pending
 
-__all__ = ["Executor", "ExecutorStats"]
+__all__ = ["Executor", "ExecutorStats", "Batches"]
+
+# What an executor's run yields: finished rows a list at a time (closed when the run stops early).
+Batches = collections.abc.Generator[list[Finished], None, None]
 
 
 def _add(counts: list[dict[str, int]]) -> dict[str, int]:
@@ -29,54 +32,51 @@ def _add(counts: list[dict[str, int]]) -> dict[str, int]:
 
 @dataclass(slots=True)
 class ExecutorStats:
-    """An executor's figures so far: media work, prefix reuse, rows capped at the context, rows
-    that could not batch (by reason), rows without media beside a column that looks like media."""
+    """An executor's figures so far: media work, what generation did, rows without media beside
+    a column that looks like media, rows with a field one slip from one of ours."""
 
     media: MediaStats = field(default_factory=MediaStats)
-    cache: CacheStats | None = None  # None: no prefix cache (--no-cache)
-    max_tokens_capped: int = 0
-    one_at_a_time: dict[str, int] = field(default_factory=dict)
+    generation: GenerationStats = field(default_factory=GenerationStats)
     unused_media: dict[str, int] = field(default_factory=dict)
-    near_misses: dict[str, int] = field(default_factory=dict)  # rows with a field one slip from ours
-    memory: MemoryStats = field(default_factory=MemoryStats)
+    near_misses: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def added(cls, parts: list[ExecutorStats]) -> ExecutorStats:
-        """Several executors' figures (Ray actors) as one run's: counts add, rates are recomputed."""
-        caches = [p.cache for p in parts if p.cache is not None]
-        return cls(
-            MediaStats.added([p.media for p in parts]),
-            CacheStats.added(caches) if caches else None,
-            sum(p.max_tokens_capped for p in parts),
-            _add([p.one_at_a_time for p in parts]),
-            _add([p.unused_media for p in parts]),
-            _add([p.near_misses for p in parts]),
-            MemoryStats.added([p.memory for p in parts]),
-        )
+        """Several executors' figures (Ray actors') as one run's: counts add, rates are recomputed."""
+        gens = [p.generation for p in parts]
+        caches = [g.cache for g in gens if g.cache is not None]
+        generation = GenerationStats(
+            CacheStats.added(caches) if caches else None, sum(g.max_tokens_capped for g in gens),
+            _add([g.one_at_a_time for g in gens]), MemoryStats.added([g.memory for g in gens]),
+        )  # fmt: skip
+        return cls(MediaStats.added([p.media for p in parts]), generation,
+                   _add([p.unused_media for p in parts]), _add([p.near_misses for p in parts]))  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_json(cls, value: dict[str, Any]) -> ExecutorStats:
-        cache, memory = value.get("cache"), dict(value.get("memory") or {})
+        gen = value["generation"]
+        cache, memory = gen.get("cache"), dict(gen.get("memory") or {})
         memory["widths"] = {int(w): n for w, n in (memory.get("widths") or {}).items()}  # JSON keys are text
-        return cls(MediaStats(**value["media"]), CacheStats(**cache) if cache else None,
-                   value["max_tokens_capped"], value["one_at_a_time"], value["unused_media"],
-                   value.get("near_misses", {}), MemoryStats(**memory))  # fmt: skip
+        generation = GenerationStats(CacheStats(**cache) if cache else None, gen["max_tokens_capped"],
+                                     gen["one_at_a_time"], MemoryStats(**memory))  # fmt: skip
+        return cls(MediaStats(**value["media"]), generation, value["unused_media"], value["near_misses"])
 
 
 class Executor(ABC):
     """Pending rows in, finished rows out a list at a time, in the order they finish. A set
     `stop` ends the run between two lists (the caller commits what came out before). Every
-    executor is made the same way; `engines` has inspected the models (none is loaded yet)."""
+    executor is made the same way; `generator` makes the generator wherever rows run."""
 
-    def __init__(self, config: RunConfig, work: WorkSettings, engines: Engines, tmp_dir: Path,
-                 stop: threading.Event):  # fmt: skip
-        self.config, self.work, self.engines, self.tmp_dir, self.stop = config, work, engines, tmp_dir, stop
+    def __init__(self, config: RunConfig, work: WorkSettings, tmp_dir: Path, stop: threading.Event,
+                 generator: GeneratorFactory = Generator):  # fmt: skip
+        self.config, self.work, self.tmp_dir, self.stop = config, work, tmp_dir, stop
+        self.make_generator = generator
 
     @abstractmethod
-    def run(self, todo: Pending) -> Generator[list[Finished], None, None]: ...
+    def run(self, todo: Pending) -> Batches: ...
 
     @abstractmethod
     def stats(self) -> ExecutorStats: ...

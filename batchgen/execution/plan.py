@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import tempfile
+import threading
 import time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass, field
@@ -18,7 +19,8 @@ from typing import Any
 from ..core.errors import RowError
 from ..core.records import Job, Media
 from ..core.settings import RunConfig, WorkSettings, work_settings
-from ..generate.router import Engines, Plan
+from ..generate.generator import Generator
+from ..generate.router import Plan, Router
 from ..input.parse import parse_row
 from ..input.plan import Grouping
 from ..input.read import RawRow
@@ -165,23 +167,23 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
                     config.redo_repetition is not None)  # fmt: skip
     grouping = Grouping(index, resume.done)
     work = work_settings(config, index.base)
-    engines = Engines.from_config(work.engine, lazy=True)
+    router = Generator(work.generation, threading.Event(), lazy=True).router
     counts = _Counts(config.cache_entries if config.cache else 0)
     horizon = config.plan_horizon * 2**20
     first: list[RawRow] = []  # the rows a calibration runs: the plan's first
     with tempfile.TemporaryDirectory(prefix="batchgen-plan-") as tmp:
-        stage = MediaStage(work.media, work.base_dir, Path(tmp), engines.vision_info.audio,
-                           engines.vision_info.max_pixels)  # fmt: skip
+        stage = MediaStage(work.media, work.base_dir, Path(tmp), router.vision_info.audio,
+                           router.vision_info.max_pixels)  # fmt: skip
         rows = resume.pending.rows()
         for raw in grouping.ordered(rows, horizon, config.window) if horizon else rows:
             if len(first) < calibrate:
                 first.append(raw)
-            _count(raw, config, stage, engines, counts)
+            _count(raw, config, stage, router, counts)
     f = grouping.figures
     report = PlanReport(
         len(index.output_ids), resume.todo, resume.done_before, f.grouped, f.groups, len(counts.pictures),
         len(counts.clips), counts.media_rows, counts.prompt_tokens, counts.media_tokens, counts.reused,
-        dict(counts.lanes), dict(engines.one_at_a_time), dict(counts.failing),
+        dict(counts.lanes), dict(router.one_at_a_time), dict(counts.failing),
     )  # fmt: skip
     report.plan_s = time.perf_counter() - started
     if first:
@@ -189,7 +191,7 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     return report
 
 
-def _count(raw: RawRow, config: RunConfig, stage: MediaStage, engines: Engines, counts: _Counts) -> None:
+def _count(raw: RawRow, config: RunConfig, stage: MediaStage, router: Router, counts: _Counts) -> None:
     job, _ = parse_row(raw, config.defaults, config.prompt_template, config.columns)
     if job.error:
         counts.failing["read"] += 1
@@ -203,12 +205,12 @@ def _count(raw: RawRow, config: RunConfig, stage: MediaStage, engines: Engines, 
             return
         media = prepared.media
     try:
-        plan = engines.plan(job, media)
-        tokens = engines.prompt_tokens(plan)
+        plan = router.plan(job, media)
+        tokens = router.prompt_tokens(plan)
     except RowError as e:
         counts.failing[e.stage] += 1
         return
-    counts.planned(plan, tokens, _media_ids(engines.models.vlm()[0].config) if job.media else set())
+    counts.planned(plan, tokens, _media_ids(router.models.vlm()[0].config) if job.media else set())
 
 
 def _media_ids(config: Any) -> set[int]:
@@ -219,27 +221,27 @@ def _media_ids(config: Any) -> set[int]:
 
 def _calibrate(work: WorkSettings, rows: list[RawRow], todo: int, scan_s: float) -> Calibration:
     """Run `rows` for real (into no output) as Calibration says, and project the whole run."""
-    engines = Engines.from_config(work.engine)
+    generator = Generator(work.generation, threading.Event())
     half = max(1, len(rows) // 2)
     jobs = [parse_row(r, work.defaults, work.prompt_template, work.columns)[0] for r in rows]
     with tempfile.TemporaryDirectory(prefix="batchgen-calibrate-") as tmp:
-        stage = MediaStage(work.media, work.base_dir, Path(tmp), engines.vision_info.audio,
-                           engines.vision_info.max_pixels)  # fmt: skip
+        info = generator.vision_info
+        stage = MediaStage(work.media, work.base_dir, Path(tmp), info.audio, info.max_pixels)
         t0 = time.perf_counter()
-        engines.load(vision=any(j.media for j in jobs), text=any(not j.media for j in jobs))
+        generator.load(vision=any(j.media for j in jobs), text=any(not j.media for j in jobs))
         load_s = time.perf_counter() - t0
-        first = _timed(jobs[:half], stage, engines, work.batch_size)
+        first = _timed(jobs[:half], stage, generator)
         rest = jobs[half:] or jobs[:half]
-        prefill = _timed(rest, stage, engines, work.batch_size, max_tokens=1)
-        copies = max(1, work.batch_size // len(rest))
-        decode = _timed(rest, stage, engines, work.batch_size, completions=copies)
+        prefill = _timed(rest, stage, generator, max_tokens=1)
+        copies = max(1, work.generation.batch_size // len(rest))
+        decode = _timed(rest, stage, generator, completions=copies)
     prefill_s, decode_s = prefill / len(rest), decode / (len(rest) * copies)
     once_s = max(first - (prefill_s + decode_s) * half, 0.0)
     projected = scan_s + load_s + once_s + (prefill_s + decode_s) * todo
     return Calibration(len(rows), load_s, once_s, prefill_s, decode_s, projected)
 
 
-def _timed(jobs: list[Job], stage: MediaStage, engines: Engines, width: int, **params: Any) -> float:
+def _timed(jobs: list[Job], stage: MediaStage, generator: Generator, **params: Any) -> float:
     """Seconds these rows take through the media stage and a window's generation, with
     `params` (max_tokens, completions) in place of their own."""
     t0 = time.perf_counter()
@@ -248,6 +250,6 @@ def _timed(jobs: list[Job], stage: MediaStage, engines: Engines, width: int, **p
         if params and not job.error:
             job = dataclasses.replace(job, params=dataclasses.replace(job.params, **params))
         window.append((job, stage.resolve(job) if job.media and not job.error else None))
-    for _ in generate_window(window, engines, width):
+    for _ in generate_window(window, generator):
         pass
     return time.perf_counter() - t0

@@ -26,23 +26,23 @@ import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import Generator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from ..core.errors import ConfigError, short
+from ..core.errors import ConfigError, RunFailedError, short
 from ..core.records import Finished, Result
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.uris import is_uri
-from ..generate.router import Engines
+from ..generate.generator import Generator, GeneratorFactory
 from ..input.plan import Grouping
 from ..input.read import Mark, RawRow, iter_rows
 from ..input.source import Source
 from ..output.resume import Pending
 from ..output.tables import RESULT_SCHEMA
-from .executor import Executor, ExecutorStats
+from .executor import Batches, Executor, ExecutorStats
 from .local import LocalExecutor
 
 __all__ = ["RayExecutor", "RowWorker"]
@@ -138,7 +138,8 @@ class RowPicker:
 class RowWorker:
     """A Ray actor: loads the models once, then reads and runs batches of items."""
 
-    def __init__(self, config: RunConfig, source: Source, tmp_root: str | None = None):
+    def __init__(self, config: RunConfig, source: Source, tmp_root: str | None = None,
+                 generator: GeneratorFactory = Generator):  # fmt: skip
         for shard in source.shards:  # a shared folder or a copy: Ray Data's own readers ask the same
             path = Path(shard.path)
             if not is_uri(shard.path) and not (path.is_file() and path.stat().st_size == shard.size):
@@ -149,8 +150,7 @@ class RowWorker:
         self.rows = RowPicker(source, work.columns.id)
         self.tmp = tempfile.mkdtemp(prefix="batchgen-ray-", dir=tmp_root)
         atexit.register(shutil.rmtree, self.tmp, True)  # tmp_root, when the driver gives one, goes too
-        engines = Engines.from_config(work.engine)
-        self.executor = LocalExecutor(config, work, engines, Path(self.tmp), threading.Event())
+        self.executor = LocalExecutor(config, work, Path(self.tmp), threading.Event(), generator)
         self.worker = uuid.uuid4().hex
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -202,16 +202,17 @@ class RayExecutor(Executor):
     """The pending rows in, results out, like LocalExecutor; the rows are read and run in Ray
     actors (the driver loads no model). A set `stop` ends the run between two result batches."""
 
-    def __init__(self, config: RunConfig, work: WorkSettings, engines: Engines, tmp_dir: Path,
-                 stop: threading.Event):  # fmt: skip
+    def __init__(self, config: RunConfig, work: WorkSettings, tmp_dir: Path, stop: threading.Event,
+                 generator: GeneratorFactory = Generator):  # fmt: skip
         try:
             import ray  # noqa: F401
         except ImportError as e:
             raise ConfigError("--engine ray needs Ray: pip install 'batchgen[ray]'") from e
-        super().__init__(config, work, engines, tmp_dir, stop)
+        super().__init__(config, work, tmp_dir, stop, generator)
+        generator(work.generation, stop)  # the models inspected (a bad path stops the run now), none loaded
         self._latest: dict[str, ExecutorStats] = {}  # each actor's last figures
 
-    def run(self, todo: Pending) -> Generator[list[Finished], None, None]:
+    def run(self, todo: Pending) -> Batches:
         import ray
         from ray.data import ActorPoolStrategy
 
@@ -235,7 +236,8 @@ class RayExecutor(Executor):
             source = _absolute(todo.index.source)  # type: ignore[arg-type]
             results = ds.map_batches(
                 RowWorker,
-                fn_constructor_kwargs=dict(config=c, source=source, tmp_root=temp_dir if local else None),
+                fn_constructor_kwargs=dict(config=c, source=source, tmp_root=temp_dir if local else None,
+                                           generator=self.make_generator),
                 compute=ActorPoolStrategy(size=c.workers),
                 batch_size=max(1, batch_rows // per_item),
                 batch_format="pyarrow",
@@ -249,7 +251,7 @@ class RayExecutor(Executor):
                         yield out
             except ray.exceptions.RayError as e:  # its last line is the actor's own error
                 cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-                raise ConfigError(f"the Ray run failed: {short(ValueError(cause), 300)}") from e
+                raise RunFailedError(f"the Ray run failed: {short(ValueError(cause), 300)}") from e
         finally:
             if started:
                 ray.shutdown()

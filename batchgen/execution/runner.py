@@ -21,13 +21,14 @@ from ..core.errors import (
     FailFastError,
     Interrupted,
     JobFileError,
+    RunFailedError,
     StopRequested,
     short,
 )
 from ..core.records import TOTALS, CacheStats, Finished
-from ..core.settings import RunConfig, WorkSettings, work_settings
+from ..core.settings import RunConfig, work_settings
 from ..core.stop import Stop
-from ..generate.router import Engines
+from ..generate.generator import Generator, GeneratorFactory
 from ..input.parse import near_miss
 from ..input.read import JobIndex
 from ..output.openai_batch import write_batch_output
@@ -39,6 +40,7 @@ from ..output.write import (
     ResultWriter,
     stats_path,
 )
+from .executor import Executor
 from .local import LocalExecutor
 from .ray import RayExecutor
 from .start import open_job, writer_for
@@ -72,7 +74,10 @@ def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config
 
 
 def run(
-    config: RunConfig, progress: Callable[[Progress], None] | None = None, stop: threading.Event | None = None
+    config: RunConfig,
+    progress: Callable[[Progress], None] | None = None,
+    stop: threading.Event | None = None,
+    generator: GeneratorFactory | None = None,
 ) -> RunSummary:
     """Run a job file to completion; rows already in the output or its parts are skipped.
 
@@ -85,20 +90,27 @@ def run(
     Returns the RunSummary (its `exit_code(fail_on, require_complete)` is the CLI's: 0, 1 for
     failed rows, 4 for an incomplete run that had to complete). Raises, each with the
     `exit_code` the CLI exits with: ConfigError, JobFileError and OutputLockedError (2: bad
-    settings, an unreadable job, duplicate ids, an output held by another run — before any
-    work, or a model that cannot load at its first row, finished rows kept), FailFastError (1,
-    `fail_fast`), Interrupted (130; the CLI says 143 after SIGTERM). Any other exception is a
-    bug (the CLI exits 3); finished rows are kept in every case, and a rerun resumes."""
+    settings, an unreadable job, duplicate ids, an output held by another run, a model that
+    cannot load — before any row was committed), RunFailedError (6: the same after rows were
+    committed, or a failed Ray run), FailFastError (1, `fail_fast`), Interrupted (130; the CLI
+    says 143 after SIGTERM). Any other exception is a bug (the CLI exits 3); finished rows are
+    kept in every case, and a rerun resumes."""
     started = time.perf_counter()
     stop = stop if stop is not None else Stop()
     index = open_job(config)
     work = work_settings(config, index.base)
-    engines = Engines.from_config(work.engine)
-    with OutputLock(config.output) as lock:
-        cleanups = getattr(stop, "cleanups", [])
-        cleanups.append(lambda: lock.path.unlink(missing_ok=True))
-        try:
-            return _run(config, work, index, engines, _Caller(progress, stop), started)
+    cleanups = getattr(stop, "cleanups", [])
+    with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
+        cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
+        kind = RayExecutor if config.executor == "ray" else LocalExecutor
+        try:  # the models are inspected here, before the output is touched
+            executor = kind(config, work, Path(tmp), stop, generator or Generator)
+            try:
+                with OutputLock(config.output) as lock:
+                    cleanups.append(lambda: lock.path.unlink(missing_ok=True))
+                    return _run(config, index, executor, _Caller(progress, stop), started)
+            finally:
+                executor.close()
         finally:
             cleanups.clear()
 
@@ -159,12 +171,7 @@ class _Clock:
 
 
 def _run(
-    config: RunConfig,
-    work: WorkSettings,
-    index: JobIndex,
-    engines: Engines,
-    caller: _Caller,
-    started: float,
+    config: RunConfig, index: JobIndex, executor: Executor, caller: _Caller, started: float
 ) -> RunSummary:
     writer = writer_for(config, index)
     resume = Resume(writer.open(), writer.store, index, writer.settings, config.max_attempts,
@@ -188,59 +195,53 @@ def _run(
     with _heartbeat(beat, writer, heartbeat_path(config.output, config.output_shards), summary) as tick:
         caller.tell(report(0, None))
         clock = _Clock(config.time_limit, started, caller)
-        this_run = _generate(config, work, engines, caller, resume, writer, summary, report, tick, clock)
+        this_run = _generate(config, executor, caller, resume, writer, summary, report, tick, clock)
         _conclude(config, writer, summary, started, this_run)
         beat.end("complete" if summary.complete else "time-limit" if summary.time_limited else "incomplete")
     return summary
 
 
 def _generate(
-    config: RunConfig, work: WorkSettings, engines: Engines, caller: _Caller, resume: Resume,
-    writer: ResultWriter, summary: RunSummary, report: Callable[[int, CacheStats | None], Progress],
-    tick: Callable[[float], None], clock: _Clock,
+    config: RunConfig, executor: Executor, caller: _Caller, resume: Resume, writer: ResultWriter,
+    summary: RunSummary, report: Callable[[int, CacheStats | None], Progress], tick: Callable[[float], None],
+    clock: _Clock,
 ) -> set:  # fmt: skip
     """The pending rows through the executor, committed batch by batch until done, stopped or
     out of time; the executor's figures into `summary`. Returns the ids this run failed."""
     this_run: set = set()  # apart from earlier runs' failures
-    with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
-        cleanups = getattr(caller.stop, "cleanups", [])
-        cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        kind = RayExecutor if config.engine == "ray" else LocalExecutor  # the driver then loads no model
-        executor = kind(config, work, engines, Path(tmp), caller.stop)
-        batches = executor.run(resume.pending)
+    batches = executor.run(resume.pending)
+    try:
         try:
-            try:
-                for finished in batches:
-                    for done in finished:
-                        done.result.attempts = resume.attempts(done.result.id)
-                        if done.result.status == "error":
-                            this_run.add(done.result.id)
-                        record_row(done, writer, summary, config)
-                    writer.flush()  # a finished batch is on disk before the next one starts
-                    progress = report(len(finished), executor.stats().cache)
-                    tick(progress.elapsed)
-                    caller.tell(progress)
-                    caller.check(writer)
-                    if not clock.committed():
-                        break
-            except StopRequested:
-                pass  # the batch in flight is dropped; its rows run again on resume
-            except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced:
-                # the same exit 2 as before any work
-                writer.flush()
-                raise ConfigError(
-                    f"{e}; finished rows are kept in {writer.partial}, rerun to resume"
-                ) from None
-            caller.check(writer)
-        finally:
-            clock.close()
-            batches.close()
-            executor.close()
-        stats = executor.stats()
-    summary.media, summary.cache = stats.media, stats.cache
-    summary.max_tokens_capped = stats.max_tokens_capped
-    summary.one_at_a_time, summary.unused_media = stats.one_at_a_time, stats.unused_media
-    summary.memory = stats.memory
+            for finished in batches:
+                for done in finished:
+                    done.result.attempts = resume.attempts(done.result.id)
+                    if done.result.status == "error":
+                        this_run.add(done.result.id)
+                    record_row(done, writer, summary, config)
+                writer.flush()  # a finished batch is on disk before the next one starts
+                progress = report(len(finished), executor.stats().generation.cache)
+                tick(progress.elapsed)
+                caller.tell(progress)
+                caller.check(writer)
+                if not clock.committed():
+                    break
+        except StopRequested:
+            pass  # the batch in flight is dropped; its rows run again on resume
+        except (ConfigError, JobFileError) as e:  # a model that cannot load, a job file replaced
+            writer.flush()
+            if not summary.generated:  # nothing committed: as before any work
+                raise
+            kept = f"finished rows are kept in {writer.partial}, rerun to resume"
+            raise RunFailedError(f"{e}; {kept}") from None
+        caller.check(writer)
+    finally:
+        clock.close()
+        batches.close()
+    stats = executor.stats()
+    gen = stats.generation
+    summary.media, summary.cache, summary.memory = stats.media, gen.cache, gen.memory
+    summary.max_tokens_capped, summary.one_at_a_time = gen.max_tokens_capped, gen.one_at_a_time
+    summary.unused_media = stats.unused_media
     summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
     summary.time_limited = caller.time_up.is_set()
     return this_run

@@ -9,7 +9,7 @@ runs a batch of its plans, each row getting its Generation or its RowError:
   other families, vision drafters, quantized KV caches);
 - `LMSingleLane`: mlx-lm's own generate, one row at a time: its speculative loop with a text
   draft model, or its quantized KV cache.
-`Engines.route` (router.py) chooses the lane of each row.
+`Router.route` (router.py) chooses the lane of each row.
 """
 
 from __future__ import annotations
@@ -135,23 +135,23 @@ class BatchedLane(Lane):
     a batch runs sends its unfinished rows back in halves (the budget lowered for the rest of
     the run); a row that fails alone is that row's error."""
 
-    def _engine(self) -> tuple[Any, set[int], Callable[[list[int]], str], Any]:
+    def _decoding(self) -> tuple[Any, set[int], Callable[[list[int]], str], Any]:
         """(adapter, end tokens, detokenizer, tokenizer)."""
         raise NotImplementedError
 
     def footprint(self) -> Footprint | None:
         """Measured on the first row: later rows' checks build no adapter (and the vision lanes'
-        `_engine` resets the stopping criteria)."""
+        `_decoding` resets the stopping criteria)."""
         if self.memory is None:
             return None
         if self._measured is None:
-            adapter = self._engine()[0]
+            adapter = self._decoding()[0]
             model = getattr(adapter, "lm", adapter.model)
             self._measured = (self.memory.footprint(model, adapter.make_cache),)
         return self._measured[0]
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
-        adapter, eos, decode, tokenizer = self._engine()
+        adapter, eos, decode, tokenizer = self._decoding()
         scores: dict[int, Scores | None] = {}
         for i, plan in enumerate(plans):  # scored first: a row's prompt prefix is then cached
             scoring = plan.job.scoring
@@ -237,7 +237,7 @@ class TextLane(BatchedLane):
         seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])), tokenizer)
         return Plan(job, media, self, seq, group=(tuple(ids[: bounds[-1]]) if bounds else (),))
 
-    def _engine(self):
+    def _decoding(self):
         model, tokenizer = self.models.text()
         return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
 

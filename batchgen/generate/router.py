@@ -1,6 +1,7 @@
-"""Generate stage: routes every row to its lane (lanes.py) over the models loading.py loads.
+"""The router: every row to its lane (lanes.py), over the models loading.py loads.
 
-Rows are first planned (routed, tokenized), then run in batches of one lane.
+Rows are first planned (routed, tokenized), then run in batches of one lane; generator.py
+drives it a window at a time.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from ..core.budget import budget_spec
 from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, family
 from ..core.records import Generation, Job, Media
-from ..core.settings import EngineSettings
+from ..core.settings import GenerationSettings
 from .decoder import Watch
 from .drafts import Drafter, inspect_drafter
 from .lanes import Lane, LMSingleLane, Plan, SingleLane, TextLane, row_error
@@ -23,12 +24,12 @@ from .one_row import KVQuant
 from .prefix_cache import PrefixCache
 from .vision_lanes import OffsetVisionLane, VisionLane
 
-__all__ = ["Plan", "Engines"]
+__all__ = ["Plan", "Router"]
 
 
-class Engines:
+class Router:
     """The run's models, lanes and prefix cache: plans each row (one routing function) and
-    runs batches of plans of one lane."""
+    runs batches of plans of one lane. A set `stop` ends a batch between decode steps."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class Engines:
         lazy: bool = False,
         memory_budget: str | None = None,
         kv: KVQuant | None = None,
+        stop: threading.Event | None = None,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
@@ -60,13 +62,14 @@ class Engines:
         unbudgeted = TextLane(self.models, self.text_info)
         self.text_alone = LMSingleLane(self.models, self.text_info, unbudgeted, draft=False, kv=kv)
         self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
-        self.stop = threading.Event()  # the runner's stop request, checked between decode steps
+        self.stop = stop if stop is not None else threading.Event()  # checked between decode steps
         self.capped = 0  # rows whose max_tokens was lowered to fit the model's context
         self.one_at_a_time: dict[str, int] = {}  # rows that could not batch, by reason
 
     @classmethod
-    def from_config(cls, config: EngineSettings, lazy: bool = False) -> Engines:
-        """The engines a run asks for: its models, a prefix cache unless --no-cache, its drafter;
+    def from_settings(cls, config: GenerationSettings, stop: threading.Event | None = None,
+                      lazy: bool = False) -> Router:  # fmt: skip
+        """The router a run asks for: its models, a prefix cache unless --no-cache, its drafter;
         `lazy`: to plan rows only (no weights read, nothing generated)."""
         prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
         drafter = None
@@ -79,7 +82,7 @@ class Engines:
             kv = KVQuant(config.kv_bits, config.kv_group_size, config.quantized_kv_start)
         return cls(
             config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
-            memory_budget=config.memory_budget, kv=kv,
+            memory_budget=config.memory_budget, kv=kv, stop=stop,
         )  # fmt: skip
 
     # -- loading ---------------------------------------------------------------

@@ -49,7 +49,7 @@ class _MediaLane(BatchedLane):
         check_length(prompt, ids, self.info)
         return model, processor, inputs, ids
 
-    def _engine(self):
+    def _decoding(self):
         model, processor = self.models.vlm()
         tokenizer = getattr(processor, "tokenizer", processor)
         tokenizer.stopping_criteria.reset(model.config.eos_token_id)
@@ -97,7 +97,7 @@ class VisionLane(_MediaLane):
         start_id = getattr(model.config, "vision_start_token_id", None)
         media_starts = [i for i, t in enumerate(ids) if t == start_id]
         bounds = sorted({*media_starts, *ends})
-        digests = list(media.image_digests or media.video_digests)  # one kind per row here (Engines.route)
+        digests = list(media.image_digests or media.video_digests)  # one kind per row here (Router.route)
         embed = self._embedder(model, inputs, ids, digests) if media else None
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)

@@ -144,7 +144,7 @@ def test_each_real_model_preset_runs_on_a_tiny_stand_in_of_its_family(tmp_path, 
     ("settings", "message"),
     [
         ({"batch_size": 0}, "batch_size must be >= 1"),
-        ({"engine": "slurm"}, "--engine 'slurm': expected local or ray"),
+        ({"executor": "slurm"}, "--engine 'slurm': expected local or ray"),
         ({"fail_on": "tonight"}, "--fail-on 'tonight': expected any, new or none"),
         ({"kv_bits": 7}, "--kv-bits 7: expected one of 2, 3, 4, 5, 6, 8"),
         ({"time_limit": -1.0}, "--time-limit '-1.0': must be more than 0 seconds"),

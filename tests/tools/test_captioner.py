@@ -87,13 +87,13 @@ def test_the_training_prompt_is_the_inference_prompt(question):
     import mlx_vlm
 
     from batchgen.core.records import GenParams, Media
-    from batchgen.generate.router import Engines
+    from batchgen.generate.router import Router
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
 
     model, processor = mlx_vlm.load(str(CAPTIONER))
     inputs = shapes.Inputs(model, processor)
-    engines = Engines(str(CAPTIONER))
+    engines = Router(str(CAPTIONER))
     job, _ = parse_row(RawRow(0, 1, {"image": "x.png", "prompt": question}), GenParams())
     img, _, _ = shapes.sample(random.Random(1))
     plan = engines.plan(job, Media(images=[img], image_digests=["d"]))

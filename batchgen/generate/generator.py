@@ -1,0 +1,222 @@
+"""The generation seam: a window of rows whose media resolved in, each row's outcome out.
+
+An executor (the local one, or the one inside each Ray actor) makes its `Generator` through a
+factory it is given — `Generator` itself, or in tests a scripted one (tests/fakes.py) — and
+hands it windows of rows. The generator plans them onto lanes (router.py), runs them in
+scheduled batches, joins a row's n completions, times each row, and judges a constrained
+answer against its constraint; its figures come back as one `GenerationStats`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from ..core.constraints import satisfied
+from ..core.errors import RowError
+from ..core.records import CacheStats, Generation, Job, Media, MemoryStats
+from ..core.settings import GenerationSettings
+from .lanes import completions
+from .models import ModelInfo
+from .router import Plan, Router
+from .schedule import schedule
+
+__all__ = ["Generator", "GeneratorFactory", "Generated", "GenerationStats", "Planned"]
+
+log = logging.getLogger(__name__)
+
+# How a failed constraint is named in a row's error.
+_CONSTRAINT_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "tool_call": "tool_choice"}
+
+
+@dataclass(slots=True)
+class GenerationStats:
+    """What generation did so far: prefix reuse, rows whose max_tokens was capped at the
+    model's context, rows that could not batch (by reason), the memory budget's figures."""
+
+    cache: CacheStats | None = None  # None: no prefix cache (--no-cache)
+    max_tokens_capped: int = 0
+    one_at_a_time: dict[str, int] = field(default_factory=dict)
+    memory: MemoryStats = field(default_factory=MemoryStats)
+
+
+@dataclass(slots=True)
+class Generated:
+    """One row of a window through generation.
+
+    Args:
+        index: the row's place in the window given to `Generator.plan`.
+        generation: what the engine made of it (the first completion, every completion's
+            tokens counted); None when it failed without an answer.
+        error: the row's error: alone, it failed (planning, the engine, the row deadline);
+            beside a generation, its answer misses its constraint (the answer is kept).
+        model: the checkpoint that generated (or would have generated) the row.
+        generate_ms: planning, or the row's share of its lane's time.
+        choices: n > 1: every completion, as JSON.
+        parsed: a JSON-constrained answer, parsed and checked, as JSON text.
+    """
+
+    index: int
+    generation: Generation | None
+    error: RowError | None = None
+    model: str | None = None
+    generate_ms: float = 0.0
+    choices: str | None = None
+    parsed: str | None = None
+
+
+@dataclass(slots=True)
+class Planned:
+    """A window's rows on their lanes: a plan per completion, the row each plan is for, and the
+    rows that could not be planned (a template that rejects them, media the model cannot take)."""
+
+    rows: list[Job]
+    plans: list[Plan] = field(default_factory=list)
+    owners: list[int] = field(default_factory=list)
+    failed: list[Generated] = field(default_factory=list)
+
+
+class Generator:
+    """Rows in, `Generated` out, over the run's models and lanes. `stop` ends a batch between
+    decode steps (StopRequested); `lazy` inspects and plans without reading weights (`plan`)."""
+
+    def __init__(self, settings: GenerationSettings, stop: threading.Event, router: Router | None = None,
+                 lazy: bool = False):  # fmt: skip
+        self.settings = settings
+        self.router = router if router is not None else Router.from_settings(settings, stop, lazy)
+
+    @property
+    def vision_info(self) -> ModelInfo:
+        """The media model's facts the media stage bounds frames by (audio, pixels)."""
+        return self.router.vision_info
+
+    def load(self, vision: bool, text: bool) -> None:
+        """Load what the first rows need, so it overlaps their downloads."""
+        self.router.load(vision, text)
+
+    def load_drafter(self) -> None:
+        """A drafter that cannot pair with its target stops the run here, before any row."""
+        self.router.load_drafter()
+
+    def model_for(self, job: Job) -> str:
+        return self.router.model_for(job)
+
+    def plan(self, rows: list[tuple[Job, Media]]) -> Planned:
+        """Each row routed and tokenized, as many plans as it asks completions."""
+        planned = Planned([job for job, _ in rows])
+        for w, (job, media) in enumerate(rows):
+            t0 = time.perf_counter()
+            try:
+                copies = completions(self.router.plan(job, media))
+            except RowError as e:
+                ms = (time.perf_counter() - t0) * 1000
+                planned.failed.append(Generated(w, None, e, self.model_for(job), ms))
+                continue
+            planned.plans += copies
+            planned.owners += [w] * len(copies)
+        return planned
+
+    def run(self, planned: Planned) -> Iterator[list[Generated]]:
+        """The planned rows' outcomes, a list at a time as they finish (`batch_size` at most).
+        Continuous: a lane's rows are one run, a finished row's slot going to the next waiting
+        row; else static batches. A batched row's `generate_ms` is its share of the lane's
+        time (since the run's previous row finished); a row of n completions comes out once,
+        when all n are done."""
+        width, plans = self.settings.batch_size, planned.plans
+        got: dict[int, list[tuple[int, Generation | RowError]]] = {}
+        spent: dict[int, float] = {}
+        for run in schedule(plans, None if self.settings.continuous else width):
+            done: list[Generated] = []
+            last = started = time.perf_counter()
+            tokens = 0
+            for i, outcome in self.router.run([plans[p] for p in run], width):
+                now, w = time.perf_counter(), planned.owners[run[i]]
+                outcomes = got.setdefault(w, [])
+                outcomes.append((run[i], outcome))
+                spent[w] = spent.get(w, 0.0) + (now - last) * 1000
+                last = now
+                job = planned.rows[w]
+                if len(outcomes) < job.params.completions:
+                    continue
+                del got[w]
+                row = self._judged(w, job, [o for _, o in sorted(outcomes, key=lambda x: x[0])], spent.pop(w))
+                tokens += row.generation.completion_tokens if row.generation is not None else 0
+                done.append(row)
+                if len(done) >= width:
+                    yield done
+                    done = []
+            if log.isEnabledFor(logging.DEBUG):
+                lane = plans[run[0]].lane.name if run else "-"
+                log.debug("lane %s: %d rows, %d completion tokens in %.1f s", lane, len(run), tokens,
+                          time.perf_counter() - started)  # fmt: skip
+            if done:
+                yield done
+
+    def _judged(self, w: int, job: Job, outcomes: list[Generation | RowError], ms: float) -> Generated:
+        """A row's completions as one outcome, its answer judged against its constraint: never
+        an answer that misses it marked ok."""
+        model = self.model_for(job)
+        first = _joined(outcomes)
+        if isinstance(first, RowError):
+            return Generated(w, None, first, model, ms)
+        choices = _choices(outcomes) if len(outcomes) > 1 else None
+        row = Generated(w, first, None, model, ms, choices)
+        constraint = job.params.constraint
+        if constraint is None:
+            return row
+        try:
+            row.parsed, why = satisfied(constraint, first.text, first.tool_calls)
+        except Exception as e:  # noqa: BLE001 - a hostile constraint fails its row, never the run
+            row.parsed, why = None, f"could not be checked ({type(e).__name__})"
+        if why:
+            cut = f" within max_tokens {job.params.max_tokens}" if first.finish_reason == "length" else ""
+            what = _CONSTRAINT_NAMES.get(constraint.kind, constraint.kind)
+            because = f"(finish_reason {first.finish_reason})"
+            row.error = RowError(
+                "generate", f"the output {why}: it does not satisfy its {what}{cut} {because}"
+            )
+        return row
+
+    def stats(self) -> GenerationStats:
+        r = self.router
+        memory = r.memory.stats if r.memory is not None else MemoryStats()
+        return GenerationStats(
+            r.prefixes.stats() if r.prefixes is not None else None, r.capped, dict(r.one_at_a_time),
+            dataclasses.replace(memory, widths=dict(memory.widths)),
+        )  # fmt: skip
+
+
+# How an executor makes its generator: `Generator` itself, or a test's scripted one.
+GeneratorFactory = Callable[[GenerationSettings, threading.Event], Generator]
+
+
+def _joined(outcomes: list[Generation | RowError]) -> Generation | RowError:
+    """A row's n completions (OpenAI's `n`) as one: the first's text, all tokens counted; any
+    failure fails the row."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    gens = [o for o in outcomes if isinstance(o, Generation)]
+    if len(gens) < len(outcomes):
+        return next(o for o in outcomes if isinstance(o, RowError))
+    return dataclasses.replace(
+        gens[0], completion_tokens=sum(g.completion_tokens for g in gens),
+        reasoning_tokens=sum(g.reasoning_tokens for g in gens),
+        mtp_drafts=sum(g.mtp_drafts for g in gens), mtp_accepted=sum(g.mtp_accepted for g in gens),
+        capped=any(g.capped for g in gens),
+    )  # fmt: skip
+
+
+def _choices(gens: list[Generation | RowError]) -> str:
+    """Every completion of a row, as the `choices` column's JSON."""
+    return json.dumps([
+        {"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens,
+         **({"reasoning": g.reasoning} if g.reasoning is not None else {}),
+         **({"tool_calls": g.tool_calls} if g.tool_calls else {}),
+         **({"logprobs": g.logprobs} if g.logprobs is not None else {})}
+        for g in gens if isinstance(g, Generation)
+    ])  # fmt: skip

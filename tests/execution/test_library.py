@@ -3,14 +3,17 @@ installs no signal handler, reports progress through its callback and stops when
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 
 import pytest
 from conftest import MODELS, read, write_jsonl
+from fakes import answer, scripted_generator
 
 import batchgen
 from batchgen.core.errors import Interrupted
+from batchgen.core.records import Job
 from batchgen.core.stop import Stop
 
 
@@ -59,3 +62,22 @@ def test_a_set_stop_ends_the_run_between_batches_and_keeps_what_it_finished(tmp_
     summary = batchgen.run(_config(job, out), stop=threading.Event())  # a plain Event does too
     assert summary.ok == 8 and 0 < summary.generated < 8
     assert [r["id"] for r in read(out)] == [f"r{i}" for i in range(8)]
+
+
+def test_a_generator_factory_given_by_argument_runs_every_row(tmp_path):
+    """The seam tests plug into: no model is inspected; the Generator around the scripted
+    router still joins a row's completions and judges its answer against its constraint."""
+    rows = [{"id": "plain", "prompt": "Hi."}, {"id": "two", "prompt": "Hi.", "completions": 2},
+            {"id": "choice", "prompt": "Yes or no?", "guided_choice": ["yes", "no"]}]  # fmt: skip
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    config = batchgen.build_config(job, tmp_path / "out.parquet", None, model="no-such-model")
+    summary = batchgen.run(config, generator=scripted_generator)
+    assert (summary.ok, summary.failed) == (2, 1)
+    got = {r["id"]: r for r in read(tmp_path / "out.parquet")}
+    assert got["plain"]["generated_text"] == answer(Job(0, "plain")) and got["plain"]["model"] == "scripted"
+    assert [c["text"] for c in json.loads(got["two"]["choices"])] == [answer(Job(1, "two"))] * 2
+    assert got["two"]["completion_tokens"] == 2 * len(answer(Job(1, "two")).split())
+    assert got["choice"]["status"] == "error" and got["choice"]["error_stage"] == "generate"
+    error = got["choice"]["error"]
+    assert error.startswith("the output is not one of its choices: it does not satisfy its choice"), error
+    assert got["choice"]["generated_text"] == answer(Job(2, "choice"))  # the answer kept, to show why

@@ -31,7 +31,6 @@ from ..core.stop import Stop
 from ..generate.generator import Generator, GeneratorFactory
 from ..input.parse import near_miss
 from ..input.read import JobIndex
-from ..output.openai_batch import write_batch_output
 from ..output.resume import Resume
 from ..output.run_files import Heartbeat, errors_path, heartbeat_path, write_errors
 from ..output.store import strict_json
@@ -177,8 +176,7 @@ def _run(
     resume = Resume(writer.open(), writer.store, index, writer.settings, config.max_attempts,
                     config.retry_failed, config.changed,
                     config.redo_repetition is not None)  # fmt: skip
-    if writer.mirrored:
-        writer.expect(resume.pending.keys())
+    writer.expect(resume.pending)
     todo = resume.todo
     summary = RunSummary(output=str(config.output), job_rows=len(index.output_ids),
                          dropped_columns=sorted(writer.skip),
@@ -285,11 +283,9 @@ def _beat(beat: Heartbeat, writer: ResultWriter, path: str) -> None:
 def _conclude(
     config: RunConfig, writer: ResultWriter, summary: RunSummary, started: float, this_run: set
 ) -> RunSummary:
-    """The output renamed into place, the OpenAI file if asked, the failed rows' file, the
+    """The output renamed into place (and its sinks written), the failed rows' file, the
     figures on disk."""
     table = writer.finalize()
-    if config.openai_output is not None:
-        write_batch_output(table, config.openai_output)
     finish(summary, table, len(writer.index.output_ids), time.perf_counter() - started)
     errors = str(config.errors_file or errors_path(config.output, config.output_shards))
     summary.errors_file = errors if write_errors(writer.store, errors, table, this_run) else None

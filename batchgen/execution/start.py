@@ -16,8 +16,11 @@ from ..input.parse import template_fields
 from ..input.plan import share_keys
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
+from ..output.openai_batch import BatchOutput
 from ..output.resume import settings_of
 from ..output.run_files import errors_path
+from ..output.shards import MirroredShards, Shards
+from ..output.store import Store
 from ..output.tables import dropped_columns
 from ..output.write import (
     JOB_KEY,
@@ -25,6 +28,7 @@ from ..output.write import (
     MEDIA_POLICY_KEY,
     TEMPLATE_KEY,
     ResultWriter,
+    SingleFile,
     WriteOptions,
     partial_dir,
     stats_path,
@@ -49,14 +53,17 @@ def open_job(config: RunConfig) -> JobIndex:
 
 
 def writer_for(config: RunConfig, index: JobIndex) -> ResultWriter:
-    """The run's writer (a plan only peeks at what it holds)."""
+    """The run's writer, in the output's layout, with the OpenAI Batch file as a sink if asked
+    (a plan only peeks at what it holds)."""
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
-    mirrored = index.source is not None and index.source.folder  # a folder of job files: a shard each
-    options = WriteOptions(config.flush_rows, config.flush_seconds, config.output_shards, config.shard_rows,
-                           config.overwrite, config.left_out, mirrored,
-                           _answer_columns(config, index))  # fmt: skip
-    return ResultWriter(config.output, index, settings_of(config), options, skip=dropped,
-                        about=_about(config, index, dropped))  # fmt: skip
+    options = WriteOptions(config.flush_rows, config.flush_seconds, config.shard_rows, config.overwrite,
+                           config.left_out, _answer_columns(config, index))  # fmt: skip
+    layout: type[ResultWriter] = SingleFile
+    if config.output_shards:  # a folder job (of several job files) gets a shard per job file
+        layout = MirroredShards if index.source is not None and index.source.folder else Shards
+    sinks = [BatchOutput(config.openai_output)] if config.openai_output is not None else []
+    return layout(config.output, index, settings_of(config), options, skip=dropped,
+                  about=_about(config, index, dropped), sinks=sinks)  # fmt: skip
 
 
 def check_paths(config: RunConfig, source: Source) -> None:
@@ -89,8 +96,6 @@ def check_paths(config: RunConfig, source: Source) -> None:
 
 
 def _check_remote(output: str) -> None:
-    from ..output.store import Store
-
     store = Store(output)
     parent = output.rsplit("/", 1)[0]
     try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,7 @@ import pyarrow as pa
 
 from .store import atomic_write, strict_json
 
-__all__ = ["write_batch_output"]
+__all__ = ["write_batch_output", "BatchOutput"]
 
 
 def _choices(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -111,3 +112,13 @@ def write_batch_output(table: pa.Table, path: Path) -> None:
             line["error"] = {"code": f"{row['error_stage']}_error", "message": row["error"]}
         lines.append(strict_json(line) + "\n")
     atomic_write(path, lambda p: p.write_text("".join(lines)))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutput:
+    """The OpenAI Batch output file at `path`, a writer's sink: made from the finished output."""
+
+    path: Path
+
+    def write(self, table: pa.Table) -> None:
+        write_batch_output(table, self.path)

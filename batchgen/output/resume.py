@@ -17,7 +17,7 @@ from ..core.errors import ConfigError, describe
 from ..core.records import GenParams, file_digest, local_path
 from ..core.settings import RunConfig
 from ..input.read import JobIndex, RawRow, id_key, iter_rows
-from .write import Earlier
+from .parts import Earlier
 
 __all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchanged", "looped", "Pending"]
 

@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 from batchgen.core.records import Result
 from batchgen.input.read import JobIndex
 from batchgen.output.resume import Resume
-from batchgen.output.write import ResultWriter, WriteOptions, partial_dir
+from batchgen.output.write import SingleFile, WriteOptions, partial_dir
 
 ROW = "ab" * 16  # every row's input fingerprint here
 
@@ -15,7 +15,7 @@ def _writer(out, ids, flush_rows=2, overwrite=False, schema=None, settings=None)
     """A writer opened as a run opens it, with the Resume its earlier results give (`.resume`)."""
     index = JobIndex("jsonl", ids, schema, digests=bytearray(bytes.fromhex(ROW) * len(ids)))
     settings = settings or {"model": "m"}
-    w = ResultWriter(out, index, settings, WriteOptions(flush_rows, 3600, overwrite=overwrite))
+    w = SingleFile(out, index, settings, WriteOptions(flush_rows, 3600, overwrite=overwrite))
     w.resume = Resume(w.open(), w.store, index, settings, max_attempts=3, every_failure=False)
     return w
 

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.records import CacheStats, Finished, MediaStats, MemoryStats
 from ..core.settings import RunConfig, WorkSettings
 from ..generate.generator import GenerationStats, Generator, GeneratorFactory
-from ..output.resume import Pending
+from ..output.pending import Pending
 
 __all__ = ["Executor", "ExecutorStats", "Batches"]
 

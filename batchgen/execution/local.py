@@ -23,7 +23,7 @@ from ..input.parse import near_miss, parse_row
 from ..input.plan import Grouping
 from ..input.read import RawRow, id_key
 from ..media.resolve import MediaStage, Prefetcher, Prepared
-from ..output.resume import Pending
+from ..output.pending import Pending
 from .executor import Batches, Executor, ExecutorStats
 
 __all__ = ["LocalExecutor", "generate_window"]

@@ -40,7 +40,7 @@ from ..generate.generator import Generator, GeneratorFactory
 from ..input.plan import Grouping
 from ..input.read import Mark, RawRow, iter_rows
 from ..input.source import Source
-from ..output.resume import Pending
+from ..output.pending import Pending
 from ..output.tables import RESULT_SCHEMA
 from .executor import Batches, Executor, ExecutorStats
 from .local import LocalExecutor

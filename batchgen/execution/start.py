@@ -48,7 +48,7 @@ def open_job(config: RunConfig) -> JobIndex:
     index = scan(source, id_column=config.columns.id, share=share)
     check_columns(config, index)
     if config.shard is not None or config.limit is not None:
-        index.narrow(config.shard, config.limit)
+        index = index.narrow(config.shard, config.limit)
     return index
 
 

@@ -77,9 +77,10 @@ class Grouping:
     def __init__(self, index: JobIndex, done: Iterable[str] | dict[str, Any] = ()):
         n = len(index.ids)
         done = done if isinstance(done, (set, dict)) else set(done)
+        shares = index.rows.shares
         keys = (
-            np.frombuffer(index.shares, dtype=">u8")  # a view: no copy
-            if index.shares is not None
+            np.frombuffer(shares, dtype=">u8")  # a view: no copy
+            if shares is not None
             else np.zeros(n, dtype=">u8")
         )
         usable = keys != 0
@@ -103,7 +104,8 @@ class Grouping:
             pending, int(shared.sum()), int(counts[shared].sum()),
             int(counts.max()) if counts.size else 0,
         )  # fmt: skip
-        self._positions = np.asarray(index.rows, dtype=np.int64) if index.rows is not None else None
+        positions = index.rows.positions
+        self._positions = np.asarray(positions, dtype=np.int64) if positions is not None else None
 
     def position(self, row_index: int) -> int:
         """Where a row of the file (its index) stands among the index's kept rows."""

@@ -4,6 +4,7 @@ file or many shards, local or remote: source.py), never a whole file at once."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import hashlib
 import tarfile
 from array import array
@@ -24,8 +25,8 @@ from .rows import START, Mark, RawRow, ReadPolicy, checked, valid_id
 from .source import Source, resolve
 
 __all__ = [
-    "RawRow", "Mark", "JobIndex", "iter_rows", "scan", "id_key", "valid_id", "shard_of", "holds_bytes",
-    "checked",
+    "RawRow", "Mark", "Rows", "JobIndex", "iter_rows", "scan", "id_key", "valid_id", "shard_of",
+    "holds_bytes", "checked",
 ]  # fmt: skip
 _DIGEST = 16  # bytes of a row's fingerprint (RawRow.digest, 32 hex digits)
 SHARE = 8  # bytes of a row's share key (what it shares with other rows; zeros: nothing)
@@ -38,28 +39,64 @@ def id_key(value: Any) -> str:
     return str(value)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
+class Rows:
+    """Rows of a job as aligned columns, a few bytes each: their ids, their indices in the
+    job's files, their fingerprints (RawRow.digest, 16 bytes a row) and share keys (SHARE
+    bytes a row: input/plan.py). `take` keeps some of them, in a new record."""
+
+    ids: list[Any]
+    positions: list[int] | None = None  # each row's index in the files; None: 0, 1, 2, …
+    digests: bytes | None = None
+    shares: bytes | None = None  # None: the scan kept no share keys
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def position(self, i: int) -> int:
+        return self.positions[i] if self.positions is not None else i
+
+    def digest(self, i: int) -> str:
+        """RawRow.digest of the i-th row."""
+        return self.digests[i * _DIGEST : (i + 1) * _DIGEST].hex() if self.digests is not None else ""
+
+    def share(self, i: int) -> bytes:
+        """The i-th row's share key: rows with one key (a picture, a long prefix) reuse work."""
+        return bytes(self.shares[i * SHARE : (i + 1) * SHARE]) if self.shares is not None else NO_SHARE
+
+    def take(self, keep: list[int]) -> Rows:
+        """These rows (indices into this record), in this order."""
+
+        def columns(data: bytes | None, n: int) -> bytes | None:
+            return b"".join(data[i * n : (i + 1) * n] for i in keep) if data is not None else None
+
+        positions = [self.position(i) for i in keep]
+        return Rows([self.ids[i] for i in keep], positions, columns(self.digests, _DIGEST),
+                    columns(self.shares, SHARE))  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
 class JobIndex:
-    """The ids of a job file in order, found by a first cheap pass before any work."""
+    """What the scan found in a job before any work: its rows (ids, fingerprints, share keys),
+    its columns, and where reading can start. `narrow` gives the index of a shard and limit."""
 
     format: str
-    ids: list[Any]
+    rows: Rows  # the rows this run works on (a --shard's, the first --limit of them)
     schema: pa.Schema | None  # Parquet input keeps its column types in the output
     source: Source | None = None  # the job's files
-    digests: bytearray | None = None  # RawRow.digest of each row, aligned with ids: 16 bytes a row
     columns: list[str] = field(default_factory=list)  # the file's columns (JSONL: the keys rows have)
     binary: set[str] = field(default_factory=set)  # columns holding bytes (images): not copied by default
     id_column: str | None = None  # where ids come from (--id-column)
     answers: dict[str, str] = field(default_factory=dict)  # answer columns of the rows' schemas, their union
-    shares: bytearray | None = None  # each row's share key (SHARE bytes, aligned with ids): input/plan.py
-
-    rows: list[int] | None = None  # the row indices kept by narrow(); None = every row
-    kept_ids: list[Any] | None = None  # ids the output keeps, in order (the shard's); None = ids
-    kept_rows: list[int] | None = None  # ... their row indices in the file
     marks: list[Mark] = field(default_factory=lambda: [START])  # where reading can start, by row index
+    kept: Rows | None = None  # the rows the output holds (a --shard's; a --limit narrows only the work)
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self.rows)
+
+    @property
+    def ids(self) -> list[Any]:
+        return self.rows.ids
 
     @property
     def base(self) -> str | None:
@@ -67,55 +104,48 @@ class JobIndex:
         return self.source.base if self.source is not None else None
 
     @property
+    def output(self) -> Rows:
+        """The rows the output holds, in job order: a --limit narrows the work, never the output."""
+        return self.kept if self.kept is not None else self.rows
+
+    @property
     def output_ids(self) -> list[Any]:
-        """The ids the output holds, in job order: a --limit narrows the work, never the output."""
-        return self.kept_ids if self.kept_ids is not None else self.ids
+        return self.output.ids
 
-    def digest(self, i: int) -> str:
-        """RawRow.digest of the i-th row kept."""
-        return self.digests[i * _DIGEST : (i + 1) * _DIGEST].hex()  # type: ignore[index]
-
-    def share(self, i: int) -> bytes:
-        """The i-th kept row's share key: rows with one key (a picture, a long prefix) reuse work."""
-        return bytes(self.shares[i * SHARE : (i + 1) * SHARE]) if self.shares is not None else NO_SHARE
+    def mark_before(self, position: int) -> Mark:
+        """The last mark at or before a row of the files: where reading it starts."""
+        return self.marks[bisect.bisect_right([m.index for m in self.marks], position) - 1]
 
     def wheres(self, indices: list[int]) -> list[str]:
-        """How messages name these rows (indices into ids), read again from the job: only
+        """How messages name these rows (indices into `rows`), read again from the job: only
         failures need them, so the index does not hold one a row."""
-        wanted = {(self.rows[i] if self.rows is not None else i): i for i in indices}
+        wanted = {self.rows.position(i): i for i in indices}
         found = {}
-        for raw in iter_rows(self.source, id_column=self.id_column):  # type: ignore[arg-type]
+        start = self.mark_before(min(wanted)) if wanted else START
+        for raw in iter_rows(self.source, start=start, id_column=self.id_column):  # type: ignore[arg-type]
             if raw.index in wanted:
                 found[wanted[raw.index]] = raw.where
                 if len(found) == len(wanted):
                     break
         return [found.get(i, f"row {i}") for i in indices]
 
-    def narrow(self, shard: tuple[int, int] | None = None, limit: int | None = None) -> None:
-        """Keep shard i of n, then work on its first `limit` rows. A row goes by its share key
+    def narrow(self, shard: tuple[int, int] | None = None, limit: int | None = None) -> JobIndex:
+        """Shard i of n, then its first `limit` rows to work on. A row goes by its share key
         when it has one, else by its id: rows sharing a picture are one shard's, so no two
         machines encode it."""
+        rows = self.rows
         keep = [
-            i for i, row_id in enumerate(self.ids)
-            if shard is None or shard_of(row_id, shard[1], self.share(i)) == shard[0]
+            i for i, row_id in enumerate(rows.ids)
+            if shard is None or shard_of(row_id, shard[1], rows.share(i)) == shard[0]
         ]  # fmt: skip
-        self.kept_ids = [self.ids[i] for i in keep]
-        self.kept_rows = [self.rows[i] for i in keep] if self.rows is not None else keep
-        keep = keep[:limit] if limit is not None else keep
-        self.rows = [self.rows[i] for i in keep] if self.rows is not None else keep
-        self.ids = [self.ids[i] for i in keep]
-        if self.digests is not None:
-            d, n = self.digests, _DIGEST
-            self.digests = bytearray(b"".join(d[i * n : (i + 1) * n] for i in keep))
-        if self.shares is not None:
-            d, n = self.shares, SHARE
-            self.shares = bytearray(b"".join(d[i * n : (i + 1) * n] for i in keep))
+        kept = rows.take(keep)
+        work = kept.take(list(range(min(limit, len(kept))))) if limit is not None else kept
+        return dataclasses.replace(self, rows=work, kept=kept)
 
     def files_of_output(self) -> list[int]:
         """Each output id's job file (its number in `source.shards`), in output order."""
-        starts, files = [m.index for m in self.marks], [m.shard for m in self.marks]
-        rows = self.kept_rows if self.kept_rows is not None else range(len(self.output_ids))
-        return [files[bisect.bisect_right(starts, r) - 1] for r in rows]
+        starts, files, out = [m.index for m in self.marks], [m.shard for m in self.marks], self.output
+        return [files[bisect.bisect_right(starts, out.position(i)) - 1] for i in range(len(out))]
 
 
 def shard_of(row_id: Any, shards: int, share: bytes = NO_SHARE) -> int:
@@ -238,9 +268,9 @@ def scan(
     if ids and not parsed and fmt == "jsonl":
         raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
     _check_unique(source, ids, hashes, id_column)
-    return JobIndex(format=fmt, ids=ids, schema=schema, source=source, digests=digests,
-                    marks=marks, columns=list(columns), binary=binary, id_column=id_column,
-                    answers=answers, shares=shares)  # fmt: skip
+    rows = Rows(ids, None, bytes(digests), bytes(shares) if shares is not None else None)
+    return JobIndex(format=fmt, rows=rows, schema=schema, source=source, marks=marks, columns=list(columns),
+                    binary=binary, id_column=id_column, answers=answers)  # fmt: skip
 
 
 def _check_unique(source: Source, ids: list[Any], hashes: array, id_column: str | None) -> None:

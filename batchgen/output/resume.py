@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, describe
 from ..core.records import GenParams, file_digest, local_path
 from ..core.settings import RunConfig
-from ..input.read import JobIndex, RawRow, id_key, iter_rows
+from ..input.read import JobIndex, id_key
 from .parts import Earlier
+from .pending import Pending
 
 __all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchanged", "looped", "Pending"]
 
@@ -184,7 +185,7 @@ def check_unchanged(index: JobIndex, done: dict[str, str | None], policy: str = 
     changed = [
         i
         for i, key in enumerate(map(id_key, index.ids))
-        if done.get(key) not in (None, index.digest(i)) or (key in done and key in replaced)
+        if done.get(key) not in (None, index.rows.digest(i)) or (key in done and key in replaced)
     ]
     if changed and policy == "refuse":
         wheres = index.wheres(changed[:5])
@@ -200,36 +201,6 @@ def check_unchanged(index: JobIndex, done: dict[str, str | None], policy: str = 
             "redo to generate them again, --changed keep to keep their results, or --overwrite to start over"
         )
     return changed
-
-
-@dataclass(slots=True)
-class Pending:
-    """The rows of the job (its shard and limit) whose ids are not done yet, in job order:
-    read from the job's files when asked for, never held."""
-
-    index: JobIndex
-    done: dict[str, str | None]
-    looped: frozenset[str] = frozenset()  # id keys of rows the loop stop ended, generated again
-
-    def indices(self) -> Iterator[int]:
-        """Their row indices in the file."""
-        rows = self.index.rows if self.index.rows is not None else range(len(self.index.ids))
-        for i, row_id in zip(rows, self.index.ids, strict=True):
-            if id_key(row_id) not in self.done:
-                yield i
-
-    def keys(self) -> Iterator[str]:
-        """Their id keys."""
-        return (key for key in map(id_key, self.index.ids) if key not in self.done)
-
-    def rows(self) -> Iterator[RawRow]:
-        kept = set(self.index.rows) if self.index.rows is not None else None
-        last = self.index.rows[-1] if self.index.rows else -1
-        for raw in iter_rows(self.index.source, id_column=self.index.id_column):  # type: ignore[arg-type]
-            if kept is not None and raw.index > last:
-                return
-            if (kept is None or raw.index in kept) and id_key(raw.id) not in self.done:
-                yield raw
 
 
 class Resume:

@@ -21,7 +21,7 @@ from ..core.records import Result
 from ..input.read import JobIndex, id_key
 from ..input.source import Source
 from .parts import PARTS_KEY, part_number
-from .resume import Pending
+from .pending import Pending
 from .tables import ROW_GROUP_ROWS, concat_tables, in_order, rows_to_table
 from .write import ResultWriter
 

@@ -28,7 +28,7 @@ from .store import OutputLock, Store, atomic_write
 from .tables import ROW_GROUP_ROWS, concat_tables, in_order, ordered, rows_to_table
 
 if TYPE_CHECKING:
-    from .resume import Pending
+    from .pending import Pending
 
 __all__ = [
     "WriteOptions", "Earlier", "Sink", "ResultWriter", "SingleFile", "OutputLock", "atomic_write",

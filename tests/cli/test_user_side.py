@@ -221,11 +221,11 @@ def test_openai_batch_fields_are_honoured_or_refused_never_ignored(tmp_path):
 
 def test_inspect_counts(tmp_path):
     from batchgen.core.records import Result
-    from batchgen.input.read import JobIndex
+    from batchgen.input.read import JobIndex, Rows
     from batchgen.output.write import SingleFile, WriteOptions
 
     out = tmp_path / "r.parquet"
-    w = SingleFile(out, JobIndex("jsonl", list("abcde"), None), {}, WriteOptions(10, 3600))
+    w = SingleFile(out, JobIndex("jsonl", Rows(list("abcde")), None), {}, WriteOptions(10, 3600))
     w.open()
     w.add({}, Result(id="a", prompt_tokens=10, completion_tokens=4, cached_tokens=6, generate_ms=50))
     w.add(

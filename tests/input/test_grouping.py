@@ -75,20 +75,19 @@ def test_share_keys_follow_the_media_the_parse_finds(tmp_path):
     ]  # fmt: skip
     path = write_jsonl(tmp_path / "job.jsonl", rows)
     index = _index(path, Columns(image=("jpg",)))
-    keys = [index.share(i) for i in range(len(index))]
+    keys = [index.rows.share(i) for i in range(len(index))]
     assert keys[0] == keys[1] == keys[2] != NO_SHARE  # a mapped column and an image part: one picture
     assert keys[3] == keys[4] != keys[0]  # a long system prompt shared
     assert keys[5] == NO_SHARE  # a short one is not worth holding rows for
     unmapped = _index(path)  # without --image-column, `jpg` is data: rows 1 and 2 share nothing
-    assert unmapped.share(0) == NO_SHARE
+    assert unmapped.rows.share(0) == NO_SHARE
 
 
 def test_a_shard_holds_every_row_of_its_pictures(tmp_path):
     path = _prompt_major(tmp_path / "job.jsonl", pictures=50)
     shards = []
     for k in range(3):
-        index = _index(path)
-        index.narrow((k, 3))
+        index = _index(path).narrow((k, 3))
         shards.append(set(index.ids))
     every = {f"p{i}-q{q}" for i in range(50) for q in range(3)}
     assert sum(map(len, shards)) == 150 and set.union(*shards) == every

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from batchgen.core.records import Result
-from batchgen.input.read import JobIndex
+from batchgen.input.read import JobIndex, Rows, scan
+from batchgen.output.pending import Pending
 from batchgen.output.resume import Resume
 from batchgen.output.write import SingleFile, WriteOptions, partial_dir
 
@@ -13,7 +16,7 @@ ROW = "ab" * 16  # every row's input fingerprint here
 
 def _writer(out, ids, flush_rows=2, overwrite=False, schema=None, settings=None):
     """A writer opened as a run opens it, with the Resume its earlier results give (`.resume`)."""
-    index = JobIndex("jsonl", ids, schema, digests=bytearray(bytes.fromhex(ROW) * len(ids)))
+    index = JobIndex("jsonl", Rows(ids, digests=bytes.fromhex(ROW) * len(ids)), schema)
     settings = settings or {"model": "m"}
     w = SingleFile(out, index, settings, WriteOptions(flush_rows, 3600, overwrite=overwrite))
     w.resume = Resume(w.open(), w.store, index, settings, max_attempts=3, every_failure=False)
@@ -87,3 +90,19 @@ def test_resuming_under_other_settings_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="other settings"):  # the finished output remembers them
         _writer(out, ["a"], settings={"model": "m2"})
     assert _writer(out, ["a"], settings={"model": "m2"}, overwrite=True).resume.done == {}
+
+
+def test_a_resume_reads_the_job_from_the_mark_before_its_first_pending_row(tmp_path):
+    path = tmp_path / "jobs.jsonl"
+    lines = [json.dumps({"id": f"r{i}", "prompt": "Hi."}) for i in range(300)]
+    path.write_text("".join(line + "\n" for line in lines))
+    index = scan(path)
+    assert [m.index for m in index.marks][:5] == [0, 64, 128, 192, 256]
+    pending = Pending(index, {f"r{i}": index.rows.digest(i) for i in range(200)})
+    # The finished part of the file, scrambled in place (same size): a reader from the start
+    # would meet 192 lines that do not parse, each a row of its own; one that seeks never does.
+    data = path.read_bytes()
+    cut = sum(len(line) + 1 for line in lines[:192])
+    path.write_bytes(b"".join(b"x" * len(line) + b"\n" for line in data[:cut].split(b"\n")[:-1]) + data[cut:])
+    assert [r.id for r in pending.rows()] == [f"r{i}" for i in range(200, 300)]
+    assert list(Pending(index, {}).rows())[0].error is not None  # from the start: the scrambled lines

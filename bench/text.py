@@ -11,7 +11,8 @@ run in turn twice and the best time of each counts.
 
 `python bench/text.py --real`: the real pretrained model (SmolLM2-135M-Instruct, Q4) on 16
 prompts: batchgen with the loop stop on against a sequential mlx_lm.generate loop; then 48 more
-by batchgen alone, and the loop stop's triggers over the 64 answers listed with their text.
+by batchgen alone, and the loop stop's triggers over the 64 answers listed with their text and
+where mlx-lm's own greedy tokens for that prompt first repeat (a real loop ends there).
 """
 
 from __future__ import annotations
@@ -237,9 +238,26 @@ def real() -> None:
     questions = REAL_PROMPTS + MORE_PROMPTS
     looped = [(q, r) for q, r in zip(questions, every, strict=True) if r["finish_reason"] == "repetition"]
     print(f"loop stop triggered on {len(looped)} of {len(every)} answers ({long} past its 64-token span):")
+    model, tokenizer = mlx_lm.load(str(folder))
     for question, row in looped:
         print(f"  {question!r} after {row['completion_tokens']} tokens: {row['generated_text']!r}")
+        prompt = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True
+        )
+        own = [r.token for r in mlx_lm.stream_generate(model, tokenizer, prompt, max_tokens=REAL_MAX_TOKENS)]
+        print(f"    mlx-lm's own tokens first repeat a cycle over 64 at token {_first_loop(own)}: "
+              f"{tokenizer.decode(own)[-60:]!r}")  # fmt: skip
     print(f"batchgen speedup vs loop: {t_loop / t_batchgen:.2f}")
+
+
+def _first_loop(ids: list[int], span: int = 64, period: int = 32) -> int | None:
+    """Brute force, as the loop stop's definition reads: the first length at which the last
+    `span` tokens repeat a cycle of at most `period` tokens (None: never)."""
+    for t in range(span, len(ids) + 1):
+        w = ids[t - span : t]
+        if any(all(w[i] == w[i - p] for i in range(p, span)) for p in range(1, period + 1)):
+            return t
+    return None
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ __all__ = [
     "file_digest",
     "Job",
     "Scoring",
+    "IMAGE_DIGEST",
+    "MediaItem",
     "Media",
     "Generation",
     "Result",
@@ -188,18 +190,48 @@ class Job:
         return f"{at} (id {self.id!r:.80})"
 
 
+# PIL's Image.info key under which a decoded image carries the digest of what it was decoded
+# from: the image processor's memo (generate/loading.py) keys on it, never on the object.
+IMAGE_DIGEST = "batchgen.digest"
+
+
+@dataclass(slots=True, frozen=True)
+class MediaItem:
+    """One decoded media item of a row: its kind, what the engine takes (a PIL image, (T, H,
+    W, 3) uint8 frames, an audio file's path) and its content digest (a video's: its content
+    and frame sampling; prefix and vision-feature reuse key on it)."""
+
+    kind: MediaKind
+    payload: Any
+    digest: str
+
+
 @dataclass(slots=True)
 class Media:
-    """A row's decoded media, in part order per kind."""
+    """A row's decoded media, one record an item, in the order of the row's parts."""
 
-    images: list[Any] = field(default_factory=list)  # PIL images
-    videos: list[Any] = field(default_factory=list)  # (T, H, W, 3) uint8 arrays
-    audio: list[str] = field(default_factory=list)  # local file paths
-    image_digests: list[str] = field(default_factory=list)  # content digest of each image
-    video_digests: list[str] = field(default_factory=list)  # content and frame sampling of each video
+    items: list[MediaItem] = field(default_factory=list)
+
+    def of(self, kind: MediaKind) -> list[Any]:
+        return [m.payload for m in self.items if m.kind == kind]
+
+    def digests(self, kind: MediaKind) -> list[str]:
+        return [m.digest for m in self.items if m.kind == kind]
+
+    @property
+    def images(self) -> list[Any]:
+        return self.of("image")
+
+    @property
+    def videos(self) -> list[Any]:
+        return self.of("video")
+
+    @property
+    def audio(self) -> list[str]:
+        return self.of("audio")
 
     def __bool__(self) -> bool:
-        return bool(self.images or self.videos or self.audio)
+        return bool(self.items)
 
 
 @dataclass(slots=True)

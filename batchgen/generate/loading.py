@@ -4,12 +4,14 @@ loaders, and the image processor wrapped so rows sharing an image process it onc
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from ..core.errors import ConfigError, short
 from ..core.memo import Memo
+from ..core.records import IMAGE_DIGEST
 from .arrays import load_lm
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .models import ModelInfo
@@ -23,7 +25,7 @@ _TEXT_ONLY_KWARGS = frozenset({"padding", "padding_side", "truncation", "max_len
                                "pad_to_multiple_of", "return_attention_mask"})  # fmt: skip
 
 
-SHARED_IMAGE_BYTES = 256 * 2**20  # images and their processed pixels kept for rows sharing them
+SHARED_IMAGE_BYTES = 256 * 2**20  # processed pixels kept for rows sharing their images
 
 
 class _ImagesOnly:
@@ -44,15 +46,15 @@ def _leaves(images: Any) -> list[Any]:
 
 
 class SharedImages:
-    """The image processor, its output kept for images it has seen. Rows asking several
-    questions about one image (the captioning pattern) hold the same decoded image object
-    (media/resolve.py's memo by content), so an image's identity stands for its content here; each
-    entry keeps its images alive, so no id is reused while the entry lives. Every call gets
-    a copy: processors pop keys from what the image processor returns."""
+    """The image processor, its output kept for images it has seen: rows asking several
+    questions about one image (the captioning pattern) process it once. Keyed on content: the
+    digest the media stage decoded each image from (`IMAGE_DIGEST` in its info), else a hash
+    of its pixels. Every call gets a copy: processors pop keys from what the image processor
+    returns."""
 
     def __init__(self, inner: Any):
         self._inner = inner
-        self.memo: Memo[tuple[list[Any], Any]] = Memo(32, SHARED_IMAGE_BYTES, _weight)
+        self.memo: Memo[Any] = Memo(32, SHARED_IMAGE_BYTES, _nbytes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from PIL import Image
@@ -60,18 +62,23 @@ class SharedImages:
         images = _leaves(args[0] if args else kwargs.get("images"))
         if not images or not all(isinstance(im, Image.Image) for im in images):
             return self._inner(*args, **kwargs)
-        key = (tuple(map(id, images)), repr(args[1:]), repr(sorted(kwargs.items(), key=lambda kv: kv[0])))
-        _, out = self.memo.get(key, lambda: (images, self._inner(*args, **kwargs)))
-        return copy.deepcopy(out)
+        options = repr(sorted(kwargs.items(), key=lambda kv: kv[0]))
+        key = (tuple(map(_content, images)), repr(args[1:]), options)
+        return copy.deepcopy(self.memo.get(key, lambda: self._inner(*args, **kwargs)))
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
 
-def _weight(entry: tuple[list[Any], Any]) -> int:
-    """What an entry holds: its images (kept alive by it) and the processor's arrays."""
-    images, out = entry
-    return sum(im.width * im.height * len(im.getbands()) for im in images) + _nbytes(out)
+def _content(image: Any) -> str:
+    """An image's content key: the digest it was decoded from, else its pixels' (with its mode
+    and size, as mlx-vlm's vision cache keys an image)."""
+    digest = image.info.get(IMAGE_DIGEST)
+    if isinstance(digest, str):
+        return digest
+    h = hashlib.sha256(f"{image.mode}:{image.size}".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
 
 
 def _nbytes(value: Any) -> int:

@@ -97,7 +97,7 @@ class VisionLane(_MediaLane):
         start_id = getattr(model.config, "vision_start_token_id", None)
         media_starts = [i for i, t in enumerate(ids) if t == start_id]
         bounds = sorted({*media_starts, *ends})
-        digests = list(media.image_digests or media.video_digests)  # one kind per row here (Router.route)
+        digests = media.digests("image") or media.digests("video")  # one kind per row here (Router.route)
         embed = self._embedder(model, inputs, ids, digests) if media else None
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
@@ -204,7 +204,7 @@ class OffsetVisionLane(_MediaLane):
         tokenizer = getattr(processor, "tokenizer", processor)
         blocks = media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
         starts, ends = [a for a, _ in blocks], [b for _, b in blocks]
-        digests = list(media.image_digests)
+        digests = media.digests("image")
         # Adjacent images can make one block: then every image keys from the first one's start.
         owners = starts if len(starts) == len(digests) else [starts[0]] * len(digests) if starts else []
         keyed = self._keys(ids, sorted({*starts, *ends}), list(zip(owners, digests, strict=True)))

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.errors import RowError, Stage, describe, short
 from ..core.memo import Memo
-from ..core.records import Job, Media, MediaFile, MediaRef, MediaStats
+from ..core.records import IMAGE_DIGEST, Job, Media, MediaFile, MediaItem, MediaRef, MediaStats
 from ..core.settings import MediaConfig
 from .fetch import Fetched, Fetcher
 from .frames import extract_frames
@@ -145,8 +145,8 @@ class MediaStage:
                     f"{width}x{height} image is over what is left of the row's budget of {c.max_row_pixels} "
                     "decoded pixels",
                 )
-            out.media.images.append(self.images.get(item.digest, lambda: self._decode(item)))
-            out.media.image_digests.append(item.digest)
+            image = self.images.get(item.digest, lambda: self._decode(item))
+            out.media.items.append(MediaItem("image", image, item.digest))
         elif ref.kind == "video":
             fps = job.video_fps or c.video_fps
             max_frames = job.video_max_frames or c.video_max_frames
@@ -158,18 +158,20 @@ class MediaStage:
                     f"{frames.shape[0]} frames of {frames.shape[2]}x{frames.shape[1]} are over what is left "
                     f"of the row's budget of {c.max_row_pixels} decoded pixels",
                 )
-            out.media.videos.append(frames)
-            out.media.video_digests.append(hashlib.sha256(repr(key).encode()).hexdigest()[:32])
+            digest = hashlib.sha256(repr(key).encode()).hexdigest()[:32]
+            out.media.items.append(MediaItem("video", frames, digest))
             if self._ffmpeg and not any(r.kind == "audio" for r in job.media):
                 track = self.audio_tracks.get(item.digest, lambda: self._audio_track(item))
                 if track:
-                    out.media.audio.append(track)
+                    out.media.items.append(MediaItem("audio", track, f"{item.digest}.track"))
         else:
-            out.media.audio.append(str(self._on_disk(item)))
+            out.media.items.append(MediaItem("audio", str(self._on_disk(item)), item.digest))
 
     def _decode(self, item: Fetched):
         with self._cpu:
-            return decode_image(item.read(), self.config.max_image_pixels)
+            image = decode_image(item.read(), self.config.max_image_pixels)
+        image.info[IMAGE_DIGEST] = item.digest  # what the processor's memo keys on
+        return image
 
     def _frames(self, item: Fetched, fps: float, max_frames: int):
         c = self.config

@@ -84,7 +84,7 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
     from conftest import MODELS
     from mlx_lm.sample_utils import make_logits_processors
 
-    from batchgen.core.records import GenParams, Media
+    from batchgen.core.records import GenParams, Media, MediaItem
     from batchgen.generate.decoder import Watch
     from batchgen.generate.models import inspect_model
     from batchgen.generate.one_row import generate_vlm
@@ -112,7 +112,7 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
     for k in range(3):
         parsed, _ = parse_row(RawRow(k, k + 1, rows[k]), GenParams(temperature=0.0), None)
         single = generate_vlm(model, processor, inspect_model(str(sensitive_vlm)), parsed,
-                              Media(images=[image], image_digests=["a"]), watch=Watch())  # fmt: skip
+                              Media([MediaItem("image", image, "a")]), watch=Watch())  # fmt: skip
         assert got[f"i{k}"] == (single.text, single.completion_tokens)
         prompt = f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Question {k}: what is it?<|im_end|>\n<|im_start|>assistant\n"  # noqa: E501
         own = mlx_vlm.generate(model, processor, prompt, image=[image], max_tokens=12, temperature=0.0,

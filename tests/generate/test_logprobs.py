@@ -11,7 +11,7 @@ import pytest
 from conftest import MODELS, read, run_cli, write_jsonl
 from PIL import Image
 
-from batchgen.core.records import GenParams, Media
+from batchgen.core.records import GenParams, Media, MediaItem
 from batchgen.generate.decoder import Watch
 from batchgen.generate.models import inspect_model
 from batchgen.generate.one_row import generate_vlm
@@ -99,7 +99,7 @@ def test_media_row_logprobs_equal_mlx_vlms_on_the_batched_and_the_one_row_lane(t
         params = GenParams(temperature=0.0, max_tokens=6, top_logprobs=TOP)
         job_row, _ = parse_row(RawRow(k, k + 1, rows[k]), params, None)
         single = generate_vlm(
-            model, processor, info, job_row, Media(images=[image], image_digests=[c]), watch=Watch()
+            model, processor, info, job_row, Media([MediaItem("image", image, c)]), watch=Watch()
         )
         _same(single.logprobs, reference)
     assert batched["red"]["logprobs"] != batched["blue"]["logprobs"]  # the model sees the image

@@ -116,6 +116,7 @@ def test_distinct_images_and_images_with_identical_byte_prefixes_never_share(wor
 
 
 def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_copies():
+    from batchgen.core.records import IMAGE_DIGEST
     from batchgen.generate.loading import SharedImages
 
     calls = []
@@ -125,32 +126,40 @@ def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_c
         return {"pixel_values": np.ones((len(images), 3, 4, 4)) * len(calls), "num_crops": [0] * len(images)}
 
     shared = SharedImages(inner)
-    a, b = Image.new("RGB", (4, 4), "red"), Image.new("RGB", (4, 4), "red")
+    a, b = Image.new("RGB", (4, 4), "red"), Image.new("RGB", (4, 4), "blue")
     first = shared([a], do_pad=True)
     first.pop("num_crops")  # gemma3's processor pops keys from what it gets
     first["pixel_values"] *= 0
     again = shared([a], do_pad=True)
     assert len(calls) == 1 and again["num_crops"] == [0] and again["pixel_values"].max() == 1
     shared([a], do_pad=False)  # other settings
-    shared(images=[b], do_pad=True)  # another image object, even with the same pixels
+    shared(images=[b], do_pad=True)  # other pixels
     shared([[a, b]], do_pad=True)  # nested, as batched processors pass them
     assert len(calls) == 4
+    shared([Image.new("RGB", (4, 4), "red")], do_pad=True)  # another object with a's pixels: its content
+    assert len(calls) == 4
+    tagged = Image.new("RGB", (4, 4), "blue")
+    tagged.info[IMAGE_DIGEST] = "d1"  # decoded by the media stage: its digest is its key
+    shared([tagged], do_pad=True)
+    retagged = Image.new("RGB", (4, 4), "green")
+    retagged.info[IMAGE_DIGEST] = "d1"
+    assert len(calls) == 5 and shared([retagged], do_pad=True)["pixel_values"].max() == 5
     shared([np.zeros((4, 4, 3))], do_pad=True)  # arrays can change in place: never kept
     shared([np.zeros((4, 4, 3))], do_pad=True)
-    assert len(calls) == 6
+    assert len(calls) == 7
 
 
 def test_kept_image_processor_outputs_are_bounded_by_their_bytes():
     from batchgen.generate.loading import SHARED_IMAGE_BYTES, SharedImages
 
     calls = []
-    shared = SharedImages(lambda images: calls.append(1) or {"pixel_values": np.zeros((1, 3, 8, 8))})
-    side = int((SHARED_IMAGE_BYTES / 3 / 2.5) ** 0.5)  # two such images and their outputs fit, not three
-    big = [Image.new("RGB", (side, side)) for _ in range(3)]
+    side = int((SHARED_IMAGE_BYTES / 8 / 2.5) ** 0.5)  # two such outputs (float64) fit, not three
+    shared = SharedImages(lambda images: calls.append(1) or {"pixel_values": np.zeros((1, side, side))})
+    big = [Image.new("RGB", (2, 2), colour) for colour in ("red", "green", "blue")]
     for im in big:
         shared([im])
     shared([big[2]])
     shared([big[1]])
     assert len(calls) == 3 and len(shared.memo) == 2
-    shared([big[0]])  # the oldest went, with its image
+    shared([big[0]])  # the oldest went
     assert len(calls) == 4

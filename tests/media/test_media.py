@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from batchgen.core.records import Job, MediaRef
+from batchgen.core.records import IMAGE_DIGEST, Job, MediaRef
 from batchgen.core.settings import MediaConfig
 from batchgen.media.resolve import MediaStage, Prefetcher
 
@@ -67,3 +67,16 @@ def test_bytes_rows_carry_count_in_the_bound_before_they_decode(tmp_path):
                 assert "bytes is over the image cap (1,000 bytes)" in prepared.error.message
             taken += [job.id for job, _ in window]
     assert taken == list(range(12))
+
+
+def test_a_rows_media_are_one_list_of_records_each_image_tagged_with_its_content_digest(tmp_path):
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "a.png")
+    Image.new("RGB", (8, 8), "red").save(tmp_path / "copy.png")  # the same bytes under another name
+    Image.new("RGB", (8, 8), "blue").save(tmp_path / "b.png")
+    stage = MediaStage(MediaConfig(), tmp_path, tmp_path)
+    refs = [MediaRef("image", name) for name in ("a.png", "b.png", "copy.png")]
+    media = stage.resolve(Job(index=0, id=0, media=refs)).media
+    assert [m.kind for m in media.items] == ["image"] * 3 and media.images == [m.payload for m in media.items]
+    digests = media.digests("image")
+    assert digests[0] == digests[2] != digests[1] and media.images[0] is media.images[2]  # decoded once
+    assert [im.info[IMAGE_DIGEST] for im in media.images] == digests  # what the processor's memo keys on

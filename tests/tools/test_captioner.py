@@ -86,7 +86,7 @@ def test_the_training_prompt_is_the_inference_prompt(question):
     """Trained image-first on batchgen's own template: the prompt the model sees at run time."""
     import mlx_vlm
 
-    from batchgen.core.records import GenParams, Media
+    from batchgen.core.records import GenParams, Media, MediaItem
     from batchgen.generate.router import Router
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
@@ -96,6 +96,6 @@ def test_the_training_prompt_is_the_inference_prompt(question):
     engines = Router(str(CAPTIONER))
     job, _ = parse_row(RawRow(0, 1, {"image": "x.png", "prompt": question}), GenParams())
     img, _, _ = shapes.sample(random.Random(1))
-    plan = engines.plan(job, Media(images=[img], image_digests=["d"]))
+    plan = engines.plan(job, Media([MediaItem("image", img, "d")]))
     batch_ids = inputs.batch([(img, question, "x")])[0][0].tolist()
     assert batch_ids[: len(plan.seq.ids)] == plan.seq.ids

@@ -152,6 +152,8 @@ def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes,
         "path": str(Path(local.given).resolve()) if local is not None else None,
         "format": source.format if source is not None else None,
         "id_column": config.columns.id,
+        "prompt": config.columns.prompt,  # the gallery and export read each row's question as the run did
+        "system": config.columns.system,
         "image": list(config.columns.image),
         "video": list(config.columns.video),
         "not_carried": sorted(dropped),  # the columns only the job holds (a dataset's image bytes)

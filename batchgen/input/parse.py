@@ -22,24 +22,21 @@ from ..core.params import (
     is_int,
     is_number,
 )  # fmt: skip
-from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaKind, MediaRef, Scoring
+from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef, Scoring
 from ..core.settings import Columns
+from .messages import (
+    PART_TYPES,
+    attach_flat_media,
+    in_slot_order,
+    media_values,
+    messages_of,
+    part_reference,
+    source_of,
+)
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
 
-__all__ = ["parse_row", "shared_parts", "media_like", "template_fields", "near_miss", "FIELDS"]
-
-# OpenAI content-part types and (kind, key holding the reference).
-_PART_TYPES: dict[str, tuple[MediaKind, str]] = {
-    "image_url": ("image", "image_url"),
-    "image": ("image", "image"),
-    "video_url": ("video", "video_url"),
-    "video": ("video", "video"),
-    "audio_url": ("audio", "audio_url"),
-    "audio": ("audio", "audio"),
-}
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
-
+__all__ = ["parse_row", "asked", "shared_parts", "media_like", "template_fields", "near_miss", "FIELDS"]
 
 # Names of columns that usually hold media (img2dataset's `jpg`, web crawls' `url`): a row
 # without media beside one of them is probably a mapping the user forgot.
@@ -101,120 +98,6 @@ def media_like(name: str, value: Any) -> bool:
     return name.lower() in _MEDIA_NAMES
 
 
-def _source(value: Any) -> str | bytes | None:
-    """A media reference from a cell: a URL, path or data URL; raw bytes (a Parquet binary
-    column); a Hugging Face image struct, its bytes first, else its path."""
-    if isinstance(value, str):
-        return value if value.strip() else None
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value) if len(value) else None
-    if isinstance(value, dict):
-        return _source(value.get("bytes")) or _source(value.get("path"))
-    return None
-
-
-def _media_values(name: str, value: Any, problems: list[Problem]) -> list[str | bytes]:
-    values = value if isinstance(value, list) else [value]
-    sources = [_source(v) for v in values]
-    if not sources or not all(sources):
-        problems.append(
-            (name, f"expected a URL, path, data URL, bytes or {{bytes, path}} struct, or a list of them, "
-                   f"got {_shown(value)}")
-        )  # fmt: skip
-        return []
-    return sources  # type: ignore[return-value]
-
-
-def _shown(value: Any) -> str:
-    """A bad value for a message: bytes (also inside a struct) by their size, not their content."""
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return f"{len(value)} bytes"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k!r}: {_shown(v)}" for k, v in list(value.items())[:4]) + "}"
-    return f"{value!r:.60}"
-
-
-def _part_reference(part: dict[str, Any], key: str) -> Any:
-    ref = part.get(key)
-    return _source(ref.get("url") if isinstance(ref, dict) and "url" in ref else ref)
-
-
-def _content(
-    content: Any, where: str, media: list[MediaRef], problems: list[Problem]
-) -> list[dict[str, Any]] | str | None:
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        problems.append((where, f"content must be a string or a list of parts, got {content!r:.60}"))
-        return None
-    parts: list[dict[str, Any]] = []
-    for j, part in enumerate(content):
-        at = f"{where}.content[{j}]"
-        if isinstance(part, str):
-            part = {"type": "text", "text": part}
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind == "text" and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind in _PART_TYPES:
-            media_kind, key = _PART_TYPES[kind]
-            ref = _part_reference(part, key)
-            if ref is None:
-                problems.append((at, f"a {kind} part needs a URL, path, data URL or bytes in {key!r}"))
-                continue
-            parts.append({"type": media_kind, "media": len(media)})
-            media.append(MediaRef(media_kind, ref))
-        elif kind == "text":
-            problems.append((at, "a text part needs a string 'text'"))
-        else:
-            problems.append((at, f"unknown content part type {kind!r}"))
-    return parts
-
-
-def _messages(value: Any, media: list[MediaRef], problems: list[Problem]) -> list[dict[str, Any]]:
-    if not isinstance(value, list) or not value:
-        problems.append(("messages", "expected a non-empty list of {role, content} objects"))
-        return []
-    messages = []
-    for i, message in enumerate(value):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict) or message.get("role") not in _ROLES:
-            problems.append((where, f"expected {{role, content}} with role in {sorted(_ROLES)}"))
-            continue
-        content = _content(message.get("content"), where, media, problems)
-        if content is not None:
-            messages.append({"role": message["role"], "content": content})
-    return messages
-
-
-def _attach_flat_media(messages: list[dict[str, Any]], flat: list[MediaRef], media: list[MediaRef]) -> None:
-    """Flat media go first in the first user turn: the shared prefix of rows on one image."""
-    target = next((m for m in messages if m["role"] == "user"), None)
-    if target is None:
-        target = {"role": "user", "content": []}
-        messages.append(target)
-    if isinstance(target["content"], str):
-        target["content"] = [{"type": "text", "text": target["content"]}]
-    head = []
-    for ref in flat:
-        head.append({"type": ref.kind, "media": len(media)})
-        media.append(ref)
-    target["content"] = head + target["content"]
-
-
-def _in_slot_order(messages: list[dict[str, Any]], media: list[MediaRef]) -> list[MediaRef]:
-    """The media in the order their parts come in the prompt, parts renumbered to match: the
-    processor fills the prompt's slots with the images in list order, so a flat image put
-    ahead of the messages' own must come first in the list too."""
-    ordered: list[MediaRef] = []
-    for message in messages:
-        if isinstance(message["content"], list):
-            for part in message["content"]:
-                if "media" in part:
-                    ordered.append(media[part["media"]])
-                    part["media"] = len(ordered) - 1
-    return ordered
-
-
 class _Columns(dict):
     def __missing__(self, key: str) -> str:
         raise KeyError(key)
@@ -273,7 +156,7 @@ def shared_parts(value: Any, columns: Columns) -> tuple[list[tuple[str, str | by
     for name, kind in MEDIA_COLUMNS.items():
         cell = value.get(name)
         for v in cell if isinstance(cell, list) else [] if cell is None else [cell]:
-            if (source := _source(v)) is not None:
+            if (source := source_of(v)) is not None:
                 media.append((kind, source))
     messages = value.get("messages")
     if not isinstance(messages, list):
@@ -281,9 +164,9 @@ def shared_parts(value: Any, columns: Columns) -> tuple[list[tuple[str, str | by
     for message in messages:
         content = message.get("content") if isinstance(message, dict) else None
         for part in content if isinstance(content, list) else ():
-            if isinstance(part, dict) and part.get("type") in _PART_TYPES:
-                kind, key = _PART_TYPES[part["type"]]
-                if (source := _part_reference(part, key)) is not None:
+            if isinstance(part, dict) and part.get("type") in PART_TYPES:
+                kind, key = PART_TYPES[part["type"]]
+                if (source := part_reference(part, key)) is not None:
                     media.append((kind, source))
     return media, [value.get("system"), messages[:-1]] if len(messages) > 1 else value.get("system")
 
@@ -361,7 +244,7 @@ def _parse_row(
     if prompt is not None and messages is not None:
         problems.append(("prompt", "give either 'prompt' or 'messages', not both"))
     elif messages is not None:
-        job.messages = _messages(messages, media, problems)
+        job.messages = messages_of(messages, media, problems)
     elif isinstance(prompt, str):
         job.messages = [{"role": "user", "content": prompt}]
     elif prompt is not None:
@@ -372,10 +255,10 @@ def _parse_row(
     flat: list[MediaRef] = []
     for name, kind in MEDIA_COLUMNS.items():
         if value.get(name) is not None:
-            flat += [MediaRef(kind, v) for v in _media_values(name, value[name], problems)]
+            flat += [MediaRef(kind, v) for v in media_values(name, value[name], problems)]
     if flat and job.messages:
-        _attach_flat_media(job.messages, flat, media)
-    job.media = _in_slot_order(job.messages, media)
+        attach_flat_media(job.messages, flat, media)
+    job.media = in_slot_order(job.messages, media)
     mapped = {c for _, c in columns.named()} | set(_fields_of(template))
     if not job.media and not is_batch_request(job.raw):  # a Batch line's `url` is its endpoint
         job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
@@ -387,6 +270,21 @@ def _parse_row(
     if problems:
         job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
     return job, problems
+
+
+def asked(
+    value: Any, template: str | None = None, columns: Columns | None = None
+) -> tuple[str, list[MediaRef]]:
+    """What a row asked, read as a run reads it (its column mapping, its prompt template): the
+    text of its turns but the system prompt, and its media in prompt order. For readers of
+    results (the gallery, export); a row that does not parse asks what could be read of it."""
+    job, _ = parse_row(RawRow(0, None, value, fingerprint=""), GenParams(), template, columns)
+    texts: list[str] = []
+    for message in job.messages:
+        content = message["content"]
+        if message["role"] != "system":
+            texts += [content] if isinstance(content, str) else [p["text"] for p in content if "text" in p]
+    return " ".join(texts), job.media
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,13 +21,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
+from ..core.records import MediaRef
 from ..input.read import id_key
 from ..output.store import atomic_write, strict_json
 from ..output.tables import ANSWER_PREFIX
 from .caption import MEDIA_EXTENSIONS
 from .export_files import write_imagefolder, write_txt
 from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
-from .results import MediaPolicy, cell_refs, job_of, media_policy, read_results, results_schema
+from .results import MediaPolicy, asking, job_of, media_policy, read_results, results_schema
 
 __all__ = ["FORMATS", "ExportOptions", "ExportSummary", "export"]
 
@@ -106,37 +107,27 @@ def _as_text(value: Any) -> str | None:
     return value.strip() if isinstance(value, str) else json.dumps(value)
 
 
-def _media_of(row: dict[str, Any], recorded: bool, columns: list[str]) -> dict[str, Any] | None:
+def _media_of(row: dict[str, Any], recorded: bool, asked: list[MediaRef]) -> dict[str, Any] | None:
     """The first image or video the run read for this row, as a MediaFile's fields. Outputs of
-    versions that recorded none: the first reference in the columns the run read media from."""
+    versions that recorded none: the first the row asked about."""
     if recorded:
         return next((f for f in row.get("media_files") or [] if f["kind"] in _CAPTIONED), None)
-    for column in columns:
-        for ref in cell_refs(row.get(column)):
-            if isinstance(ref, bytes):
-                return {"ref": None, "sha256": hashlib.sha256(ref).hexdigest()}
-            return {"ref": ref, "sha256": None}
-    return None
-
-
-def _legacy_columns(about: dict[bytes, bytes]) -> list[str]:
-    """Where a run of an earlier version read media from: its --image-column / --video-column,
-    else batchgen's own media columns."""
-    job = job_of(about)
-    mapped = [c for kind in _CAPTIONED for c in job.get(kind) or [] if isinstance(c, str)]
-    return mapped or ["image", "images", "video", "videos"]
+    ref = next((m.source for m in asked if m.kind in _CAPTIONED), None)
+    if isinstance(ref, bytes):
+        return {"ref": None, "sha256": hashlib.sha256(ref).hexdigest()}
+    return {"ref": ref, "sha256": None} if ref is not None else None
 
 
 def _grouped(rows: list[dict[str, Any]], policy: MediaPolicy, chosen: str | None, fields: list[str],
              recorded: bool, about: dict[bytes, bytes]) -> tuple[list[Item], list[str]]:  # fmt: skip
-    prompts: list[str] = []
+    prompts: dict[str, int] = {}  # each prompt's number, in the order rows first ask it
     items: dict[str, Item] = {}
-    columns = [] if recorded else _legacy_columns(about)
+    reader = asking(about)
     for r in rows:
-        prompt = str(r.get("prompt") or "")
-        if prompt not in prompts:
-            prompts.append(prompt)
-        media = _media_of(r, recorded, columns)
+        question, asked = reader.of(r)
+        prompt = reader.template if reader.template is not None else question  # a template: one prompt
+        k = prompts.setdefault(prompt, len(prompts))
+        media = _media_of(r, recorded, asked)
         ref = media["ref"] if media else None
         name = str(r.get("file") or ref or r["id"])
         if media is None:
@@ -151,14 +142,14 @@ def _grouped(rows: list[dict[str, Any]], policy: MediaPolicy, chosen: str | None
             item = items.setdefault(f"file:{path}" if path else f"ref:{ref}", Item(name, ref, "file", path))
         item.ids.append(id_key(r["id"]))
         item.hashes.append(r.get("input_hash"))
-        ok, k = r["status"] == "ok", prompts.index(prompt)
+        ok = r["status"] == "ok"
         item.answers[k] = (r["generated_text"] or "").strip() if ok else None
         if ok and chosen is not None:  # a row whose answer lacks the field gives no caption
             item.answers[k] = _as_text(r[ANSWER_PREFIX + chosen])
         item.fields[k] = {f: r[ANSWER_PREFIX + f] for f in fields} if ok else {}
         if not ok:
             item.errors.append(f"{r.get('error_stage')}: {r.get('error')}")
-    return list(items.values()), prompts
+    return list(items.values()), list(prompts)
 
 
 def _columns(prompts: list[str], options: ExportOptions) -> dict[str, list[int]]:

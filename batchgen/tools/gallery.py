@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,11 +15,10 @@ import jinja2
 
 from ..input.read import id_key
 from ..media.images import IMAGE_FORMATS
-from ..output.write import TEMPLATE_KEY
 from .results import (
     MediaPolicy,
     Ref,
-    cell_refs,
+    asking,
     job_pictures,
     media_columns,
     media_policy,
@@ -98,67 +96,10 @@ def _from_job(about: dict[bytes, bytes], wanted: dict[str, str | None], columns:
     }
 
 
-_PARTS = {"image": "image", "image_url": "image", "video": "video", "video_url": "video"}
-
-
 _URL_COLUMNS = ("url", "image_url")  # img2dataset's: the picture's source, when nothing else shows it
 
 
 _MAX_EMBEDDED = 2000  # thumbnails made from bytes (~5 KB each): the page stays ~10 MB at most
-
-
-def _media_of(row: dict[str, Any], columns: list[tuple[str, str]]) -> list[tuple[Ref, str]]:
-    """A row's images and videos: its media columns, then those inside its messages."""
-    refs: list[tuple[Ref, str]] = []
-    for column, kind in columns:
-        refs += [(ref, kind) for ref in cell_refs(row.get(column))]
-    for message in _messages(row) or []:
-        content = message.get("content") if isinstance(message, dict) else None
-        for part in content if isinstance(content, list) else []:
-            part_kind = _PARTS.get(str(part.get("type"))) if isinstance(part, dict) else None
-            ref = part.get(part["type"]) if part_kind else None
-            ref = ref.get("url") if isinstance(ref, dict) else ref
-            if part_kind and isinstance(ref, str):
-                refs.append((ref, part_kind))
-    return refs
-
-
-def _messages(row: dict[str, Any]) -> list[Any] | None:
-    """The row's messages (a list, or JSON text of one); None for text that is not JSON."""
-    messages = row.get("messages")
-    if isinstance(messages, str):
-        try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError:
-            return None
-    return messages if isinstance(messages, list) else []
-
-
-class _Blank(dict):
-    def __missing__(self, key: str) -> str:
-        return ""
-
-
-def _question(row: dict[str, Any], template: str | None = None) -> str:
-    """What the row asked: its prompt, its messages' text, or its --prompt-template filled in."""
-    if row.get("prompt"):
-        return str(row["prompt"])
-    if template is not None and row.get("messages") is None:
-        try:
-            return template.format_map(_Blank({k: "" if v is None else v for k, v in row.items()}))
-        except (ValueError, IndexError, AttributeError):
-            return template
-    messages = _messages(row)
-    if messages is None:  # not JSON: shown as written
-        return row["messages"]
-    texts = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, str):
-            texts.append(content)
-        elif isinstance(content, list):
-            texts += [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-    return " ".join(texts)
 
 
 def _metrics(r: dict[str, Any]) -> str:
@@ -215,16 +156,17 @@ def write_gallery(
     rows = read_results(path)
     about = results_metadata(path)
     policy = media_policy(path, about, media_base)
-    template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
     columns = media_columns(about, extra_columns)
-    media = [_media_of(r, columns) for r in rows]
+    reader = asking(about, extra_columns)
+    asked = [reader.of(r) for r in rows]
+    media = [[(m.source, m.kind) for m in refs if m.kind != "audio"] for _, refs in asked]
     wanted = {id_key(r["id"]): r["input_hash"] for r, m in zip(rows, media, strict=True) if not m}
     from_job = _from_job(about, wanted, columns, policy)
     thumbs: dict[str, list[str]] = {}
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}
     embedded = 0
-    for r, refs in zip(rows, media, strict=True):
+    for r, refs, (question, _) in zip(rows, media, asked, strict=True):
         keys = []
         for key, shown in from_job.get(id_key(r["id"]), []) if not refs else []:
             thumbs.setdefault(key, shown)
@@ -249,7 +191,7 @@ def write_gallery(
             {
                 "id": str(r["id"]),
                 "status": r["status"],
-                "question": _question(r, template),
+                "question": question,
                 "text": r["generated_text"] or "",
                 "reasoning": r.get("reasoning") or "",  # shown folded: the answer is what counts
                 "calls": _calls(r),

@@ -13,15 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import BatchgenError, JobFileError
-from ..core.records import RESULT_COLUMNS, local_path
+from ..core.records import MEDIA_COLUMNS, RESULT_COLUMNS, MediaRef, local_path
+from ..core.settings import Columns
+from ..input.parse import asked
 from ..input.read import id_key, iter_rows
 from ..input.source import resolve
 from ..output.tables import RESULT_SCHEMA
-from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY
+from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
 __all__ = [
     "read_results", "results_schema", "results_metadata", "MediaPolicy", "media_policy", "job_of",
-    "cell_refs", "media_columns", "job_pictures", "Ref",
+    "cell_refs", "media_columns", "job_pictures", "Ref", "Asking", "asking",
 ]  # fmt: skip
 
 _NEEDED = ("id", "status", "error", "error_stage")  # every output keeps these (KEPT_COLUMNS)
@@ -131,6 +133,49 @@ def cell_refs(value: Any) -> list[Ref]:
         if isinstance(ref, (str, bytes)) and ref:
             out.append(ref)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Asking:
+    """How the run read its rows' questions: its --prompt-template and column mapping, as it
+    recorded them (with a report's extra image columns)."""
+
+    template: str | None
+    columns: Columns
+
+    def of(self, row: dict[str, Any]) -> tuple[str, list[MediaRef]]:
+        """What a result row asked (its text, its media in prompt order), read by input/parse as
+        the run read it; carried cells kept as JSON text (a list whose types clashed) read back."""
+        names = ("messages", *MEDIA_COLUMNS, *self.columns.image, *self.columns.video)
+        value = {k: _json(v) if k in names else v for k, v in row.items()}
+        return asked(value, self.template, self.columns)
+
+
+def asking(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> Asking:
+    """The run's way of reading questions, from the output's metadata; `extra` image columns
+    are read beside the run's own."""
+    job = job_of(about)
+
+    def named(key: str) -> str | None:
+        return job[key] if isinstance(job.get(key), str) else None
+
+    def listed(key: str) -> tuple[str, ...]:
+        return tuple(c for c in job.get(key) or [] if isinstance(c, str))
+
+    image = listed("image") or (("image", "images") if extra else ())
+    columns = Columns(None, named("prompt"), named("system"), (*image, *extra), video=listed("video"))
+    template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
+    return Asking(template, columns)
+
+
+def _json(value: Any) -> Any:
+    """A cell the writer kept as JSON text, as it was; any other value as it is."""
+    if isinstance(value, str) and value.startswith(("[", "{")):
+        try:
+            return json.loads(value)
+        except (ValueError, RecursionError):
+            pass
+    return value
 
 
 def media_columns(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:

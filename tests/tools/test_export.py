@@ -238,3 +238,34 @@ def test_a_caption_and_tags_schema_gives_typed_columns_and_tag_files(tmp_path):
     }
     code, output = run_cli("export", str(out), "--format", "txt", "--field", "colour")
     assert code == 2 and "no such answer field (the results have caption, tags)" in output
+
+
+def test_a_mapped_prompt_column_is_the_question_in_export_and_report(tmp_path, scripted):
+    """Questions read as the run read them (input/parse, with the recorded mapping): two
+    questions per picture in a dataset's own columns make two answer columns, each picture
+    shown once with both questions."""
+    import shutil
+
+    (tmp_path / "pics").mkdir()
+    for name in ("red_circle.png", "blue_square.webp"):
+        shutil.copy(ROOT / "sample_data" / "media" / name, tmp_path / "pics" / name)
+    rows = [{"key": f"{name}-{k}", "pic": f"pics/{name}", "ask": question}
+            for name in ("red_circle.png", "blue_square.webp")
+            for k, question in enumerate(("What shape?", "What colour?"))]  # fmt: skip
+    job = tmp_path / "jobs.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.parquet"
+    mapping = ("--id-column", "key", "--image-column", "pic", "--prompt-column", "ask")
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", "scripted", *mapping, "-q")
+    assert code == 0, output
+    wide = tmp_path / "wide.parquet"
+    code, output = run_cli("export", str(out), "--format", "wide", "-o", str(wide))
+    assert code == 0, output
+    got = {r["file"]: (r["text_0"], r["text_1"]) for r in pq.read_table(wide).to_pylist()}
+    assert got == {f"pics/{name}": (f"scripted answer to {name}-0", f"scripted answer to {name}-1")
+                   for name in ("red_circle.png", "blue_square.webp")}  # fmt: skip
+    page = tmp_path / "page.html"
+    assert run_cli("report", str(out), "-o", str(page))[0] == 0
+    text = page.read_text()
+    assert text.count('"question": "What shape?"') == 2 and text.count('"question": "What colour?"') == 2
+    assert text.count('"entries"') == 2  # a card per picture, each with its two questions

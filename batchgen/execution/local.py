@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..core.constraints import answer_kinds
+from ..core.answers import answer_kinds
 from ..core.errors import RowError, one_line, plural
 from ..core.records import TOTALS, Finished, Job, Media, Result
 from ..core.settings import RunConfig, WorkSettings

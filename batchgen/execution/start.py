@@ -9,7 +9,7 @@ import json
 import os
 from pathlib import Path
 
-from ..core.constraints import answer_kinds, merge_kinds
+from ..core.answers import answer_kinds, merge_kinds
 from ..core.errors import ConfigError, short
 from ..core.settings import RunConfig
 from ..input.parse import template_fields

@@ -17,7 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.constraints import merge_kinds, requested_kinds
+from ..core.answers import merge_kinds
+from ..core.constraints import requested_kinds
 from ..core.errors import JobFileError
 from .formats import FORMATS
 from .openai_batch import is_batch_request

@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..core.constraints import merge_kinds
+from ..core.answers import merge_kinds
 from ..core.records import RESULT_COLUMNS, Result
 from ..input.read import JobIndex, id_key
 

@@ -8,7 +8,7 @@ import json
 
 import pyarrow as pa
 
-from batchgen.core.constraints import answer_kinds
+from batchgen.core.answers import answer_kinds
 from batchgen.core.records import Constraint, Result
 from batchgen.output.tables import rows_to_table
 

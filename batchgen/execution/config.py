@@ -149,17 +149,7 @@ def build_config(
     med.update({k: v for k, v in (media or {}).items() if v is not None})
     mapping = build_columns(data.pop("columns", None) or {}, columns or {})
     constraint = _constraint(gen)
-    for key in _LISTS:
-        if isinstance(data.get(key), str):
-            data[key] = (data[key],)
-        if overrides.get(key) == ():
-            overrides[key] = None
-    if overrides.get("model") is not None and overrides.get("text_model") is None:
-        data.pop("text_model", None)  # --model alone means that model for every row
-    data.update({k: v for k, v in overrides.items() if v is not None})
-    for name, flag in FLAG_NAMES.items():  # a preset or keyword may use the flag's name (engine: ray)
-        if flag in data:
-            data[name] = data.pop(flag)
+    _overlaid(data, overrides)
     if not data.get("model"):
         raise ConfigError(
             "no model: pass --model PATH_OR_ID (e.g. mlx-community/Qwen2.5-VL-3B-Instruct-4bit) or a preset, "
@@ -188,6 +178,22 @@ def build_config(
         columns=mapping,
         **data,
     )
+
+
+def _overlaid(data: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """The run-wide settings of a preset, `data`, overlaid with those given (None or an empty
+    list: not given); a flag's name for its field's (engine: ray)."""
+    for key in _LISTS:
+        if isinstance(data.get(key), str):
+            data[key] = (data[key],)
+        if overrides.get(key) == ():
+            overrides[key] = None
+    if overrides.get("model") is not None and overrides.get("text_model") is None:
+        data.pop("text_model", None)  # --model alone means that model for every row
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    for name, flag in FLAG_NAMES.items():
+        if flag in data:
+            data[name] = data.pop(flag)
 
 
 def _media_config(med: dict[str, Any]) -> MediaConfig:

@@ -217,6 +217,19 @@ def _parse_row(
         value = _fill_template(template, value, problems)
     if not (value.get("id") is None or valid_id(value["id"])):
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
+    _parameters(job, value, defaults, problems)
+    _turns(job, value, problems)
+    mapped = {c for _, c in columns.named()} | set(_fields_of(template))
+    if not job.media and not is_batch_request(job.raw):  # a Batch line's `url` is its endpoint
+        job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
+    job.near_misses = tuple(k for k in job.raw if isinstance(k, str) and k not in mapped and near_miss(k))
+    if problems:
+        job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
+    return job, problems
+
+
+def _parameters(job: Job, value: dict[str, Any], defaults: GenParams, problems: list[Problem]) -> None:
+    """The row's generation parameters, output constraint, scores and frame sampling."""
     param_problems, job.params = check_params(value, defaults)
     problems += param_problems
     constraint = constraint_of(value, problems)
@@ -239,6 +252,10 @@ def _parse_row(
     elif max_frames is not None:
         job.video_max_frames = max_frames
 
+
+def _turns(job: Job, value: dict[str, Any], problems: list[Problem]) -> None:
+    """The row's messages (from `prompt` or `messages`, its system prompt first) and its media
+    in the order the prompt's slots take them, flat media columns first."""
     prompt, messages = value.get("prompt"), value.get("messages")
     media: list[MediaRef] = []
     if prompt is not None and messages is not None:
@@ -251,7 +268,6 @@ def _parse_row(
         problems.append(("prompt", f"expected a string, got {prompt!r:.60}"))
     else:
         problems.append(("prompt", "missing: a row needs 'prompt' or 'messages'"))
-
     flat: list[MediaRef] = []
     for name, kind in MEDIA_COLUMNS.items():
         if value.get(name) is not None:
@@ -259,17 +275,9 @@ def _parse_row(
     if flat and job.messages:
         attach_flat_media(job.messages, flat, media)
     job.media = in_slot_order(job.messages, media)
-    mapped = {c for _, c in columns.named()} | set(_fields_of(template))
-    if not job.media and not is_batch_request(job.raw):  # a Batch line's `url` is its endpoint
-        job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
-    job.near_misses = tuple(k for k in job.raw if isinstance(k, str) and k not in mapped and near_miss(k))
-
     system = job.params.system
     if system and job.messages and job.messages[0]["role"] != "system":
         job.messages.insert(0, {"role": "system", "content": system})
-    if problems:
-        job.error = "; ".join(f"{field}: {msg}" for field, msg in problems)
-    return job, problems
 
 
 def asked(

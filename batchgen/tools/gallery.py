@@ -135,6 +135,39 @@ def _score(r: dict[str, Any]) -> float | None:
     return scores[0]["prob"] if scores else r.get("score_mean")
 
 
+class _Thumbs(dict[str, list[str]]):
+    """Each picture's thumbnails by key, made once however many rows show it; past
+    _MAX_EMBEDDED pictures held as bytes, no more are embedded."""
+
+    def __init__(self, policy: MediaPolicy, folder: Path):
+        super().__init__()
+        self.policy, self.folder, self.embedded = policy, folder, 0
+
+    def key(self, ref: Ref, kind: str) -> str:
+        key = _bytes_key(ref) if isinstance(ref, bytes) else f"{kind}:{ref}"
+        if key not in self:
+            self.embedded += isinstance(ref, bytes)
+            show = not isinstance(ref, bytes) or self.embedded <= _MAX_EMBEDDED
+            self[key] = _media_thumbs(ref, kind, self.policy, self.folder) if show else []
+        return key
+
+
+def _entry(r: dict[str, Any], question: str) -> dict[str, Any]:
+    """A row on its card: its question, its answer (or error), its figures and scores."""
+    return {
+        "id": str(r["id"]),
+        "status": r["status"],
+        "question": question,
+        "text": r["generated_text"] or "",
+        "reasoning": r.get("reasoning") or "",  # shown folded: the answer is what counts
+        "calls": _calls(r),
+        "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
+        "expected": str(r["expected"]) if r.get("expected") is not None else None,
+        "metrics": _metrics(r),
+        "scores": _scores(r),
+    }
+
+
 def _card_id(row_id: Any) -> str:
     """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
     text = str(row_id)
@@ -162,10 +195,9 @@ def write_gallery(
     media = [[(m.source, m.kind) for m in refs if m.kind != "audio"] for _, refs in asked]
     wanted = {id_key(r["id"]): r["input_hash"] for r, m in zip(rows, media, strict=True) if not m}
     from_job = _from_job(about, wanted, columns, policy)
-    thumbs: dict[str, list[str]] = {}
+    thumbs = _Thumbs(policy, out.parent)
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}
-    embedded = 0
     for r, refs, (question, _) in zip(rows, media, asked, strict=True):
         keys = []
         for key, shown in from_job.get(id_key(r["id"]), []) if not refs else []:
@@ -174,33 +206,14 @@ def write_gallery(
         if not refs and not keys:
             url = next((r[c] for c in _URL_COLUMNS if isinstance(r.get(c), str)), "")
             refs = [(url, "image")] if url.startswith(("http://", "https://")) else []
-        for ref, kind in refs:
-            key = _bytes_key(ref) if isinstance(ref, bytes) else f"{kind}:{ref}"
-            if key not in thumbs:
-                embedded += isinstance(ref, bytes)
-                show = not isinstance(ref, bytes) or embedded <= _MAX_EMBEDDED
-                thumbs[key] = _media_thumbs(ref, kind, policy, out.parent) if show else []
-            keys.append(key)
+        keys += [thumbs.key(ref, kind) for ref, kind in refs]
         card = by_media.get(tuple(keys)) if keys else None
         if card is None:  # one card per picture (or set of them); a row without media, its own
             card = {"id": _card_id(r["id"]), "media": keys, "entries": []}
             cards.append(card)
             if keys:
                 by_media[tuple(keys)] = card
-        card["entries"].append(
-            {
-                "id": str(r["id"]),
-                "status": r["status"],
-                "question": question,
-                "text": r["generated_text"] or "",
-                "reasoning": r.get("reasoning") or "",  # shown folded: the answer is what counts
-                "calls": _calls(r),
-                "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
-                "expected": str(r["expected"]) if r.get("expected") is not None else None,
-                "metrics": _metrics(r),
-                "scores": _scores(r),
-            }
-        )
+        card["entries"].append(_entry(r, question))
         if card.get("score") is None:
             card["score"] = _score(r)
     for card in cards:

@@ -109,31 +109,13 @@ def summarize(path: Path, slowest: int = 5) -> str:
     rows = read_results(path)
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [f"{path}: {plural(len(rows), 'row')}, {ok:,} ok, {len(rows) - ok:,} failed"]
-    by_stage: dict[str, Counter[str]] = {}
-    for r in rows:
-        if r["status"] != "ok":
-            by_stage.setdefault(r["error_stage"] or "?", Counter())[
-                gist(r["error"] or "", r["error_stage"])
-            ] += 1
-    if by_stage:
-        lines.append("errors by stage:")
-        for stage, messages in sorted(by_stage.items(), key=lambda kv: -sum(kv[1].values())):
-            lines.append(f"  {stage:<9}{sum(messages.values()):>6}")
-            lines += [f"    {n:>5} × {message}" for message, n in messages.most_common(3)]
-    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
-    completion = sum(r["completion_tokens"] or 0 for r in rows)
+    lines += _error_lines(rows)
     stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
     stats = _stats(stats_file)
-    speed = ""
-    if all(isinstance(stats.get(k), (int, float)) for k in ("tokens_per_s", "rows_per_s", "wall_s")):
-        speed = (
-            f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
-            f" over {stats['wall_s']:.1f} s"
-        )
     schema = results_schema(path)
     recorded = set(schema.names)  # a slim output holds no counts or timings
     if {"prompt_tokens", "completion_tokens"} <= recorded:
-        lines.append(f"tokens: {prompt:,} prompt, {completion:,} completion{speed}")
+        lines.append(_token_line(rows, stats))
     try:
         done = json.loads((schema.metadata or {}).get(COMPLETE_KEY, b"{}") or b"{}")
     except ValueError:
@@ -156,14 +138,46 @@ def summarize(path: Path, slowest: int = 5) -> str:
     if drafted:
         accepted = sum(r.get("mtp_accepted") or 0 for r in rows)
         lines.append(f"drafts: {accepted}/{drafted} accepted ({accepted / drafted:.0%})")
-    stages = ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")
-    timed = [k for k in stages if k in recorded]
-    worst = (
-        sorted(rows, key=lambda r: sum(r[k] or 0 for k in stages), reverse=True)[:slowest] if timed else []
-    )
-    if worst:
-        lines.append("slowest rows:")
-        for r in worst:
-            parts = ", ".join(f"{k[:-3]} {r[k]:.0f} ms" for k in stages if r[k])
-            lines.append(f"  {r['id']}: {sum(r[k] or 0 for k in stages):.0f} ms ({parts or 'nothing'})")
+    lines += _slowest_lines(rows, recorded, slowest)
     return "\n".join(map(_printable, lines))
+
+
+def _error_lines(rows: list[dict]) -> list[str]:
+    """Failed rows by stage, each stage's three commonest messages (their gist) with counts."""
+    by_stage: dict[str, Counter[str]] = {}
+    for r in rows:
+        if r["status"] != "ok":
+            by_stage.setdefault(r["error_stage"] or "?", Counter())[
+                gist(r["error"] or "", r["error_stage"])
+            ] += 1
+    lines = ["errors by stage:"] if by_stage else []
+    for stage, messages in sorted(by_stage.items(), key=lambda kv: -sum(kv[1].values())):
+        lines.append(f"  {stage:<9}{sum(messages.values()):>6}")
+        lines += [f"    {n:>5} × {message}" for message, n in messages.most_common(3)]
+    return lines
+
+
+def _token_line(rows: list[dict], stats: dict) -> str:
+    """Tokens in and out, and the last run's speed where its stats file says it."""
+    prompt = sum(r["prompt_tokens"] or 0 for r in rows)
+    completion = sum(r["completion_tokens"] or 0 for r in rows)
+    speed = ""
+    if all(isinstance(stats.get(k), (int, float)) for k in ("tokens_per_s", "rows_per_s", "wall_s")):
+        speed = (
+            f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
+            f" over {stats['wall_s']:.1f} s"
+        )
+    return f"tokens: {prompt:,} prompt, {completion:,} completion{speed}"
+
+
+def _slowest_lines(rows: list[dict], recorded: set[str], slowest: int) -> list[str]:
+    """The rows that took longest over all their stages, with each stage's share."""
+    stages = ("fetch_ms", "decode_ms", "frames_ms", "generate_ms")
+    if not any(k in recorded for k in stages):
+        return []
+    worst = sorted(rows, key=lambda r: sum(r[k] or 0 for k in stages), reverse=True)[:slowest]
+    lines = ["slowest rows:"] if worst else []
+    for r in worst:
+        parts = ", ".join(f"{k[:-3]} {r[k]:.0f} ms" for k in stages if r[k])
+        lines.append(f"  {r['id']}: {sum(r[k] or 0 for k in stages):.0f} ms ({parts or 'nothing'})")
+    return lines

@@ -37,6 +37,13 @@ __all__ = ["KINDS", "make_tiny_model"]
 KINDS = ("lm", "text-draft", "thinking-lm", "channel-lm", *(f.tiny for f in FAMILIES.values() if f.tiny))
 
 
+# Text models whose tokenizer and template know <think> (Qwen3's), or Gemma 4's channel markers.
+_MARKED = {
+    "thinking-lm": (THINK_TOKENS, THINKING_TEMPLATE, TOOL_WORDS),
+    "channel-lm": (CHANNEL_TOKENS, CHANNEL_TEMPLATE, CHANNEL_WORDS),
+}
+
+
 def make_tiny_model(
     out_dir: str | Path,
     kind: str = "vlm",  # one of KINDS
@@ -51,9 +58,8 @@ def make_tiny_model(
     """Write a loadable tiny checkpoint to `out_dir`, deterministic for a given seed.
 
     `kind="lm"` is a qwen2 text model (hidden 128, 4 layers) for mlx-lm;
-    `kind="vlm"` is a qwen2_vl model (hidden 64, 2 layers, vision depth 2) for mlx-vlm,
-    whose processor sees `image_size`² pixels (so 4 image tokens at the default 56);
-    `kind="qwen2_5_vl"` the same with Qwen2.5-VL's windowed vision tower.
+    `kind="vlm"` is a qwen2_vl model (hidden 64, 2 layers, vision depth 2) for mlx-vlm seeing
+    `image_size`² pixels (4 image tokens at 56); "qwen2_5_vl" with Qwen2.5-VL's windowed tower.
     Benchmarks pass larger `hidden`, `layers` and `vision_embed` so prefill costs something.
     `kind="text-draft"` is a smaller qwen2 with the same tokenizer, a draft model for "lm";
     `kind="thinking-lm"` the "lm" with Qwen3's `<think>` markers and `enable_thinking` template;
@@ -80,94 +86,102 @@ def make_tiny_model(
         return families.make_mtp_pair(out, seed, sensitive)
     if kind in families.VISION_KINDS:
         return families.make_vision_family(out, kind, seed, sensitive)
-    # text models whose tokenizer and template know <think> (Qwen3's), or Gemma 4's channel markers
-    marked = {
-        "thinking-lm": (THINK_TOKENS, THINKING_TEMPLATE, TOOL_WORDS),
-        "channel-lm": (CHANNEL_TOKENS, CHANNEL_TEMPLATE, CHANNEL_WORDS),
-    }
-    extra, template, words = marked.get(kind, ((), CHAT_TEMPLATE, ()))
+    extra, template, words = _MARKED.get(kind, ((), CHAT_TEMPLATE, ()))
     vocab = build_tokenizer(out, extra=extra, template=template, words=words)  # drafts pair with "lm" targets
     ids = token_ids(out)
     mx.random.seed(seed)
     if kind == "text-draft":
         kind, hidden, layers = "lm", hidden or 64, layers or 2
-    if kind in ("lm", "thinking-lm", "channel-lm"):
-        from mlx_lm.models import qwen2
-
-        config: dict[str, Any] = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
-        config.update(text_config(vocab, ids, hidden=hidden or 128, layers=layers or 4, heads=4))
-        model: Any = qwen2.Model(qwen2.ModelArgs.from_dict(config))
-    elif kind in ("qwen3_vl", "qwen3_vl_moe"):
+    if kind in ("qwen3_vl", "qwen3_vl_moe"):
         return families.make_qwen3_vl(out, vocab, ids, sensitive, moe=kind == "qwen3_vl_moe")
+    if kind in ("lm", "thinking-lm", "channel-lm"):
+        model, config = _qwen2(vocab, ids, hidden or 128, layers or 4)
     elif kind in ("vlm", "qwen2_5_vl"):
-        from mlx_vlm.models import qwen2_vl
-
-        qwen2_5 = kind == "qwen2_5_vl"
-
-        text = text_config(vocab, ids, hidden=hidden or 64, layers=layers or 2, heads=4)
-        head_dim = text["hidden_size"] // text["num_attention_heads"]
-        # mRoPE sections must add up to half the head dim.
-        section = [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]
-        text["rope_scaling"] = {"type": "mrope", "mrope_section": section}
-        config = {
-            "model_type": "qwen2_vl",
-            "architectures": ["Qwen2VLForConditionalGeneration"],
-            **text,
-            "image_token_id": ids["<|image_pad|>"],
-            "video_token_id": ids["<|video_pad|>"],
-            "vision_start_token_id": ids["<|vision_start|>"],
-            "vision_end_token_id": ids["<|vision_end|>"],
-            "vision_config": {
-                "model_type": "qwen2_vl",
-                "depth": 2,
-                "embed_dim": vision_embed,
-                "hidden_size": text["hidden_size"],
-                "num_heads": 2,
-                # transformers validates config.json strictly: an int, not 2.0.
-                "mlp_ratio": 2,
-                "patch_size": 14,
-                "spatial_patch_size": 14,
-                "spatial_merge_size": 2,
-                "temporal_patch_size": 2,
-                "in_channels": 3,
-            },
-        }
-        if qwen2_5:  # windowed vision attention, full attention in its last block
-            config.update(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"])
-            config["vision_config"] = {
-                "model_type": "qwen2_5_vl", "depth": 2, "hidden_size": vision_embed,
-                "intermediate_size": vision_embed * 2, "out_hidden_size": text["hidden_size"], "num_heads": 2,
-                "patch_size": 14, "window_size": 112, "fullatt_block_indexes": [1], "spatial_merge_size": 2,
-                "temporal_patch_size": 2, "in_channels": 3,
-            }  # fmt: skip
-            model = build_vlm(config)
-        else:
-            # Build the config objects the way mlx_vlm.load does, so what we save is what it loads.
-            model_config = qwen2_vl.ModelConfig.from_dict(json.loads(json.dumps(config)))
-            model_config.text_config = qwen2_vl.TextConfig.from_dict(model_config.text_config)
-            model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
-            model = qwen2_vl.Model(model_config)
-        pixels = image_size * image_size
-        write_json(
-            out / "preprocessor_config.json",
-            {
-                "image_processor_type": "Qwen2VLImageProcessor",
-                "processor_class": "Qwen2VLProcessor",
-                "min_pixels": pixels,
-                "max_pixels": pixels,
-                "patch_size": 14,
-                "temporal_patch_size": 2,
-                "merge_size": 2,
-                "image_mean": [0.48145466, 0.4578275, 0.40821073],
-                "image_std": [0.26862954, 0.26130258, 0.27577711],
-            },
-        )
-        write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
+        model, config = _qwen2_vl(kind == "qwen2_5_vl", vocab, ids, hidden or 64, layers or 2, vision_embed)
+        _qwen2_vl_processor(out, image_size)
     else:
         raise ValueError(f"unknown tiny model kind {kind!r} (expected one of {', '.join(KINDS)})")
     store(model, config, out, sensitive)
     write_generation_config(out, ids)
     return out
+
+
+def _qwen2(vocab: int, ids: dict[str, int], hidden: int, layers: int) -> tuple[Any, dict[str, Any]]:
+    """A qwen2 text model and its config, for mlx-lm."""
+    from mlx_lm.models import qwen2
+
+    config: dict[str, Any] = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}
+    config.update(text_config(vocab, ids, hidden=hidden, layers=layers, heads=4))
+    return qwen2.Model(qwen2.ModelArgs.from_dict(config)), config
+
+
+def _qwen2_vl(qwen2_5: bool, vocab: int, ids: dict[str, int], hidden: int, layers: int,
+              vision_embed: int) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+    """A qwen2_vl model and its config (qwen2_5: Qwen2.5-VL's windowed vision tower)."""
+    from mlx_vlm.models import qwen2_vl
+
+    text = text_config(vocab, ids, hidden=hidden, layers=layers, heads=4)
+    head_dim = text["hidden_size"] // text["num_attention_heads"]
+    # mRoPE sections must add up to half the head dim.
+    section = [head_dim // 2 - 2 * (head_dim // 6), head_dim // 6, head_dim // 6]
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": section}
+    config: dict[str, Any] = {
+        "model_type": "qwen2_vl",
+        "architectures": ["Qwen2VLForConditionalGeneration"],
+        **text,
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "vision_config": {
+            "model_type": "qwen2_vl",
+            "depth": 2,
+            "embed_dim": vision_embed,
+            "hidden_size": text["hidden_size"],
+            "num_heads": 2,
+            # transformers validates config.json strictly: an int, not 2.0.
+            "mlp_ratio": 2,
+            "patch_size": 14,
+            "spatial_patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+    }
+    if qwen2_5:  # windowed vision attention, full attention in its last block
+        config.update(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"])
+        config["vision_config"] = {
+            "model_type": "qwen2_5_vl", "depth": 2, "hidden_size": vision_embed,
+            "intermediate_size": vision_embed * 2, "out_hidden_size": text["hidden_size"], "num_heads": 2,
+            "patch_size": 14, "window_size": 112, "fullatt_block_indexes": [1], "spatial_merge_size": 2,
+            "temporal_patch_size": 2, "in_channels": 3,
+        }  # fmt: skip
+        return build_vlm(config), config
+    # Build the config objects the way mlx_vlm.load does, so what we save is what it loads.
+    model_config = qwen2_vl.ModelConfig.from_dict(json.loads(json.dumps(config)))
+    model_config.text_config = qwen2_vl.TextConfig.from_dict(model_config.text_config)
+    model_config.vision_config = qwen2_vl.VisionConfig.from_dict(config["vision_config"])
+    return qwen2_vl.Model(model_config), config
+
+
+def _qwen2_vl_processor(out: Path, image_size: int) -> None:
+    """The processor's files: `image_size`² pixels an image, the chat template."""
+    pixels = image_size * image_size
+    write_json(
+        out / "preprocessor_config.json",
+        {
+            "image_processor_type": "Qwen2VLImageProcessor",
+            "processor_class": "Qwen2VLProcessor",
+            "min_pixels": pixels,
+            "max_pixels": pixels,
+            "patch_size": 14,
+            "temporal_patch_size": 2,
+            "merge_size": 2,
+            "image_mean": [0.48145466, 0.4578275, 0.40821073],
+            "image_std": [0.26862954, 0.26130258, 0.27577711],
+        },
+    )
+    write_json(out / "chat_template.json", {"chat_template": CHAT_TEMPLATE})
 
 
 def _quantized(out: Path, bits: int, **build) -> Path:

@@ -10,7 +10,7 @@ from ..core.errors import BatchgenError, ConfigError
 from ..core.settings import GEN_FIELDS, RunConfig
 from ..core.uris import is_uri
 from ..execution.config import build_config, read_json_settings
-from .options import COLUMN_FLAGS
+from .options import COLUMN_FLAGS, MEDIA_FLAGS
 from .process import say
 
 __all__ = ["fail", "config_from_flags", "default_output"]
@@ -42,9 +42,7 @@ def config_from_flags(
             fail(e)
     generation["guided_choice"] = list(flags.pop("guided_choice", ()) or ()) or None
     generation["guided_regex"] = flags.pop("guided_regex", None)
-    media_flags = ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
-                   "fetch_workers", "decode_workers")  # fmt: skip
-    media = {k: flags.pop(k) for k in media_flags}
+    media = {k: flags.pop(k) for k in MEDIA_FLAGS}
     columns = {key: flags.pop(flag, None) for flag, key in COLUMN_FLAGS.items()}  # caption has none
     output, openai_output = _outputs(output, output_format)
     try:

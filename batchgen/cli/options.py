@@ -3,6 +3,7 @@ sections (input, models, generation, media, reuse, drafts, scale-out, output and
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import click
 
 from ..core.errors import BatchgenError
+from ..core.settings import Columns, MediaConfig
 
 __all__ = [
     "run_options",
@@ -21,7 +23,31 @@ __all__ = [
     "variables",
     "COLUMN",
     "COLUMN_FLAGS",
+    "MEDIA_FLAGS",
 ]
+
+# The media settings a flag sets, and its help; its type and default are MediaConfig's.
+_MEDIA_HELP = {
+    "video_fps": "Frames sampled per second of video",
+    "video_max_frames": "Most frames per video",
+    "allow_private_urls": "URLs may reach private hosts",
+    "media_cache": "Keep downloads here across runs",
+    "media_root": "Local media paths must lie inside it",
+    "fetch_workers": "Downloads in flight",
+    "decode_workers": "Image/video decodes at once",
+}
+MEDIA_FLAGS = tuple(_MEDIA_HELP)
+
+# Each column mapping (a Columns field, `--<field>-column`), and its help; [the column read without it].
+_COLUMN_HELP = {
+    "id": "Column holding each row's id [id].",
+    "prompt": "Column holding the prompt [prompt].",
+    "system": "Column holding the system prompt [system].",
+    "score": "Column whose text is scored as the answer [score_text].",
+    "image": "Column holding images (repeatable) [image, images].",
+    "video": "Column holding videos (repeatable) [video, videos].",
+}
+COLUMN_FLAGS = {f"{name}_column": name for name in _COLUMN_HELP}  # option name → Columns field
 
 
 def _generation_options() -> list:
@@ -56,11 +82,9 @@ def _generation_options() -> list:
 # `run --help` in sections, by option name (the generation options are all the rest).
 _SECTIONS = {
     "Input": ("paths", "job_file", "output", "fmt", "limit", "prompts", "extensions", "prompt_template",
-              "id_column", "prompt_column", "system_column", "image_column", "video_column", "score_column",
-              "shard"),
+              *COLUMN_FLAGS, "shard"),
     "Models": ("model", "text_model", "preset"),
-    "Media": ("video_fps", "video_max_frames", "allow_private_urls", "media_cache", "media_root",
-              "fetch_workers", "decode_workers"),
+    "Media": MEDIA_FLAGS,
     "Reuse and batching": ("batch_size", "memory_budget", "kv_bits", "kv_group_size", "quantized_kv_start",
                            "continuous", "window", "plan_horizon", "cache", "row_timeout"),
     "Drafts": ("draft_model", "num_draft_tokens", "draft_kind", "draft_block_size"),
@@ -148,29 +172,15 @@ class Sectioned(click.Command):
 
 
 COLUMN = {"metavar": "NAME"}
-COLUMN_FLAGS = {"id_column": "id", "prompt_column": "prompt", "system_column": "system",
-                 "image_column": "image", "video_column": "video", "score_column": "score"}  # fmt: skip
 
 
 def _column_options() -> list:
-    """--id-column and the other mappings of a job file's columns onto a row's parts."""
+    """--id-column and the other mappings of a job file's columns onto a row's parts, one a
+    Columns field (those holding several columns repeatable)."""
+    several = {f.name for f in dataclasses.fields(Columns) if isinstance(getattr(Columns(), f.name), tuple)}
     return [
-        option("--id-column", help="Column holding each row's id [id].", **COLUMN),
-        option("--prompt-column", help="Column holding the prompt [prompt].", **COLUMN),
-        option("--system-column", help="Column holding the system prompt [system].", **COLUMN),
-        option("--score-column", help="Column whose text is scored as the answer [score_text].", **COLUMN),
-        option(
-            "--image-column",
-            multiple=True,
-            help="Column holding images (repeatable) [image, images].",
-            **COLUMN,
-        ),
-        option(
-            "--video-column",
-            multiple=True,
-            help="Column holding videos (repeatable) [video, videos].",
-            **COLUMN,
-        ),
+        option(f"--{name}-column", multiple=name in several, help=text, **COLUMN)
+        for name, text in _COLUMN_HELP.items()
     ]
 
 
@@ -235,18 +245,18 @@ def _scale_options() -> list:
 
 
 def _media_options() -> list:
-    """How media are fetched and decoded."""
-    return [
-        option("--video-fps", type=float, help="Frames sampled per second of video [2.0]."),
-        option("--video-max-frames", type=int, help="Most frames per video [128]."),
-        option("--allow-private-urls", is_flag=True, default=None, help="URLs may reach private hosts."),
-        option("--media-cache", type=click.Path(file_okay=False), help="Keep downloads here across runs."),
-        option(
-            "--media-root", type=click.Path(file_okay=False), help="Local media paths must lie inside it."
-        ),
-        option("--fetch-workers", type=int, help="Downloads in flight [16]."),
-        option("--decode-workers", type=int, help="Image/video decodes at once [2]."),
-    ]  # fmt: skip
+    """How media are fetched and decoded: a flag each for MEDIA_FLAGS, typed and defaulted as
+    MediaConfig's field."""
+    defaults, options = MediaConfig(), []
+    for name, text in _MEDIA_HELP.items():
+        flag, default = f"--{name.replace('_', '-')}", getattr(defaults, name)
+        if isinstance(default, bool):
+            options.append(option(flag, is_flag=True, default=None, help=f"{text}."))
+        elif default is None:  # a folder
+            options.append(option(flag, type=click.Path(file_okay=False), help=f"{text}."))
+        else:
+            options.append(option(flag, type=type(default), help=f"{text} [{default}]."))
+    return options
 
 
 def _draft_options() -> list:

@@ -32,13 +32,9 @@ from ..generate.generator import Generator, GeneratorFactory
 from ..input.parse import near_miss
 from ..input.read import JobIndex
 from ..output.resume import Resume
-from ..output.run_files import Heartbeat, errors_path, heartbeat_path, write_errors
+from ..output.run_files import Heartbeat, OutputLock, errors_path, heartbeat_path, write_errors
 from ..output.store import strict_json
-from ..output.write import (
-    OutputLock,
-    ResultWriter,
-    stats_path,
-)
+from ..output.write import ResultWriter, stats_path
 from .executor import Executor
 from .local import LocalExecutor
 from .ray import RayExecutor

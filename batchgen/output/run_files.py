@@ -1,26 +1,30 @@
-"""The files a run keeps for whoever watches it from outside: a heartbeat beside the lock
-(who runs, how far it got, how it ended), and the error file (its failed rows, one JSON line
-each, as OpenAI's batches give an `error_file_id`). Both are written whole (atomically), so a
-reader never sees half of one."""
+"""The files a run keeps beside its output: the lock that keeps one run per output; for
+whoever watches it from outside, a heartbeat beside the lock (who runs, how far it got, how it
+ended) and the error file (its failed rows, one JSON line each, as OpenAI's batches give an
+`error_file_id`). Those two are written whole (atomically), so a reader never sees half of one."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import socket
+import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..core.errors import ConfigError, OutputLockedError
 from ..core.uris import is_uri
 from .store import Store, strict_json
 
-__all__ = ["Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records", "write_errors",
-           "stamp"]  # fmt: skip
+__all__ = ["OutputLock", "Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records",
+           "write_errors", "stamp"]  # fmt: skip
 
 ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
 
@@ -113,3 +117,56 @@ def write_errors(store: Store, path: str, table: pa.Table, this_run: set[Any]) -
     lines = [strict_json({**r, "this_run": r["id"] in this_run}) for r in records]
     store.write_text(path, "\n".join(lines) + "\n")
     return len(records)
+
+
+class OutputLock:
+    """One run per output: an exclusive `flock` on `<output>.lock`. The kernel drops it when
+    the holder dies, so a killed run never blocks the next one. A clean exit removes the
+    file; a lock taken on a file that was removed meanwhile is retried on the new one."""
+
+    def __init__(self, output: Path | str):
+        if is_uri(str(output)):  # object storage has no locks: one run per output on this machine
+            digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
+            self.path = Path(tempfile.gettempdir()) / f"batchgen-{digest}.lock"
+        else:
+            output = Path(output)
+            self.path = output.with_name(output.name + ".lock")
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> OutputLock:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return self._take()
+        except OSError as e:
+            raise ConfigError(f"cannot create the lock {self.path}: {e.strerror or e}") from None
+
+    def _take(self) -> OutputLock:
+        while True:
+            f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "unknown"
+                f.close()
+                raise OutputLockedError(
+                    f"{self.path.name[: -len('.lock')]} is being written by another batchgen run "
+                    f"(pid {holder}); its lock is {self.path}"
+                ) from None
+            try:
+                if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            f.close()  # the previous holder removed this file as we locked it: take the new one
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._file = f
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self.path.unlink(missing_ok=True)  # still held: nobody can lock it in between
+            self._file.close()

@@ -1,5 +1,4 @@
-"""Where outputs are written: a local folder, or object storage through fsspec; and the lock
-that keeps one run per output.
+"""Where outputs are written: a local folder, or object storage through fsspec.
 
 One small interface for the writer (write.py): whole files written so that a reader never
 sees half of one (a local temporary file renamed into place; an object, which storage
@@ -16,15 +15,15 @@ import shutil
 import stat
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.errors import ConfigError, JobFileError, OutputLockedError
+from ..core.errors import ConfigError, JobFileError
 from ..core.uris import filesystem, is_uri
 
-__all__ = ["Store", "OutputLock", "atomic_write", "stale_temps", "strict_json"]
+__all__ = ["Store", "atomic_write", "stale_temps", "strict_json"]
 
 
 def strict_json(value: Any, **options: Any) -> str:
@@ -193,61 +192,3 @@ class Store:
                 self.fs.rm(path, recursive=True)
         else:
             shutil.rmtree(path, ignore_errors=True)
-
-
-class OutputLock:
-    """One run per output: an exclusive `flock` on `<output>.lock`. The kernel drops it when
-    the holder dies, so a killed run never blocks the next one. A clean exit removes the
-    file; a lock taken on a file that was removed meanwhile is retried on the new one."""
-
-    def __init__(self, output: Path | str):
-        if is_uri(str(output)):  # object storage has no locks: one run per output on this machine
-            import hashlib
-            import tempfile
-
-            digest = hashlib.sha256(str(output).encode()).hexdigest()[:16]
-            self.path = Path(tempfile.gettempdir()) / f"batchgen-{digest}.lock"
-        else:
-            output = Path(output)
-            self.path = output.with_name(output.name + ".lock")
-        self._file: IO[str] | None = None
-
-    def __enter__(self) -> OutputLock:
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            return self._take()
-        except OSError as e:
-            raise ConfigError(f"cannot create the lock {self.path}: {e.strerror or e}") from None
-
-    def _take(self) -> OutputLock:
-        import fcntl
-
-        while True:
-            f = open(self.path, "a+")  # noqa: SIM115 - held for the whole run
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                f.seek(0)
-                holder = f.read().strip() or "unknown"
-                f.close()
-                raise OutputLockedError(
-                    f"{self.path.name[: -len('.lock')]} is being written by another batchgen run "
-                    f"(pid {holder}); its lock is {self.path}"
-                ) from None
-            try:
-                if os.stat(self.path).st_ino == os.fstat(f.fileno()).st_ino:
-                    break
-            except FileNotFoundError:
-                pass
-            f.close()  # the previous holder removed this file as we locked it: take the new one
-        f.seek(0)
-        f.truncate()
-        f.write(str(os.getpid()))
-        f.flush()
-        self._file = f
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._file is not None:
-            self.path.unlink(missing_ok=True)  # still held: nobody can lock it in between
-            self._file.close()

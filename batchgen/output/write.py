@@ -24,15 +24,14 @@ from ..core.records import Result
 from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
 from .parts import Earlier, Parts, part_number, partial_dir
-from .store import OutputLock, Store, atomic_write
+from .store import Store
 from .tables import ROW_GROUP_ROWS, concat_tables, in_order, ordered, rows_to_table
 
 if TYPE_CHECKING:
     from .pending import Pending
 
 __all__ = [
-    "WriteOptions", "Earlier", "Sink", "ResultWriter", "SingleFile", "OutputLock", "atomic_write",
-    "partial_dir", "stats_path",
+    "WriteOptions", "Earlier", "Sink", "ResultWriter", "SingleFile", "partial_dir", "stats_path",
 ]  # fmt: skip
 
 

@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 from ..core.budget import human_duration
 from ..core.errors import ConfigError, plural
 from ..core.uris import is_uri
-from ..output.run_files import Heartbeat, heartbeat_path, read_heartbeat
-from ..output.store import OutputLock, Store
+from ..output.run_files import Heartbeat, OutputLock, heartbeat_path, read_heartbeat
+from ..output.store import Store
 from ..output.write import stats_path
 
 __all__ = ["OutputStatus", "ShardRows", "status_of", "EXIT_CODES", "exit_code", "render", "as_json"]

@@ -29,12 +29,12 @@ Problem = tuple[str, str]  # (field, message)
 Check = Callable[[Any], tuple[Any, "str | None"]]  # a value → (the value to use, or a problem)
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def is_number(v: Any) -> bool:
-    return (is_int(v) or isinstance(v, float)) and math.isfinite(v)
+def is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _rule(ok: Callable[[Any], bool], want: str, cast: Callable[[Any], Any] = lambda v: v) -> Check:

@@ -24,7 +24,7 @@ PART_TYPES: dict[str, tuple[MediaKind, str]] = {
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
-def source_of(value: Any) -> str | bytes | None:
+def source_of(value: object) -> str | bytes | None:
     """A media reference from a cell: a URL, path or data URL; raw bytes (a Parquet binary
     column); a Hugging Face image struct, its bytes first, else its path."""
     if isinstance(value, str):
@@ -48,7 +48,7 @@ def media_values(name: str, value: Any, problems: list[Problem]) -> list[str | b
     return sources  # type: ignore[return-value]
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     """A bad value for a message: bytes (also inside a struct) by their size, not their content."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return f"{len(value)} bytes"

@@ -15,7 +15,7 @@ from ..core.params import OPENAI_FIELDS
 __all__ = ["is_batch_request", "row_id", "from_batch_request"]
 
 
-def is_batch_request(value: Any) -> bool:
+def is_batch_request(value: object) -> bool:
     return isinstance(value, dict) and "custom_id" in value and isinstance(value.get("body"), dict)
 
 

@@ -87,7 +87,7 @@ def near_miss(name: str) -> str | None:
     return near[0] if near and near[0] != name else None
 
 
-def media_like(name: str, value: Any) -> bool:
+def media_like(name: str, value: object) -> bool:
     """A column value that looks like media: bytes, a Hugging Face image struct, or a name like `jpg`."""
     if value is None:
         return False

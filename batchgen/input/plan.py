@@ -161,7 +161,7 @@ class Grouping:
             yield from members
 
 
-def _footprint(value: Any, depth: int = 0) -> int:
+def _footprint(value: object, depth: int = 0) -> int:
     """About what a row's values hold in memory, as CPython lays them out (a string's 49-byte
     header, a dict's table), a few levels deep: what the hold counts against its horizon."""
     if isinstance(value, str):

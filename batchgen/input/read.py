@@ -35,7 +35,7 @@ NO_SHARE = bytes(SHARE)
 _MARK_ROWS = 64  # JSONL/CSV rows between two marks: a reader starting at a row reads at most this many more
 
 
-def id_key(value: Any) -> str:
+def id_key(value: object) -> str:
     """Ids compare as text, so 7 and "7" are the same row in a job file and its output."""
     return str(value)
 
@@ -149,7 +149,7 @@ class JobIndex:
         return [files[bisect.bisect_right(starts, out.position(i)) - 1] for i in range(len(out))]
 
 
-def shard_of(row_id: Any, shards: int, share: bytes = NO_SHARE) -> int:
+def shard_of(row_id: object, shards: int, share: bytes = NO_SHARE) -> int:
     """Which of `shards` shards a row belongs to: the same on every machine and every run;
     by its share key when it has one (see JobIndex.narrow)."""
     if share != NO_SHARE:
@@ -168,7 +168,7 @@ def holds_bytes(type_: pa.DataType) -> bool:
     return False
 
 
-def _has_bytes(value: Any) -> bool:
+def _has_bytes(value: object) -> bool:
     if isinstance(value, (bytes, bytearray, memoryview)):
         return True
     if isinstance(value, dict):

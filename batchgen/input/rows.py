@@ -56,7 +56,7 @@ class RawRow:
         return hashlib.sha256(str(body).encode()).hexdigest()[:32]
 
 
-def _digest_of(value: Any) -> str:
+def _digest_of(value: object) -> str:
     """What a row's fingerprint takes of a value JSON has no form for: bytes by their digest."""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return "sha256:" + hashlib.sha256(value).hexdigest()
@@ -94,7 +94,7 @@ class ReadPolicy:
         return kind, self.caps.of(kind)
 
 
-def valid_id(value: Any) -> bool:
+def valid_id(value: object) -> bool:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 

@@ -58,7 +58,7 @@ def _logprobs(records: list[dict[str, Any]] | None) -> dict[str, Any] | None:
                         for r in records], "refusal": None}  # fmt: skip
 
 
-def _request_id(custom_id: Any) -> str:
+def _request_id(custom_id: object) -> str:
     return hashlib.sha256(str(custom_id).encode()).hexdigest()[:24]
 
 

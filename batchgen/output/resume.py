@@ -11,14 +11,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from ..core.errors import ConfigError, describe
 from ..core.records import GenParams, file_digest, local_path
 from ..core.settings import RunConfig
 from ..input.read import JobIndex, id_key
 from .parts import Earlier
 from .pending import Pending
+from .store import Store
 
 __all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchanged", "looped", "Pending"]
 
@@ -79,24 +78,18 @@ def _changed(
     return out
 
 
-def finished(sources: Iterable[Path | str], store: Any = None) -> dict[str, str | None]:
-    """The input hash, by id key, of every row in these result files (later files win);
-    `store` (store.Store) reads them where they are."""
+def finished(sources: Iterable[Path | str], store: Store) -> dict[str, str | None]:
+    """The input hash, by id key, of every row in these result files (later files win)."""
     hashes: dict[str, str | None] = {}
     for path in sources:
-        columns = ["id", "input_hash"]
-        t = (
-            store.read_table(str(path), columns)
-            if store is not None
-            else pq.read_table(path, columns=columns)
-        )
+        t = store.read_table(str(path), ["id", "input_hash"])
         for i, h in zip(t.column("id").to_pylist(), t.column("input_hash").to_pylist(), strict=True):
             hashes[id_key(i)] = h
     return hashes
 
 
 def to_retry(
-    sources: Iterable[Path | str], store: Any, max_attempts: int, every_failure: bool
+    sources: Iterable[Path | str], store: Store, max_attempts: int, every_failure: bool
 ) -> dict[str, int]:
     """Failed rows a rerun tries again, by id key, with the attempts they have had: every failed
     row with `every_failure` (--retry-failed), else those whose failure was transient and that
@@ -118,7 +111,7 @@ def to_retry(
     }
 
 
-def looped(sources: Iterable[Path | str], store: Any) -> set[str]:
+def looped(sources: Iterable[Path | str], store: Store) -> set[str]:
     """Rows whose latest record the loop stop ended (finish_reason repetition); a slim output
     keeps no finish reasons, so none."""
     latest: dict[str, Any] = {}
@@ -130,7 +123,7 @@ def looped(sources: Iterable[Path | str], store: Any) -> set[str]:
     return {key for key, reason in latest.items() if reason == "repetition"}
 
 
-def replaced_media(sources: Iterable[Path | str], store: Any, base: str | None,
+def replaced_media(sources: Iterable[Path | str], store: Store, base: str | None,
                    keys: set[str]) -> dict[str, str]:  # fmt: skip
     """The rows among `keys` whose local media file was replaced since their result was
     written (id key → the file's reference): its size or mtime differ from what the run
@@ -211,7 +204,7 @@ class Resume:
     their results were written are refused, generated again (`changed` redo: their new
     record replaces the old one) or kept as they are (`keep`)."""
 
-    def __init__(self, earlier: Earlier, store: Any, index: JobIndex, settings: dict[str, Any],
+    def __init__(self, earlier: Earlier, store: Store, index: JobIndex, settings: dict[str, Any],
                  max_attempts: int, every_failure: bool, changed: str = "refuse",
                  redo_looped: bool = False):  # fmt: skip
         if earlier.settings is not None:
@@ -237,6 +230,6 @@ class Resume:
         self.todo = sum(id_key(i) not in self.done for i in index.ids)
         self.done_before = len(index.ids) - self.todo
 
-    def attempts(self, row_id: Any) -> int:
+    def attempts(self, row_id: object) -> int:
         """The attempts a row has had once this run has generated it."""
         return self.retry.get(id_key(row_id), 0) + 1

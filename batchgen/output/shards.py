@@ -135,9 +135,7 @@ class _ShardFolder(ResultWriter):
 class Shards(_ShardFolder):
     """A folder of shards of at most `shard_rows` rows, in the order rows finished."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self._pending_rows = 0  # rows in parts not yet made a shard (by this run)
+    _pending_rows = 0  # rows in parts not yet made a shard (by this run)
 
     def flush(self) -> int:
         rows = super().flush()

@@ -168,7 +168,7 @@ def _entry(r: dict[str, Any], question: str) -> dict[str, Any]:
     }
 
 
-def _card_id(row_id: Any) -> str:
+def _card_id(row_id: object) -> str:
     """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
     text = str(row_id)
     head, sep, tail = text.rpartition("#")

@@ -118,7 +118,7 @@ def job_of(about: dict[bytes, bytes]) -> dict[str, Any]:
     return job if isinstance(job, dict) else {}
 
 
-def cell_refs(value: Any) -> list[Ref]:
+def cell_refs(value: object) -> list[Ref]:
     """What a media cell holds: a reference, bytes, a Hugging Face image ({bytes, path}), or a
     list (or JSON text of a list) of those."""
     if isinstance(value, str) and value.startswith("["):

@@ -11,6 +11,7 @@ from .errors import Stage
 
 __all__ = [
     "STAGES",
+    "RowId",
     "MEDIA_COLUMNS",
     "RESULT_COLUMNS",
     "KEPT_COLUMNS",
@@ -37,6 +38,7 @@ __all__ = [
 ]
 
 MediaKind = Literal["image", "video", "audio"]
+RowId = str | int  # a row's id: a string or an integer (a bool is neither); rows without one, their place
 
 # Flat media columns and the kind each holds.
 MEDIA_COLUMNS: dict[str, MediaKind] = {
@@ -168,7 +170,7 @@ class Job:
     point into `media`, in the order the chat template must see them."""
 
     index: int
-    id: Any
+    id: RowId
     line: int | None = None
     raw: dict[str, Any] = field(default_factory=dict)
     messages: list[dict[str, Any]] = field(default_factory=list)
@@ -262,7 +264,7 @@ class Generation:
 class Result:
     """One output row's generated columns; the input columns travel beside it."""
 
-    id: Any
+    id: RowId
     status: Literal["ok", "error"] = "ok"
     generated_text: str | None = None  # the answer (a thinking model's reasoning in `reasoning`)
     reasoning: str | None = None

@@ -19,7 +19,7 @@ def is_batch_request(value: object) -> bool:
     return isinstance(value, dict) and "custom_id" in value and isinstance(value.get("body"), dict)
 
 
-def row_id(value: dict[str, Any]) -> Any:
+def row_id(value: dict[str, Any]) -> object:
     """The id a row carries: a Batch request's `custom_id`, else its own `id`."""
     return value["custom_id"] if is_batch_request(value) else value.get("id")
 

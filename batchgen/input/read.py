@@ -11,7 +11,6 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,6 +19,7 @@ import pyarrow.parquet as pq
 from ..core.answers import merge_kinds
 from ..core.constraints import requested_kinds
 from ..core.errors import JobFileError
+from ..core.records import RowId
 from .formats import FORMATS
 from .openai_batch import is_batch_request
 from .rows import START, Mark, RawRow, ReadPolicy, checked, valid_id
@@ -46,7 +46,7 @@ class Rows:
     job's files, their fingerprints (RawRow.digest, 16 bytes a row) and share keys (SHARE
     bytes a row: input/plan.py). `take` keeps some of them, in a new record."""
 
-    ids: list[Any]
+    ids: list[RowId]
     positions: list[int] | None = None  # each row's index in the files; None: 0, 1, 2, …
     digests: bytes | None = None
     shares: bytes | None = None  # None: the scan kept no share keys
@@ -96,7 +96,7 @@ class JobIndex:
         return len(self.rows)
 
     @property
-    def ids(self) -> list[Any]:
+    def ids(self) -> list[RowId]:
         return self.rows.ids
 
     @property
@@ -110,7 +110,7 @@ class JobIndex:
         return self.kept if self.kept is not None else self.rows
 
     @property
-    def output_ids(self) -> list[Any]:
+    def output_ids(self) -> list[RowId]:
         return self.output.ids
 
     def mark_before(self, position: int) -> Mark:
@@ -234,7 +234,7 @@ def scan(
             except (pa.ArrowException, OSError) as e:
                 raise JobFileError(f"{source.shards[shard].path}: not a readable Parquet file ({e})") from e
     schema = _unified(schemas)
-    ids: list[Any] = []
+    ids: list[RowId] = []
     digests = bytearray()
     shares = bytearray() if share is not None else None
     columns: dict[str, None] = {n: None for s in schemas for n in s.names}
@@ -274,7 +274,7 @@ def scan(
                     binary=binary, id_column=id_column, answers=answers)  # fmt: skip
 
 
-def _check_unique(source: Source, ids: list[Any], hashes: array, id_column: str | None) -> None:
+def _check_unique(source: Source, ids: list[RowId], hashes: array, id_column: str | None) -> None:
     """The first id that repeats an earlier one stops the run, naming both rows."""
     h = np.frombuffer(hashes, dtype=np.int64)
     order = np.argsort(h, kind="stable")  # equal hashes in job order

@@ -7,9 +7,9 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
-from ..core.records import MEDIA_COLUMNS, ByteCaps
+from ..core.records import MEDIA_COLUMNS, ByteCaps, RowId
 from .openai_batch import row_id
 
 __all__ = ["RawRow", "Mark", "START", "ReadPolicy", "valid_id", "checked", "MAX_DEPTH"]
@@ -28,7 +28,7 @@ class RawRow:
     fingerprint: str | None = None  # the reader's own digest (a tar sample's, from its headers)
 
     @property
-    def id(self) -> Any:
+    def id(self) -> RowId:
         """The row's `id` (a string or an integer), else its index. A line that is no JSON
         object, or whose id is of another type, is named by its place (`line-N`), so it can
         never take the id of a good row."""
@@ -94,7 +94,7 @@ class ReadPolicy:
         return kind, self.caps.of(kind)
 
 
-def valid_id(value: object) -> bool:
+def valid_id(value: object) -> TypeGuard[RowId]:
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
 
 

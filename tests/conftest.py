@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 from fakes import plugged, scripted  # noqa: F401 - the scripted-generator fixture
 
-from batchgen.cli.commands import Parts, main
+from batchgen.cli.commands import Seams, main
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_data"
@@ -34,7 +34,7 @@ def write_jsonl(path: Path, rows: list) -> Path:
 def run_cli(*args: str) -> tuple[int, str]:
     """`batchgen ARGS` in-process, with the test's generator (the `scripted` fixture's, else
     batchgen's own); returns (exit code, stderr + stdout)."""
-    result = CliRunner().invoke(main, list(args), catch_exceptions=False, obj=Parts(plugged.get()))
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False, obj=Seams(plugged.get()))
     return result.exit_code, result.output
 
 

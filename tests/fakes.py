@@ -1,7 +1,7 @@
 """A scripted generator (as datatrove's tests pick a dummy server): tests of the runner, resume,
 writes, shards and stops that do not test generation plug it in by argument —
 `batchgen.run(config, generator=scripted_generator)`, or the command line's
-`main(obj=Parts(generator=...))`, which the `scripted` fixture has `run_cli` pass — and run
+`main(obj=Seams(generator=...))`, which the `scripted` fixture has `run_cli` pass — and run
 without loading or even inspecting a model. Only the router is scripted: the Generator around
 it (completions joined, rows timed, constraints judged) is batchgen's own. Every end-to-end and
 lane test keeps the real tiny checkpoints."""

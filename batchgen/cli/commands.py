@@ -34,12 +34,12 @@ from .status import status
 if TYPE_CHECKING:
     from ..generate.generator import GeneratorFactory
 
-__all__ = ["main", "Parts"]
+__all__ = ["main", "Seams"]
 
 
 @dataclass(frozen=True, slots=True)
-class Parts:
-    """What a caller embedding the command line gives it (Click's `obj`: `main(obj=Parts(...))`,
+class Seams:
+    """What a caller embedding the command line gives it (Click's `obj`: `main(obj=Seams(...))`,
     or CliRunner's): the factory a run makes its generators with (a test's scripted one)."""
 
     generator: GeneratorFactory | None = None
@@ -210,11 +210,11 @@ def _run(job_file: str | Path, output: str | Path, **flags) -> int:
     from ..execution.runner import run as run_job
 
     config, openai_output = config_from_flags(job_file, output, **flags)
-    parts = click.get_current_context().find_object(Parts) or Parts()
+    seams = click.get_current_context().find_object(Seams) or Seams()
     display = ProgressDisplay(config, config.quiet, config.progress_seconds)
     try:
         with Signals() as signals:
-            summary = run_job(config, progress=display, stop=signals.stop, generator=parts.generator)
+            summary = run_job(config, progress=display, stop=signals.stop, generator=seams.generator)
     except Interrupted as e:
         display.close()
         say(f"error: stopped by {signals.name}; {e}", "ERROR")

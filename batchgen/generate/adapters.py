@@ -19,8 +19,13 @@ from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
 
 from ..core.records import GenParams
 from .reasoning import Part
+from .sampling import Loops
 
-__all__ = ["Sequence", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "embedded"]
+__all__ = ["Sequence", "Cache", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "embedded"]
+
+# A row's (or a batch's) KV cache: one of the engines' cache objects per layer (KVCache,
+# RotatingKVCache, ArraysCache, …), which share no base class batchgen could name.
+Cache = list[Any]
 
 
 @dataclass(slots=True)
@@ -35,7 +40,7 @@ class Sequence:
     positions: mx.array | None = None  # (3, 1, L) mRoPE positions of the prompt
     delta: int = 0  # mRoPE: position of generated token n is len(ids) + n + delta
     capped: bool = False  # max_tokens was lowered to fit the model's context
-    loops: Any = None  # sampling.Loops, with params.stop_repetition
+    loops: Loops | None = None  # with params.stop_repetition
     part: Part = "answer"  # a thinking model's part when decoding starts
     # outputs
     tokens: list[int] = field(default_factory=list)
@@ -52,25 +57,25 @@ class Adapter:
 
     model: Any
 
-    def make_cache(self) -> list[Any]:
+    def make_cache(self) -> Cache:
         raise NotImplementedError
 
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+    def forward(self, seq: Sequence, cache: Cache, a: int, b: int) -> mx.array:
         raise NotImplementedError
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         """Logits after each row's last token, one row per slot (None: an idle slot, any
         position will do)."""
         raise NotImplementedError
 
     def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
     ) -> mx.array:
         """Logits after each row's prompt, the rows' tails `ids[a:]` (all of one length) fed
         together on their merged cache; `embeds`: each tail's embeddings, or None."""
         raise NotImplementedError
 
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+    def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:
         """Logits at every position of `tokens` (k, L): k continuations of the row's whole
         prompt, fed together on k copies of its cache (answers scored teacher-forced)."""
         raise NotImplementedError
@@ -82,21 +87,21 @@ class LMAdapter(Adapter):
     def __init__(self, model: Any):
         self.model = model
 
-    def make_cache(self) -> list[Any]:
+    def make_cache(self) -> Cache:
         return lm_prompt_cache(self.model)
 
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+    def forward(self, seq: Sequence, cache: Cache, a: int, b: int) -> mx.array:
         return self.model(mx.array(seq.ids[a:b])[None], cache=cache)[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         return self.model(tokens[:, None], cache=cache)[:, -1]
 
     def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
     ) -> mx.array:
         return self.model(_tails(seqs, a), cache=cache)[:, -1]
 
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+    def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:
         return self.model(tokens, cache=cache)
 
 
@@ -119,24 +124,24 @@ class VLMAdapter(Adapter):
         self.model = model
         self.lm = model.language_model
 
-    def make_cache(self) -> list[Any]:
+    def make_cache(self) -> Cache:
         return vlm_prompt_cache(self.lm)
 
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+    def forward(self, seq: Sequence, cache: Cache, a: int, b: int) -> mx.array:
         ids = mx.array(seq.ids[a:b])[None]
         embeds, extra = embedded(seq, a, b)
         positions = seq.positions[:, :, a:b] if seq.positions is not None else None
         out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **extra)
         return out.logits[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
         at = [len(s.ids) + len(s.tokens) - 1 + s.delta if s is not None else 0 for s in seqs]
         positions = mx.broadcast_to(mx.array(at, dtype=mx.int32).reshape(1, -1, 1), (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
     def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
     ) -> mx.array:
         # mRoPE rows carry their positions (VLMAdapter's plans set them)
         positions = mx.concatenate(
@@ -145,7 +150,7 @@ class VLMAdapter(Adapter):
         out = self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache, position_ids=positions)
         return out.logits[:, -1]
 
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+    def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:
         # continuation token j sits at len(ids) + j + delta, as generated tokens do
         k, n = tokens.shape
         pos = mx.arange(n, dtype=mx.int32) + len(seq.ids) + seq.delta
@@ -169,17 +174,17 @@ class OffsetVLMAdapter(VLMAdapter):
     families but Qwen's): a slice holding media tokens gets the merged embeddings from the
     caller's `embed`, any other slice is embedded by the model itself."""
 
-    def forward(self, seq: Sequence, cache: list[Any], a: int, b: int) -> mx.array:
+    def forward(self, seq: Sequence, cache: Cache, a: int, b: int) -> mx.array:
         embeds, extra = embedded(seq, a, b)
         return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache, **extra).logits[:, -1]
 
-    def decode(self, tokens: mx.array, cache: list[Any], seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         return self.lm(tokens[:, None], cache=cache).logits[:, -1]
 
     def forward_batch(
-        self, seqs: list[Sequence], cache: list[Any], a: list[int], embeds: list[Any]
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
     ) -> mx.array:
         return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
 
-    def continue_all(self, seq: Sequence, cache: list[Any], tokens: mx.array) -> mx.array:
+    def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:
         return self.lm(tokens, cache=cache).logits

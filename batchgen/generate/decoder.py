@@ -24,7 +24,7 @@ from mlx_lm.models.cache import BatchKVCache as LMBatchKVCache
 from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
-from .adapters import Adapter, Sequence, embedded
+from .adapters import Adapter, Cache, Sequence, embedded
 from .arrays import ints, scalar
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
@@ -55,7 +55,7 @@ class Watch:
 
 def prefill(
     adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch
-) -> tuple[list[Any], int]:
+) -> tuple[Cache, int]:
     """Resume from the longest cached prefix and fill the row's cache up to its tail, storing
     the row's boundaries on the way; return the cache and where the tail starts. The tail,
     whose logits are wanted, is left for `_finish`, which feeds rows' tails together."""
@@ -84,12 +84,12 @@ def prefill(
 
 
 def _finish(
-    adapter: Adapter, seqs: list[Sequence], rows: list[tuple[int, list[Any], int]]
-) -> Iterator[tuple[list[int], mx.array, list[Any]]]:
+    adapter: Adapter, seqs: list[Sequence], rows: list[tuple[int, Cache, int]]
+) -> Iterator[tuple[list[int], mx.array, Cache]]:
     """The prefilled rows' tails, fed together where they can be: rows whose tails are as long
     and embedded alike (token ids, or plain embeddings) share one forward pass on their merged
     cache (each pass has a fixed cost). Yields (rows, their logits, their batch cache)."""
-    groups: dict[tuple, list[tuple[int, list[Any], int, Any]]] = {}
+    groups: dict[tuple, list[tuple[int, Cache, int, Any]]] = {}
     for i, cache, a in rows:
         embeds, extra = embedded(seqs[i], a, len(seqs[i].ids))
         key = (len(seqs[i].ids) - a, embeds is None) if not extra else ("alone", i)
@@ -172,7 +172,7 @@ class DecodeBatch:
             s.loops = Loops(s.params.stop_repetition) if s.params.stop_repetition else None
         self.waiting = list(range(len(seqs)))[::-1]  # popped from the end: in the order given
         self.slots: list[int | None] = []  # the row in each row of `merged`; None: finished, free
-        self.merged: list[Any] | None = None  # one left-padded batch cache per layer
+        self.merged: Cache | None = None  # one left-padded batch cache per layer
 
     @property
     def active(self) -> list[int]:
@@ -187,7 +187,7 @@ class DecodeBatch:
         """Prefill waiting rows into the free slots (again if rows ended at their first token);
         yields the rows that finished there."""
         while self.waiting and len(self.active) < self.width and self._room([]):
-            prefilled: list[tuple[int, list[Any], int]] = []
+            prefilled: list[tuple[int, Cache, int]] = []
             while self.waiting and len(self.active) + len(prefilled) < self.width and self._room(prefilled):
                 i = self.waiting.pop()
                 self.deadlines[i] = self.watch.deadline(time.monotonic())
@@ -202,7 +202,7 @@ class DecodeBatch:
                     self._place(joined, batch)
         self._tidy()
 
-    def _room(self, prefilled: list[tuple[int, list[Any], int]]) -> bool:
+    def _room(self, prefilled: list[tuple[int, Cache, int]]) -> bool:
         """Whether the next waiting row fits the memory budget beside the running rows and those
         prefilled to join with it (a row that would run alone always does)."""
         if self.memory is None:
@@ -212,7 +212,7 @@ class DecodeBatch:
         lengths = [len(self.seqs[i].ids) + self.seqs[i].params.max_tokens for i in rows]
         return memory.fits(fp, lengths, len(self.seqs[rows[-1]].ids), alone=len(rows) == 1)
 
-    def _place(self, rows: list[int], batch: list[Any]) -> None:
+    def _place(self, rows: list[int], batch: Cache) -> None:
         """Joining rows' caches into the batch: into idle slots in place where the caches allow,
         appended after the others where no slot is idle."""
         free = [s for s, i in enumerate(self.slots) if i is None]
@@ -342,7 +342,7 @@ class DecodeBatch:
         return picked, shaped
 
 
-def merge_caches(caches: list[list[Any]]) -> list[Any]:
+def merge_caches(caches: list[Cache]) -> Cache:
     """Per-row KV caches → one left-padded batch cache per layer."""
     return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]
 

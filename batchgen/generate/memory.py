@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import mlx.core as mx
@@ -27,6 +28,7 @@ import mlx.core as mx
 from ..core.budget import BudgetSpec, human_bytes
 from ..core.errors import RowError
 from ..core.records import MemoryStats
+from .adapters import Cache
 from .arrays import parameters
 
 __all__ = ["Footprint", "Memory", "PREFILL_STEP", "batch_need", "device_memory", "footprint", "out_of_memory",
@@ -128,7 +130,7 @@ def _config(model: Any, name: str) -> int:
     return 0
 
 
-def footprint(model: Any, cache: list[Any]) -> Footprint | None:
+def footprint(model: Any, cache: Cache) -> Footprint | None:
     """The model's row footprint, its KV cache measured on `cache` (fresh, from the lane's own
     make_cache) after one token; None where the model will not run on a bare token."""
     try:
@@ -183,7 +185,7 @@ class Memory:
     def budget(self) -> int | None:
         return self.stats.budget
 
-    def footprint(self, model: Any, make_cache: Any) -> Footprint | None:
+    def footprint(self, model: Any, make_cache: Callable[[], Cache]) -> Footprint | None:
         """The model's KV per row (measured once), its weights counted once."""
         if self.budget is None:
             return None

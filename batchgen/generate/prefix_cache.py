@@ -7,6 +7,7 @@ from collections import OrderedDict
 from typing import Any
 
 from ..core.records import CacheStats
+from .adapters import Cache
 
 __all__ = ["PrefixCache"]
 
@@ -26,10 +27,10 @@ class PrefixCache:
         self.hits = self.misses = self.evictions = self.tokens_saved = 0
 
     @staticmethod
-    def _nbytes(cache: list[Any]) -> int:
+    def _nbytes(cache: Cache) -> int:
         return sum(getattr(c, "nbytes", 0) for c in cache)
 
-    def longest(self, candidates: list[tuple[int, str]]) -> tuple[int, list[Any] | None]:
+    def longest(self, candidates: list[tuple[int, str]]) -> tuple[int, Cache | None]:
         """The longest stored prefix among `(length, key)` candidates, as a copy; one hit or
         one miss per call."""
         for length, key in sorted(candidates, reverse=True):
@@ -41,7 +42,7 @@ class PrefixCache:
         self.misses += 1
         return 0, None
 
-    def put(self, key: str, cache: list[Any]) -> None:
+    def put(self, key: str, cache: Cache) -> None:
         if key in self._entries:
             return
         size = self._nbytes(cache)

@@ -16,11 +16,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import RowError
 from ..core.records import Job, Media
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..generate.generator import Generator
-from ..generate.router import Plan, Router
+from ..generate.router import Plan
 from ..input.parse import parse_row
 from ..input.plan import Grouping
 from ..input.read import RawRow
@@ -167,23 +166,23 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
                     config.redo_repetition is not None)  # fmt: skip
     grouping = Grouping(index, resume.done)
     work = work_settings(config, index.base)
-    router = Generator(work.generation, threading.Event(), lazy=True).router
+    generator = Generator(work.generation, threading.Event(), lazy=True)
     counts = _Counts(config.cache_entries if config.cache else 0)
     horizon = config.plan_horizon * 2**20
     first: list[RawRow] = []  # the rows a calibration runs: the plan's first
     with tempfile.TemporaryDirectory(prefix="batchgen-plan-") as tmp:
-        stage = MediaStage(work.media, work.base_dir, Path(tmp), router.vision_info.audio,
-                           router.vision_info.max_pixels)  # fmt: skip
+        info = generator.vision_info
+        stage = MediaStage(work.media, work.base_dir, Path(tmp), info.audio, info.max_pixels)
         rows = resume.pending.rows()
         for raw in grouping.ordered(rows, horizon, config.window) if horizon else rows:
             if len(first) < calibrate:
                 first.append(raw)
-            _count(raw, config, stage, router, counts)
+            _count(raw, config, stage, generator, counts)
     f = grouping.figures
     report = PlanReport(
         len(index.output_ids), resume.todo, resume.done_before, f.grouped, f.groups, len(counts.pictures),
         len(counts.clips), counts.media_rows, counts.prompt_tokens, counts.media_tokens, counts.reused,
-        dict(counts.lanes), dict(router.one_at_a_time), dict(counts.failing),
+        dict(counts.lanes), generator.stats().one_at_a_time, dict(counts.failing),
     )  # fmt: skip
     report.plan_s = time.perf_counter() - started
     if first:
@@ -191,7 +190,7 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     return report
 
 
-def _count(raw: RawRow, config: RunConfig, stage: MediaStage, router: Router, counts: _Counts) -> None:
+def _count(raw: RawRow, config: RunConfig, stage: MediaStage, generator: Generator, counts: _Counts) -> None:
     job, _ = parse_row(raw, config.defaults, config.prompt_template, config.columns)
     if job.error:
         counts.failing["read"] += 1
@@ -204,19 +203,13 @@ def _count(raw: RawRow, config: RunConfig, stage: MediaStage, router: Router, co
             counts.failing[prepared.error.stage] += 1
             return
         media = prepared.media
-    try:
-        plan = router.plan(job, media)
-        tokens = router.prompt_tokens(plan)
-    except RowError as e:
-        counts.failing[e.stage] += 1
-        return
-    counts.planned(plan, tokens, _media_ids(router.models.vlm()[0].config) if job.media else set())
-
-
-def _media_ids(config: Any) -> set[int]:
-    """The token ids that stand for image and video patches in the vision model's prompts."""
-    names = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
-    return {v for n in names if isinstance(v := getattr(config, n, None), int)}
+    planned = generator.plan([(job, media)])
+    for failed in planned.failed:
+        counts.failing[failed.error.stage if failed.error is not None else "generate"] += 1
+    if planned.plans:  # its first completion: the others share its prompt
+        plan = planned.plans[0]
+        media_ids = generator.media_token_ids() if job.media else set()
+        counts.planned(plan, generator.prompt_tokens(plan), media_ids)
 
 
 def _calibrate(work: WorkSettings, rows: list[RawRow], todo: int, scan_s: float) -> Calibration:

@@ -68,9 +68,7 @@ class Adapter:
         position will do)."""
         raise NotImplementedError
 
-    def forward_batch(
-        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
-    ) -> mx.array:
+    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
         """Logits after each row's prompt, the rows' tails `ids[a:]` (all of one length) fed
         together on their merged cache; `embeds`: each tail's embeddings, or None."""
         raise NotImplementedError
@@ -96,9 +94,7 @@ class LMAdapter(Adapter):
     def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         return self.model(tokens[:, None], cache=cache)[:, -1]
 
-    def forward_batch(
-        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
-    ) -> mx.array:
+    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
         return self.model(_tails(seqs, a), cache=cache)[:, -1]
 
     def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:
@@ -140,9 +136,7 @@ class VLMAdapter(Adapter):
         positions = mx.broadcast_to(mx.array(at, dtype=mx.int32).reshape(1, -1, 1), (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
-    def forward_batch(
-        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
-    ) -> mx.array:
+    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
         # mRoPE rows carry their positions (VLMAdapter's plans set them)
         positions = mx.concatenate(
             [_positions(s)[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
@@ -181,9 +175,7 @@ class OffsetVLMAdapter(VLMAdapter):
     def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         return self.lm(tokens[:, None], cache=cache).logits[:, -1]
 
-    def forward_batch(
-        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]
-    ) -> mx.array:
+    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
         return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
 
     def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:

@@ -53,9 +53,7 @@ class Watch:
             raise StopRequested
 
 
-def prefill(
-    adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch
-) -> tuple[Cache, int]:
+def prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch) -> tuple[Cache, int]:
     """Resume from the longest cached prefix and fill the row's cache up to its tail, storing
     the row's boundaries on the way; return the cache and where the tail starts. The tail,
     whose logits are wanted, is left for `_finish`, which feeds rows' tails together."""

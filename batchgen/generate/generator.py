@@ -106,6 +106,16 @@ class Generator:
     def model_for(self, job: Job) -> str:
         return self.router.model_for(job)
 
+    def prompt_tokens(self, plan: Plan) -> int:
+        """The prompt's tokens as the row's generation will count them (media slots expanded)."""
+        return self.router.prompt_tokens(plan)
+
+    def media_token_ids(self) -> set[int]:
+        """The token ids that stand for image and video patches in the vision model's prompts."""
+        config = self.router.models.vlm()[0].config
+        names = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+        return {v for n in names if isinstance(v := getattr(config, n, None), int)}
+
     def plan(self, rows: list[tuple[Job, Media]]) -> Planned:
         """Each row routed and tokenized, as many plans as it asks completions."""
         planned = Planned([job for job, _ in rows])

@@ -165,7 +165,7 @@ def with_tool_choice(
     return tool
 
 
-def _tool_grammar(functions: list[dict[str, Any]], markers: tuple[str, str]) -> str:
+def _tool_grammar(functions: list[dict[str, object]], markers: tuple[str, str]) -> str:
     """One call in the JSON format, as Lark with a compact JSON schema per function."""
     alternatives = []
     for f in functions:
@@ -268,7 +268,7 @@ CONSTRAINT_FIELDS = ("response_format", "json_schema", "guided_json", "guided_ch
 _SCHEMA_FIELDS = ("response_format", "json_schema", "guided_json")  # the fields that can name a schema
 
 
-def requested_kinds(value: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+def requested_kinds(value: dict[str, object]) -> tuple[tuple[str, str], ...]:
     """The answer columns of the JSON schema a row value asks for, found without compiling it:
     the job's scan takes them from every row before the first result is written."""
     if not any(value.get(n) is not None for n in _SCHEMA_FIELDS):
@@ -280,7 +280,7 @@ def requested_kinds(value: dict[str, Any]) -> tuple[tuple[str, str], ...]:
     return answer_kinds(c) if c is not None else ()
 
 
-def constraint_of(value: dict[str, Any], problems: list[Problem]) -> Constraint | None:
+def constraint_of(value: dict[str, object], problems: list[Problem]) -> Constraint | None:
     """The row's output constraint, checked (a schema llguidance cannot compile is a problem)."""
     c = _requested(value, problems)
     if c is None:
@@ -293,7 +293,7 @@ def constraint_of(value: dict[str, Any], problems: list[Problem]) -> Constraint 
     return c
 
 
-def _requested(value: dict[str, Any], problems: list[Problem]) -> Constraint | None:
+def _requested(value: dict[str, object], problems: list[Problem]) -> Constraint | None:
     """The constraint a row value gives, as given (not yet compiled)."""
     given = [name for name in CONSTRAINT_FIELDS if value.get(name) is not None]
     if not given:
@@ -305,13 +305,14 @@ def _requested(value: dict[str, Any], problems: list[Problem]) -> Constraint | N
     spec = value[name]
     c: Constraint | None = None
     if name == "response_format":
-        kind = spec.get("type") if isinstance(spec, dict) else None
+        format_ = spec if isinstance(spec, dict) else {}
+        kind, named = format_.get("type"), format_.get("json_schema")
         if kind == "text":
             return None
         if kind == "json_object":
             c = Constraint("json_object")
-        elif kind == "json_schema" and isinstance(spec.get("json_schema"), dict):
-            schema = spec["json_schema"].get("schema", {})
+        elif kind == "json_schema" and isinstance(named, dict):
+            schema = named.get("schema", {})
             c = Constraint("json_schema", json.dumps(schema)) if isinstance(schema, dict) else None
         if c is None:
             want = "{type: text | json_object | json_schema, json_schema: {schema}}"

@@ -9,7 +9,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from .records import GenParams
 
@@ -29,11 +29,11 @@ Problem = tuple[str, str]  # (field, message)
 Check = Callable[[Any], tuple[Any, "str | None"]]  # a value → (the value to use, or a problem)
 
 
-def is_int(v: object) -> bool:
+def is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def is_number(v: object) -> bool:
+def is_number(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -218,7 +218,7 @@ NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as num
 OPENAI_FIELDS = {field: p.name for p in PARAMS for field in p.openai}  # body field → parameter
 
 
-def check_params(values: dict[str, Any], base: GenParams) -> tuple[list[Problem], GenParams]:
+def check_params(values: dict[str, object], base: GenParams) -> tuple[list[Problem], GenParams]:
     """Overlay the generation parameters present in `values` on `base`; None means absent."""
     problems: list[Problem] = []
     given = {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, TypedDict, get_args
 
 from .errors import Stage
 
@@ -24,6 +24,8 @@ __all__ = [
     "MediaFile",
     "local_path",
     "file_digest",
+    "Part",
+    "Message",
     "Job",
     "Scoring",
     "IMAGE_DIGEST",
@@ -164,6 +166,22 @@ class Scoring:
     asked: bool = True  # the row asked for scores (False: a guided_choice's, scored where a lane can)
 
 
+class Part(TypedDict, total=False):
+    """One part of a turn's content: `{"type": "text", "text": …}`, or a media part `{"type":
+    kind, "media": i}` pointing into the row's media."""
+
+    type: str
+    text: str
+    media: int
+
+
+class Message(TypedDict):
+    """One turn of a row's chat, as parse makes it: a string, or parts in the template's order."""
+
+    role: str
+    content: str | list[Part]
+
+
 @dataclass(slots=True)
 class Job:
     """A parsed row. `messages` hold text parts and `{"type": kind, "media": i}` parts that
@@ -173,7 +191,7 @@ class Job:
     id: RowId
     line: int | None = None
     raw: dict[str, Any] = field(default_factory=dict)
-    messages: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
     media: list[MediaRef] = field(default_factory=list)
     params: GenParams = field(default_factory=GenParams)
     video_fps: float | None = None  # per-row overrides of the run's frame sampling

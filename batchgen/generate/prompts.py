@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.errors import RowError
-from ..core.records import GenParams
+from ..core.records import GenParams, Message
 from .models import ModelInfo
 from .reasoning import markers_of
 
@@ -101,7 +101,7 @@ def _as_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
-def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def text_only(messages: list[Message]) -> list[dict[str, Any]]:
     out = []
     for m in messages:
         content = m["content"]
@@ -111,18 +111,17 @@ def text_only(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def template_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def template_parts(messages: list[Message]) -> list[dict[str, Any]]:
     """Media parts as the chat templates expect them: `{"type": "image"}` and friends. A text
     part also carries its text as `content`: some templates read that key (mlx-vlm's InternVL
     processor brings its own template, which would drop every question otherwise)."""
-    out = []
+    out: list[dict[str, Any]] = []
     for m in messages:
         content = m["content"]
-        if not isinstance(content, str):
-            content = [
-                {**p, "content": p["text"]} if p["type"] == "text" else {"type": p["type"]} for p in content
-            ]
-        out.append({"role": m["role"], "content": content})
+        shown: str | list[dict[str, Any]] = content if isinstance(content, str) else [
+            {**p, "content": p["text"]} if p["type"] == "text" else {"type": p["type"]} for p in content
+        ]  # fmt: skip
+        out.append({"role": m["role"], "content": shown})
     return out
 
 

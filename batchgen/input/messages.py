@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..core.params import Problem
-from ..core.records import MediaKind, MediaRef
+from ..core.records import MediaKind, MediaRef, Message, Part
 
 __all__ = ["PART_TYPES", "source_of", "media_values", "part_reference", "messages_of", "attach_flat_media",
            "in_slot_order"]  # fmt: skip
@@ -57,20 +57,20 @@ def _shown(value: object) -> str:
     return f"{value!r:.60}"
 
 
-def part_reference(part: dict[str, Any], key: str) -> Any:
+def part_reference(part: dict[str, object], key: str) -> Any:
     ref = part.get(key)
     return source_of(ref.get("url") if isinstance(ref, dict) and "url" in ref else ref)
 
 
 def _content(
-    content: Any, where: str, media: list[MediaRef], problems: list[Problem]
-) -> list[dict[str, Any]] | str | None:
+    content: object, where: str, media: list[MediaRef], problems: list[Problem]
+) -> list[Part] | str | None:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         problems.append((where, f"content must be a string or a list of parts, got {content!r:.60}"))
         return None
-    parts: list[dict[str, Any]] = []
+    parts: list[Part] = []
     for j, part in enumerate(content):
         at = f"{where}.content[{j}]"
         if isinstance(part, str):
@@ -93,11 +93,11 @@ def _content(
     return parts
 
 
-def messages_of(value: Any, media: list[MediaRef], problems: list[Problem]) -> list[dict[str, Any]]:
+def messages_of(value: object, media: list[MediaRef], problems: list[Problem]) -> list[Message]:
     if not isinstance(value, list) or not value:
         problems.append(("messages", "expected a non-empty list of {role, content} objects"))
         return []
-    messages = []
+    messages: list[Message] = []
     for i, message in enumerate(value):
         where = f"messages[{i}]"
         if not isinstance(message, dict) or message.get("role") not in _ROLES:
@@ -109,22 +109,22 @@ def messages_of(value: Any, media: list[MediaRef], problems: list[Problem]) -> l
     return messages
 
 
-def attach_flat_media(messages: list[dict[str, Any]], flat: list[MediaRef], media: list[MediaRef]) -> None:
+def attach_flat_media(messages: list[Message], flat: list[MediaRef], media: list[MediaRef]) -> None:
     """Flat media go first in the first user turn: the shared prefix of rows on one image."""
     target = next((m for m in messages if m["role"] == "user"), None)
     if target is None:
         target = {"role": "user", "content": []}
         messages.append(target)
-    if isinstance(target["content"], str):
-        target["content"] = [{"type": "text", "text": target["content"]}]
-    head = []
+    content = target["content"]
+    parts: list[Part] = [{"type": "text", "text": content}] if isinstance(content, str) else content
+    head: list[Part] = []
     for ref in flat:
         head.append({"type": ref.kind, "media": len(media)})
         media.append(ref)
-    target["content"] = head + target["content"]
+    target["content"] = head + parts
 
 
-def in_slot_order(messages: list[dict[str, Any]], media: list[MediaRef]) -> list[MediaRef]:
+def in_slot_order(messages: list[Message], media: list[MediaRef]) -> list[MediaRef]:
     """The media in the order their parts come in the prompt, parts renumbered to match: the
     processor fills the prompt's slots with the images in list order, so a flat image put
     ahead of the messages' own must come first in the list too."""

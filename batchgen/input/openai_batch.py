@@ -8,8 +8,6 @@ batchgen generates with the model it was given.
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..core.params import OPENAI_FIELDS
 
 __all__ = ["is_batch_request", "row_id", "from_batch_request"]
@@ -19,7 +17,7 @@ def is_batch_request(value: object) -> bool:
     return isinstance(value, dict) and "custom_id" in value and isinstance(value.get("body"), dict)
 
 
-def row_id(value: dict[str, Any]) -> object:
+def row_id(value: dict[str, object]) -> object:
     """The id a row carries: a Batch request's `custom_id`, else its own `id`."""
     return value["custom_id"] if is_batch_request(value) else value.get("id")
 
@@ -31,7 +29,7 @@ _ONLY_DEFAULT = {"stream": (False,), "parallel_tool_calls": (True, False)}  # fm
 _TAKEN = {"response_format"}  # carried to the row as they are (parse.constraint_of reads it)
 
 
-def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+def from_batch_request(value: dict[str, object]) -> tuple[dict[str, object] | None, list[tuple[str, str]]]:
     """The row a request line stands for, and the problems that make it unusable: a field
     batchgen would otherwise ignore is named, never answered as if it had been honoured. A
     request to another endpoint gives no row at all (None): that one problem is the answer."""
@@ -42,8 +40,8 @@ def from_batch_request(value: dict[str, Any]) -> tuple[dict[str, Any] | None, li
     problems = []
     if value.get("method", "POST") != "POST":
         problems.append(("method", f"expected POST, got {value.get('method')!r:.40}"))
-    body = value["body"]
-    row: dict[str, Any] = {"id": value["custom_id"], "messages": body.get("messages")}
+    body = value["body"] if isinstance(value["body"], dict) else {}  # a dict: is_batch_request said so
+    row: dict[str, object] = {"id": value["custom_id"], "messages": body.get("messages")}
     named: dict[str, str] = {}  # parameter → the body field that gave it
     for name, field in body.items():
         if name in OPENAI_FIELDS:

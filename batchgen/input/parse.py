@@ -51,7 +51,7 @@ FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p i
 
 
 def _scoring(
-    value: dict[str, Any], params: GenParams, constraint: Any, problems: list[Problem]
+    value: dict[str, object], params: GenParams, constraint: Any, problems: list[Problem]
 ) -> Scoring | None:
     """The answers a row asks to be scored: its (or the run's) `choices_to_score`, else a
     guided_choice's choices; and `score_text`. A choice given twice is refused (scores keep
@@ -103,7 +103,7 @@ class _Columns(dict):
         raise KeyError(key)
 
 
-def _fill_template(template: str, value: dict[str, Any], problems: list[Problem]) -> dict[str, Any]:
+def _fill_template(template: str, value: dict[str, object], problems: list[Problem]) -> dict[str, object]:
     """The row with `prompt` made from the template and the row's own columns."""
     if value.get("messages") is not None:
         problems.append(("prompt_template", "a row with 'messages' cannot take a prompt template"))
@@ -119,7 +119,7 @@ def _fill_template(template: str, value: dict[str, Any], problems: list[Problem]
     return {**value, "prompt": prompt}
 
 
-def _mapped(value: dict[str, Any], columns: Columns, problems: list[Problem]) -> dict[str, Any]:
+def _mapped(value: dict[str, object], columns: Columns, problems: list[Problem]) -> dict[str, object]:
     """The row under batchgen's own column names: the mapped id, prompt and system columns,
     and the mapped media columns in place of `image(s)` / `video(s)`."""
     out = dict(value)
@@ -228,7 +228,7 @@ def _parse_row(
     return job, problems
 
 
-def _parameters(job: Job, value: dict[str, Any], defaults: GenParams, problems: list[Problem]) -> None:
+def _parameters(job: Job, value: dict[str, object], defaults: GenParams, problems: list[Problem]) -> None:
     """The row's generation parameters, output constraint, scores and frame sampling."""
     param_problems, job.params = check_params(value, defaults)
     problems += param_problems
@@ -253,7 +253,7 @@ def _parameters(job: Job, value: dict[str, Any], defaults: GenParams, problems: 
         job.video_max_frames = max_frames
 
 
-def _turns(job: Job, value: dict[str, Any], problems: list[Problem]) -> None:
+def _turns(job: Job, value: dict[str, object], problems: list[Problem]) -> None:
     """The row's messages (from `prompt` or `messages`, its system prompt first) and its media
     in the order the prompt's slots take them, flat media columns first."""
     prompt, messages = value.get("prompt"), value.get("messages")

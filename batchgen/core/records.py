@@ -31,6 +31,10 @@ __all__ = [
     "IMAGE_DIGEST",
     "MediaItem",
     "Media",
+    "Logprob",
+    "TokenLogprobs",
+    "ChoiceScore",
+    "ToolCall",
     "Generation",
     "Result",
     "Finished",
@@ -254,6 +258,45 @@ class Media:
         return bool(self.items)
 
 
+class Logprob(TypedDict):
+    """A token and its log-probability (a generated token's, or one of its alternatives)."""
+
+    token: str
+    id: int
+    logprob: float
+
+
+class TokenLogprobs(Logprob, total=False):
+    """A generated token's entry in a row's `logprobs`: its k likeliest alternatives, and the
+    part of a thinking model's output it is in."""
+
+    top_logprobs: list[Logprob]
+    part: str  # reasoning or answer
+
+
+class ChoiceScore(TypedDict, total=False):
+    """One scored answer of a row: its total log-probability, its probability normalized over
+    the row's choices, its tokens (the end-of-turn one included)."""
+
+    choice: str
+    logprob: float
+    prob: float
+    tokens: int
+
+
+class ToolFunction(TypedDict):
+    name: str
+    arguments: str  # JSON text, as OpenAI's API gives it
+
+
+class ToolCall(TypedDict):
+    """A call the answer made, as OpenAI's `message.tool_calls[]`."""
+
+    id: str
+    type: str
+    function: ToolFunction
+
+
 @dataclass(slots=True)
 class Generation:
     """What an engine returned for one row."""
@@ -266,16 +309,14 @@ class Generation:
     mtp_drafts: int = 0
     mtp_accepted: int = 0
     capped: bool = False  # max_tokens was lowered to what the model's context leaves
-    # with logprobs: per generated token {token, id, logprob, top_logprobs: [{token, id, logprob}]}
-    logprobs: list[dict[str, Any]] | None = None
-    choice_scores: list[dict[str, Any]] | None = None  # [{choice, logprob, prob, tokens}]
+    logprobs: list[TokenLogprobs] | None = None  # with logprobs: each generated token's
+    choice_scores: list[ChoiceScore] | None = None
     score_logprob: float | None = None  # score_text: its total log-probability as the answer
     score_mean: float | None = None  # ... per token
     score_tokens: int | None = None  # ... its tokens (the end-of-turn one included)
     reasoning: str | None = None  # a thinking model's reasoning block, its markers out; None: none
     reasoning_tokens: int = 0  # ... its tokens (markers not counted), part of completion_tokens
-    # a row with tools: the calls its answer made, as OpenAI's {id, type, function: {name, arguments}}
-    tool_calls: list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None  # a row with tools: the calls its answer made
 
 
 @dataclass(slots=True)
@@ -286,7 +327,7 @@ class Result:
     status: Literal["ok", "error"] = "ok"
     generated_text: str | None = None  # the answer (a thinking model's reasoning in `reasoning`)
     reasoning: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None  # Generation.tool_calls
+    tool_calls: list[ToolCall] | None = None
     finish_reason: str | None = None
     error: str | None = None
     error_stage: Stage | None = None  # errors.Stage
@@ -305,8 +346,8 @@ class Result:
     transient: bool = False  # the failure may not happen again (a server down, a timeout): retried
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
     parsed: str | None = None  # a JSON-constrained row: its output, parsed and checked, as JSON text
-    logprobs: list[dict[str, Any]] | None = None  # with logprobs: Generation.logprobs
-    choice_scores: list[dict[str, Any]] | None = None  # scored choices: Generation.choice_scores
+    logprobs: list[TokenLogprobs] | None = None
+    choice_scores: list[ChoiceScore] | None = None
     score_logprob: float | None = None  # score_text: Generation.score_logprob
     score_mean: float | None = None
     score_tokens: int | None = None

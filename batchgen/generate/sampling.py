@@ -10,7 +10,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..core.records import GenParams
+from ..core.records import GenParams, TokenLogprobs
 from .arrays import float_rows, floats, int_rows
 from .constrain import processor
 from .reasoning import Markers, Part, Thinking
@@ -101,7 +101,7 @@ def logprob_records(
     tokens: list[int],
     logprobs: list[tuple[float, list[tuple[int, float]]]],
     decode: Callable[[list[int]], str],
-) -> list[dict[str, Any]]:
+) -> list[TokenLogprobs]:
     """The `logprobs` column of a row: per generated token its text, id, logprob and top alternatives."""
     return [
         {"token": decode([t]), "id": t, "logprob": lp,

@@ -16,7 +16,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..core.records import Scoring
+from ..core.records import ChoiceScore, Scoring
 from .adapters import Adapter, Sequence
 from .arrays import floats
 from .decoder import Watch, merge_caches, prefill
@@ -44,7 +44,7 @@ class Scores:
 
     def __init__(self, scoring: Scoring, totals: list[float], lengths: list[int]):
         n = len(scoring.choices)
-        self.choices: list[dict[str, Any]] = [
+        self.choices: list[ChoiceScore] = [
             {"choice": c, "logprob": lp, "tokens": k}
             for c, lp, k in zip(scoring.choices, totals[:n], lengths[:n], strict=True)
         ]

@@ -24,7 +24,7 @@ from mlx_lm.tokenizer_utils import _infer_tool_parser
 
 from ..core.constraints import TOOL_CALL_FORMAT
 from ..core.errors import RowError
-from ..core.records import Generation, GenParams
+from ..core.records import Generation, GenParams, ToolCall
 
 __all__ = ["ToolFormat", "format_of", "check_tools", "with_tool_calls"]
 
@@ -92,7 +92,7 @@ def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Any) -> Generation
     state, segments = TextStateMachine.split(machine.make_state("normal"), gen.text)
     _, rest, last = TextStateMachine.flush(state)
     segments.append((last, rest))
-    parsed: list[dict[str, Any]] = []
+    parsed: list[ToolCall] = []
     for text in (text for part, text in segments if part == "tool"):
         try:
             found = fmt.parse(text, [t["function"] for t in p.tools])
@@ -109,7 +109,7 @@ def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Any) -> Generation
     return gen
 
 
-def _openai(call: dict[str, Any], gen: Generation, k: int) -> dict[str, Any]:
+def _openai(call: dict[str, Any], gen: Generation, k: int) -> ToolCall:
     """OpenAI's shape of one call; its id derived from the answer, so a rerun writes the same."""
     arguments = call.get("arguments", {})
     text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)

@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 Problem = tuple[str, str]  # (field, message)
-Check = Callable[[Any], tuple[Any, "str | None"]]  # a value → (the value to use, or a problem)
+Check = Callable[[object], tuple[object, "str | None"]]  # a value → (the value to use, or a problem)
 
 
 def is_int(v: object) -> TypeGuard[int]:
@@ -37,11 +37,11 @@ def is_number(v: object) -> TypeGuard[int | float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _rule(ok: Callable[[Any], bool], want: str, cast: Callable[[Any], Any] = lambda v: v) -> Check:
+def _rule(ok: Callable[[Any], bool], want: str, cast: Callable[[Any], object] = lambda v: v) -> Check:
     return lambda v: (cast(v), None) if ok(v) else (None, f"expected {want}, got {v!r:.60}")
 
 
-def _stop(v: Any) -> tuple[Any, str | None]:
+def _stop(v: object) -> tuple[object, str | None]:
     if isinstance(v, str):
         v = [v]
     if isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v):
@@ -54,7 +54,7 @@ _MOST_TOP = 20  # top_logprobs per token: OpenAI's bound
 MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its tokens
 
 
-def _answers(v: Any) -> tuple[Any, str | None]:
+def _answers(v: object) -> tuple[object, str | None]:
     """Answers to score: none (an empty list: the run's flag not given), or up to 64 strings,
     each once (scores keep the answers' positions: a repeat dropped would shift them)."""
     if isinstance(v, (list, tuple)) and len(v) <= MOST_SCORED and all(isinstance(c, str) and c for c in v):
@@ -66,7 +66,7 @@ def _answers(v: Any) -> tuple[Any, str | None]:
 LOOP_SPAN = 64  # `stop_repetition: true`: a cycle repeated over this many tokens ends the row
 
 
-def _loop_span(v: Any) -> tuple[Any, str | None]:
+def _loop_span(v: object) -> tuple[object, str | None]:
     """true (64 tokens), false (off), or the tokens a repeating cycle must span: 0 or 8 .. 65536."""
     if isinstance(v, bool):
         return (LOOP_SPAN if v else 0), None
@@ -75,7 +75,7 @@ def _loop_span(v: Any) -> tuple[Any, str | None]:
     return None, f"expected true, false or a number of tokens (0 = off, or 8 to 65536), got {v!r:.60}"
 
 
-def _on_off(v: Any) -> tuple[Any, str | None]:
+def _on_off(v: object) -> tuple[object, str | None]:
     """true / false, or "on" / "off" as the command line gives it."""
     if isinstance(v, bool):
         return v, None
@@ -84,7 +84,7 @@ def _on_off(v: Any) -> tuple[Any, str | None]:
     return None, f"expected on or off (true or false), got {v!r:.60}"
 
 
-def _logit_bias(v: Any) -> tuple[Any, str | None]:
+def _logit_bias(v: object) -> tuple[object, str | None]:
     """OpenAI's {"token id": bias in [-100, 100]}, as (id, bias) pairs."""
     try:
         pairs = tuple(sorted((int(k), float(b)) for k, b in v.items())) if isinstance(v, dict) else None
@@ -100,7 +100,7 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's function names (and
 _TOOL_CHOICES = ("auto", "none", "required")
 
 
-def _tools(v: Any) -> tuple[Any, str | None]:
+def _tools(v: object) -> tuple[object, str | None]:
     """OpenAI's `tools`: up to 128 `{"type": "function", "function": {"name", "description"?,
     "parameters"?}}`, names unique; kept as given (the chat template renders them)."""
     if not isinstance(v, list) or len(v) > MOST_TOOLS:
@@ -125,7 +125,7 @@ def _tools(v: Any) -> tuple[Any, str | None]:
     return tuple(v), None
 
 
-def _tool_choice(v: Any) -> tuple[Any, str | None]:
+def _tool_choice(v: object) -> tuple[object, str | None]:
     """auto, none, required, or `{"type": "function", "function": {"name"}}` (kept as the name)."""
     if v in _TOOL_CHOICES:
         return v, None
@@ -221,7 +221,7 @@ OPENAI_FIELDS = {field: p.name for p in PARAMS for field in p.openai}  # body fi
 def check_params(values: dict[str, object], base: GenParams) -> tuple[list[Problem], GenParams]:
     """Overlay the generation parameters present in `values` on `base`; None means absent."""
     problems: list[Problem] = []
-    given = {}
+    given: dict[str, Any] = {}  # each value of its field's type: its param's check made it so
     for param in PARAMS:
         if values.get(param.name) is None:
             continue

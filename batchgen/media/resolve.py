@@ -17,7 +17,9 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+import numpy as np
+from PIL import Image
 
 from ..core.errors import RowError, Stage, describe, short
 from ..core.memo import Memo
@@ -69,8 +71,8 @@ class MediaStage:
         self.config = config
         self.tmp_dir = tmp_dir
         self.fetcher = Fetcher(config, base_dir, tmp_dir, stop)
-        self.images: Memo[Any] = Memo(4096, _IMAGE_MEMORY, lambda im: im.width * im.height * 3)
-        self.frames: Memo[Any] = Memo(256, _FRAMES_MEMORY, lambda a: a.nbytes)
+        self.images: Memo[Image.Image] = Memo(4096, _IMAGE_MEMORY, lambda im: im.width * im.height * 3)
+        self.frames: Memo[np.ndarray] = Memo(256, _FRAMES_MEMORY, lambda a: a.nbytes)
         self.audio_tracks: Memo[str | None] = Memo(4096)
         self.sizes: Memo[tuple[int, int]] = Memo(100_000)  # image headers, read once per content
         self.frame_pixels = config.frame_pixels or min(model_pixels or _FRAME_PIXELS, _FRAME_PIXELS)
@@ -167,13 +169,13 @@ class MediaStage:
         else:
             out.media.items.append(MediaItem("audio", str(self._on_disk(item)), item.digest))
 
-    def _decode(self, item: Fetched):
+    def _decode(self, item: Fetched) -> Image.Image:
         with self._cpu:
             image = decode_image(item.read(), self.config.max_image_pixels)
         image.info[IMAGE_DIGEST] = item.digest  # what the processor's memo keys on
         return image
 
-    def _frames(self, item: Fetched, fps: float, max_frames: int):
+    def _frames(self, item: Fetched, fps: float, max_frames: int) -> np.ndarray:
         c = self.config
         with self._cpu:
             return extract_frames(

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import signal
 import tempfile
@@ -173,6 +174,22 @@ class RowWorker:
         return pa.table(out, schema=_OUT_SCHEMA)
 
 
+_RAISED = re.compile(r"^([\w.]+(?:Error|Exception)): (.+)$", re.M)  # a traceback's closing line
+
+
+def _cause(e: BaseException) -> str:
+    """What failed in an actor, from Ray's text of it (its tracebacks, then Ray's own advice):
+    the last exception named there that is not Ray's — a batchgen error's message as it is —
+    else Ray's last line."""
+    text = str(e)
+    raised = [(name, message) for name, message in _RAISED.findall(text) if not name.startswith("ray.")]
+    if raised:
+        name, message = raised[-1]
+        return message if name.startswith("batchgen.") else f"{name.rsplit('.', 1)[-1]}: {message}"
+    lines = text.strip().splitlines()
+    return lines[-1] if lines else type(e).__name__
+
+
 def _start_ray(config: RunConfig, temp_dir: str) -> bool:
     """Join `ray_address`, or start a local instance; False when one was already running."""
     import ray
@@ -249,9 +266,8 @@ class RayExecutor(Executor):
                         return
                     if out := self._records(batch):
                         yield out
-            except ray.exceptions.RayError as e:  # its last line is the actor's own error
-                cause = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-                raise RunFailedError(f"the Ray run failed: {short(ValueError(cause), 300)}") from e
+            except ray.exceptions.RayError as e:
+                raise RunFailedError(f"the Ray run failed: {short(ValueError(_cause(e)), 300)}") from e
         finally:
             if started:
                 ray.shutdown()

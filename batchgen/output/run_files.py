@@ -78,7 +78,7 @@ class Heartbeat:
         self.state, self.ended, self.message, self.eta_s, self.eta = state, stamp(), message, None, None
 
     def write(self, store: Store, path: str) -> None:
-        store.makedirs(path.rsplit("/", 1)[0])  # a folder of shards is made with its first shard
+        store.makedirs(os.path.dirname(path) or ".")  # a folder of shards is made with its first shard
         store.write_text(path, strict_json(asdict(self), indent=2) + "\n")
 
 

@@ -197,3 +197,17 @@ def test_ray_driver_reads_no_rows_and_parquet_types_survive(workdir, monkeypatch
     assert _content(out) == _content(workdir / "local.parquet")
     assert pq.read_schema(out).field("when").type == table.schema.field("when").type
     assert [r["blob"] for r in read(out)] == table.column("blob").to_pylist()
+
+
+def test_a_failed_ray_run_is_its_own_exit_code_not_a_settings_error(workdir):
+    """A model whose config reads but whose weights do not: the driver inspects it (no error
+    before any work), the actors fail to load it; the run says so and exits 6, not 2."""
+    import shutil
+
+    broken = workdir / "broken-lm"
+    shutil.copytree(MODELS / "tiny-lm", broken)
+    (broken / "model.safetensors").write_bytes(b"not weights")
+    job = write_jsonl(workdir / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(4)])
+    code, output = run_cli("run", str(job), "-o", str(workdir / "out.parquet"), "--model", str(broken),
+                           "--engine", "ray", "--workers", "1", "-q")  # fmt: skip
+    assert code == 6 and "the Ray run failed" in output and "cannot load it" in output, output

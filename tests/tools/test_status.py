@@ -76,3 +76,16 @@ def test_inspect_failed_lists_every_failed_row_with_its_error(tmp_path, scripted
                        "attempts": r["attempts"], "transient": r["transient"]} for r in failed]  # fmt: skip
     errors = [json.loads(line) for line in (tmp_path / "out.parquet.errors.jsonl").read_text().splitlines()]
     assert [{k: v for k, v in e.items() if k != "this_run"} for e in errors] == listed
+
+
+def test_an_output_named_without_a_folder_keeps_its_heartbeat_beside_it(tmp_path, scripted, monkeypatch):
+    """`-o results.parquet` in the current folder, as the README's first command: the heartbeat
+    is a file beside the output (it was once made a folder of that name), and status reads it."""
+    monkeypatch.chdir(tmp_path)
+    write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Row {i}."} for i in range(3)])
+    code, output = run_cli("run", "jobs.jsonl", "-o", "results.parquet", *MODEL)
+    assert code == 0 and "heartbeat" not in output, output
+    beat = json.loads((tmp_path / "results.parquet.heartbeat.json").read_text())
+    assert beat["state"] == "complete" and beat["done"] == 3, beat
+    code, text = run_cli("status", "results.parquet")
+    assert code == 0 and text.startswith("results.parquet: complete · 3 rows"), text

@@ -18,6 +18,7 @@ from mlx_lm.models.cache import make_prompt_cache as lm_prompt_cache
 from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
 
 from ..core.records import GenParams
+from .arrays import Model
 from .reasoning import Part
 from .sampling import Loops
 
@@ -55,7 +56,7 @@ class Sequence:
 class Adapter:
     """How one model family runs a forward pass; subclasses differ only in inputs."""
 
-    model: Any
+    model: Model
 
     def make_cache(self) -> Cache:
         raise NotImplementedError
@@ -82,7 +83,7 @@ class Adapter:
 class LMAdapter(Adapter):
     """mlx-lm models: positions come from the cache offsets, batched or not."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Model):
         self.model = model
 
     def make_cache(self) -> Cache:
@@ -116,7 +117,7 @@ class VLMAdapter(Adapter):
     """Qwen-VL language models: explicit 3-D (mRoPE) positions per row, media embeddings
     merged in by the caller's `embed`."""
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Model):
         self.model = model
         self.lm = model.language_model
 

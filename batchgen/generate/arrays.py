@@ -1,6 +1,7 @@
 """MLX values as the Python ones the code reads from them. `array.tolist()` and `.item()` are
 typed as any nesting of any number, `tree_flatten` as a list or a dict, `mlx_lm.load` as a
-pair or a triple: these say which one each call site gets, at no cost (no copy, no check)."""
+pair or a triple: these say which one each call site gets, at no cost (no copy, no check).
+And the engines' own objects, which neither engine types, named once with what they are."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-__all__ = ["ints", "floats", "int_rows", "float_rows", "scalar", "parameters", "load_lm"]
+__all__ = ["ints", "floats", "int_rows", "float_rows", "scalar", "parameters", "load_lm", "Model",
+           "Tokenizer", "Processor", "TemplateOwner", "ModelConfig"]  # fmt: skip
+
+# The engines type none of these (their attributes differ by family): the one place they are Any.
+Model = Any  # an mlx-lm or mlx-vlm model: an mlx.nn.Module of its family
+Tokenizer = Any  # mlx-lm's TokenizerWrapper, or the tokenizer inside an mlx-vlm processor
+Processor = Any  # an mlx-vlm processor (transformers' ProcessorMixin, its tokenizer inside)
+TemplateOwner = Any  # a Tokenizer or a Processor: whichever holds the chat template
+ModelConfig = Any  # a model's config: mlx-vlm's ModelConfig or mlx-lm's ModelArgs
 
 
 def ints(a: mx.array) -> list[int]:
@@ -37,13 +46,13 @@ def scalar(a: mx.array) -> int:
     return cast(int, a.item())
 
 
-def parameters(model: Any) -> list[tuple[str, mx.array]]:
+def parameters(model: Model) -> list[tuple[str, mx.array]]:
     """A model's weights by their dotted names."""
     return cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
 
 
-def load_lm(path: str, lazy: bool = False) -> tuple[Any, Any]:
+def load_lm(path: str, lazy: bool = False) -> tuple[Model, Tokenizer]:
     """mlx-lm's `load` of a checkpoint folder: (model, tokenizer)."""
     import mlx_lm
 
-    return cast(tuple[Any, Any], mlx_lm.load(path, lazy=lazy))
+    return cast(tuple[Model, Tokenizer], mlx_lm.load(path, lazy=lazy))

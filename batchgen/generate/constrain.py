@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
 
 import llguidance as llg
 import llguidance.hf
@@ -22,16 +21,16 @@ from llguidance.numpy import fill_next_token_bitmask
 
 from ..core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
 from ..core.records import Constraint
-from .arrays import scalar
+from .arrays import Tokenizer, scalar
 
 __all__ = ["processor"]
 
 
-_TOKENIZERS: dict[int, Any] = {}
+_TOKENIZERS: dict[int, tuple[Tokenizer, llg.LLTokenizer]] = {}  # the tokenizer kept: its id stays its own
 _LOCK = threading.Lock()
 
 
-def _llg_tokenizer(tokenizer: Any, eos: list[int]) -> Any:
+def _llg_tokenizer(tokenizer: Tokenizer, eos: list[int]) -> llg.LLTokenizer:
     """llguidance's view of a tokenizer (a walk over the vocabulary: once per run and tokenizer)."""
     key = id(tokenizer)
     with _LOCK:
@@ -42,7 +41,7 @@ def _llg_tokenizer(tokenizer: Any, eos: list[int]) -> Any:
         return _TOKENIZERS[key][1]
 
 
-def _term(tokenizer: Any, text: str) -> str:
+def _term(tokenizer: Tokenizer, text: str) -> str:
     """A marker as a Lark term: a special token by its id (llguidance matches those by id,
     never by their text, as Qwen's `<tool_call>`), else its text."""
     ids = tokenizer.tokenize_str(text)
@@ -51,10 +50,10 @@ def _term(tokenizer: Any, text: str) -> str:
     return json.dumps(text)
 
 
-class _Masking:
+class Masking:
     """The logits processor of one row's constraint (logits of one row, shape (1, vocab))."""
 
-    def __init__(self, c: Constraint, tokenizer: Any, eos: list[int]):
+    def __init__(self, c: Constraint, tokenizer: Tokenizer, eos: list[int]):
         self.llg = _llg_tokenizer(tokenizer, eos)
         markers = (
             tuple(_term(self.llg, text) for text in TOOL_CALL_FORMAT[1:]) if c.kind == "tool_call" else None
@@ -83,5 +82,5 @@ class _Masking:
         return mx.where(mx.array(allowed, dtype=mx.bool_), logits, -mx.inf)
 
 
-def processor(c: Constraint, tokenizer: Any, eos: list[int]) -> _Masking:
-    return _Masking(c, tokenizer, eos)
+def processor(c: Constraint, tokenizer: Tokenizer, eos: list[int]) -> Masking:
+    return Masking(c, tokenizer, eos)

@@ -25,7 +25,7 @@ from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
 from .adapters import Adapter, Cache, Sequence, embedded
-from .arrays import ints, scalar
+from .arrays import Tokenizer, ints, scalar
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
@@ -115,7 +115,7 @@ def decode_stream(
     prefixes: PrefixCache | None = None,
     watch: Watch | None = None,
     width: int | None = None,
-    tokenizer: Any = None,
+    tokenizer: Tokenizer = None,
     memory: tuple[Memory, Footprint | None] | None = None,
 ) -> Iterator[int]:
     """Generate every sequence, at most `width` at a time (continuous batching): when a row
@@ -152,7 +152,7 @@ class DecodeBatch:
 
     def __init__(
         self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
-        prefixes: PrefixCache | None, watch: Watch | None, width: int | None, tokenizer: Any,
+        prefixes: PrefixCache | None, watch: Watch | None, width: int | None, tokenizer: Tokenizer,
         memory: tuple[Memory, Footprint | None] | None = None,
     ):  # fmt: skip
         self.adapter, self.seqs, self.eos, self.decode, self.prefixes = adapter, seqs, eos, decode, prefixes

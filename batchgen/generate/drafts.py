@@ -13,10 +13,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import ConfigError
-from .arrays import load_lm, parameters
+from .arrays import Model, load_lm, parameters
 
 __all__ = ["Drafter", "inspect_drafter", "drafted_from_flags"]
 
@@ -28,7 +27,7 @@ class Drafter:
     num_draft_tokens: int = 3  # text: tokens proposed per round
     kind: str | None = None  # vision: the drafter kind, resolved on load
     block_size: int | None = None  # vision: None = the drafter's own
-    model: Any = None
+    model: Model = None
 
 
 def inspect_drafter(path: str, kind: str | None, block_size: int | None, num_draft_tokens: int) -> Drafter:
@@ -51,7 +50,7 @@ def inspect_drafter(path: str, kind: str | None, block_size: int | None, num_dra
     return Drafter(folder, "vlm" if vision else "lm", num_draft_tokens, kind, block_size)
 
 
-def load_vision_drafter(drafter: Drafter, target: Any) -> None:
+def load_vision_drafter(drafter: Drafter, target: Model) -> None:
     from mlx_vlm.speculative.drafters import load_drafter, validate_drafter_compatibility
 
     try:
@@ -69,7 +68,7 @@ def load_vision_drafter(drafter: Drafter, target: Any) -> None:
     drafter.model, drafter.kind = model, resolved
 
 
-def load_text_drafter(drafter: Drafter, target: Any) -> None:
+def load_text_drafter(drafter: Drafter, target: Model) -> None:
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
     if not can_trim_prompt_cache(make_prompt_cache(target)):
@@ -89,7 +88,7 @@ def load_text_drafter(drafter: Drafter, target: Any) -> None:
     drafter.model = model
 
 
-def _vocab(model: Any) -> int | None:
+def _vocab(model: Model) -> int | None:
     """Vocabulary size from the model's args, else from its token embedding's rows."""
 
     size = getattr(getattr(model, "args", None), "vocab_size", None)

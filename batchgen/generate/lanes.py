@@ -18,11 +18,11 @@ import dataclasses
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from ..core.errors import BatchgenError, RowError, short
 from ..core.records import Generation, Job, Media
-from .adapters import LMAdapter, Sequence
+from .adapters import Adapter, LMAdapter, Sequence
+from .arrays import TemplateOwner, Tokenizer
 from .decoder import Watch, decode_stream
 from .loading import Models
 from .memory import Footprint, Memory, out_of_memory
@@ -106,7 +106,7 @@ class Lane:
             keys.append((pos, h.hexdigest()))
         return keys
 
-    def _fit(self, seq: Sequence, template_owner: Any) -> Sequence:
+    def _fit(self, seq: Sequence, template_owner: TemplateOwner) -> Sequence:
         """A row's tools refused where the model cannot take them; where a thinking model's row
         starts (reasoning, free to open a block, or answering) and its room for a reasoning
         budget; then max_tokens lowered to what the model's context leaves after the prompt
@@ -135,7 +135,7 @@ class BatchedLane(Lane):
     a batch runs sends its unfinished rows back in halves (the budget lowered for the rest of
     the run); a row that fails alone is that row's error."""
 
-    def _decoding(self) -> tuple[Any, set[int], Callable[[list[int]], str], Any]:
+    def _decoding(self) -> tuple[Adapter, set[int], Callable[[list[int]], str], Tokenizer]:
         """(adapter, end tokens, detokenizer, tokenizer)."""
         raise NotImplementedError
 

@@ -12,7 +12,7 @@ from typing import Any
 from ..core.errors import ConfigError, short
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
-from .arrays import load_lm
+from .arrays import Model, Processor, Tokenizer, load_lm
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .models import ModelInfo
 from .prompts import END_OF_TURN
@@ -92,7 +92,7 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
-def mend_processor(processor: Any) -> None:
+def mend_processor(processor: Processor) -> None:
     """mlx-vlm 0.7.10's llava processors hand the tokenizer's `padding=True` to the image
     processor too, which transformers 5 refuses (`ImagesKwargs.__init__() got an unexpected
     keyword argument 'padding'`): every image row of a llava checkpoint would fail."""
@@ -112,12 +112,12 @@ class Models:
                  lazy: bool = False):  # fmt: skip
         self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
         self.lazy = lazy
-        self._vlm: tuple[Any, Any] | None = None
-        self._lm: tuple[Any, Any] | None = None
+        self._vlm: tuple[Model, Processor] | None = None
+        self._lm: tuple[Model, Tokenizer] | None = None
         self._failed: dict[str, ConfigError] = {}
         self.text_on_vlm = False  # mlx-lm cannot load this VLM checkpoint: mlx-vlm serves text rows
 
-    def loaded(self) -> list[Any]:
+    def loaded(self) -> list[Model]:
         """The models loaded so far (the memory budget counts their weights once)."""
         found = [pair[0] for pair in (self._vlm, self._lm) if pair is not None]
         drafter = self.drafter.model if self.drafter is not None else None
@@ -132,7 +132,7 @@ class Models:
     def drafter_lane(self) -> str | None:
         return self.drafter.lane if self.drafter is not None else None
 
-    def vlm(self) -> tuple[Any, Any]:
+    def vlm(self) -> tuple[Model, Processor]:
         if "vlm" in self._failed:
             raise self._failed["vlm"]
         if self._vlm is None:
@@ -150,21 +150,21 @@ class Models:
             mend_processor(processor)
             if hasattr(processor, "image_processor"):
                 processor.image_processor = SharedImages(processor.image_processor)
-            tokenizer: Any = getattr(processor, "tokenizer", processor)
+            tokenizer: Tokenizer = getattr(processor, "tokenizer", processor)
             criteria = getattr(tokenizer, "stopping_criteria", None)
             if criteria is not None and END_OF_TURN in tokenizer.get_vocab():
                 criteria.additional_eos_token_ids.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))
             self._vlm = (model, processor)
         return self._vlm
 
-    def text(self) -> tuple[Any, Any]:
+    def text(self) -> tuple[Model, Tokenizer]:
         """The text model through mlx-lm, where a lane that runs on it has been chosen."""
         found = self.lm()
         if found is None:
             raise ValueError("no mlx-lm text model: mlx-vlm serves the text rows")
         return found
 
-    def lm(self) -> tuple[Any, Any] | None:
+    def lm(self) -> tuple[Model, Tokenizer] | None:
         """The text model through mlx-lm, or None when mlx-lm cannot load this (multimodal)
         checkpoint and mlx-vlm serves its text rows."""
         if "lm" in self._failed:

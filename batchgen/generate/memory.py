@@ -29,7 +29,9 @@ from ..core.budget import BudgetSpec, human_bytes
 from ..core.errors import RowError
 from ..core.records import MemoryStats
 from .adapters import Cache
-from .arrays import parameters
+from .arrays import Model, parameters
+from .loading import Models
+from .prefix_cache import PrefixCache
 
 __all__ = ["Footprint", "Memory", "PREFILL_STEP", "batch_need", "device_memory", "footprint", "out_of_memory",
            "weights_bytes"]  # fmt: skip
@@ -122,7 +124,7 @@ def _layer(c: Any, per: list[int], windows: list[tuple[int, int]], fixed: list[i
     fixed.append(sum(a.nbytes for a in _arrays(getattr(c, "state", None))))
 
 
-def _config(model: Any, name: str) -> int:
+def _config(model: Model, name: str) -> int:
     for owner in (getattr(model, "args", None), getattr(model, "config", None), model):
         value = getattr(owner, name, None)
         if isinstance(value, int) and value > 0:
@@ -130,7 +132,7 @@ def _config(model: Any, name: str) -> int:
     return 0
 
 
-def footprint(model: Any, cache: Cache) -> Footprint | None:
+def footprint(model: Model, cache: Cache) -> Footprint | None:
     """The model's row footprint, its KV cache measured on `cache` (fresh, from the lane's own
     make_cache) after one token; None where the model will not run on a bare token."""
     try:
@@ -157,7 +159,7 @@ def batch_need(fp: Footprint, lengths: list[int], prompt: int) -> int:
     return caches + fp.prefill(prompt) + fp.decoding(len(lengths))
 
 
-def weights_bytes(model: Any) -> int:
+def weights_bytes(model: Model) -> int:
     return sum(v.nbytes for _, v in parameters(model))
 
 
@@ -166,7 +168,7 @@ class Memory:
     width as rows join; `check_alone` refuses a row no batch could hold; `lower` follows an
     out-of-memory. Without a budget every row fits (only --batch-size bounds a batch)."""
 
-    def __init__(self, spec: BudgetSpec | None, models: Any, prefixes: Any = None):
+    def __init__(self, spec: BudgetSpec | None, models: Models, prefixes: PrefixCache | None = None):
         self.models, self.prefixes = models, prefixes
         self.stats = MemoryStats()
         self._footprints: dict[int, Footprint | None] = {}
@@ -185,7 +187,7 @@ class Memory:
     def budget(self) -> int | None:
         return self.stats.budget
 
-    def footprint(self, model: Any, make_cache: Callable[[], Cache]) -> Footprint | None:
+    def footprint(self, model: Model, make_cache: Callable[[], Cache]) -> Footprint | None:
         """The model's KV per row (measured once), its weights counted once."""
         if self.budget is None:
             return None

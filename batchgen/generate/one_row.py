@@ -14,6 +14,7 @@ import mlx.core as mx
 from ..core.errors import ConfigError
 from ..core.records import Generation, GenParams, Job, Media
 from ..core.settings import KV_GROUPS
+from .arrays import Model, Processor, Tokenizer
 from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
@@ -59,7 +60,7 @@ class KVQuant:
 
 
 def collect(
-    stream: Iterator[Any], p: GenParams, tokenizer: Any, eos: set[int], watch: Watch | None = None,
+    stream: Iterator[Any], p: GenParams, tokenizer: Tokenizer, eos: set[int], watch: Watch | None = None,
     markers: Markers | None = None, part: Part = "answer",
 ) -> Generation:  # fmt: skip
     """Drain an engine's stream of responses into a Generation: text decoded from the tokens
@@ -117,7 +118,7 @@ def collect(
 
 
 def generate_lm(
-    model: Any, tokenizer: Any, ids: list[int], p: GenParams, watch: Watch | None = None,
+    model: Model, tokenizer: Tokenizer, ids: list[int], p: GenParams, watch: Watch | None = None,
     part: Part = "answer", drafter: Drafter | None = None, kv: KVQuant | None = None,
 ) -> Generation:  # fmt: skip
     """mlx-lm's own generate for one tokenized row (`p` already budgeted for its part): its
@@ -148,7 +149,7 @@ def generate_lm(
     return gen
 
 
-def _vlm_inputs(processor: Any, info: ModelInfo, job: Job, media: Media) -> tuple[str, list, list]:
+def _vlm_inputs(processor: Processor, info: ModelInfo, job: Job, media: Media) -> tuple[str, list, list]:
     """(prompt, images, videos) as mlx-vlm's generate takes them for this row."""
     messages = template_parts(job.messages) if media else text_only(job.messages)
     prompt = render(processor, messages, job.params)
@@ -161,12 +162,12 @@ def _vlm_inputs(processor: Any, info: ModelInfo, job: Job, media: Media) -> tupl
     return prompt, images, videos
 
 
-def vlm_prompt_ids(model: Any, processor: Any, info: ModelInfo, job: Job, media: Media) -> list[int]:
+def vlm_prompt_ids(model: Model, processor: Processor, info: ModelInfo, job: Job, media: Media) -> list[int]:
     """The row's prompt token ids as mlx-vlm's generate makes them (batchgen plan counts them)."""
     return _prompt_ids(model, processor, *_vlm_inputs(processor, info, job, media))
 
 
-def _prompt_ids(model: Any, processor: Any, prompt: str, images: list, videos: list) -> list[int]:
+def _prompt_ids(model: Model, processor: Processor, prompt: str, images: list, videos: list) -> list[int]:
     """The prompt's token ids as the model sees them (media slots expanded)."""
     from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
@@ -204,15 +205,15 @@ def _seeing_the_prompt(processors: list[Callable], prompt: list[int]) -> list[Ca
 
 
 def generate_vlm(
-    model: Any, processor: Any, info: ModelInfo, job: Job, media: Media, drafter: Drafter | None = None,
-    watch: Watch | None = None, kv: KVQuant | None = None,
+    model: Model, processor: Processor, info: ModelInfo, job: Job, media: Media,
+    drafter: Drafter | None = None, watch: Watch | None = None, kv: KVQuant | None = None,
 ) -> Generation:  # fmt: skip
     """mlx-vlm's own generate for one row; with an mlx-vlm drafter, its counts come from the
     drafter's lifetime counters, read before and after; its quantized KV cache with `kv`."""
     from mlx_vlm import stream_generate
 
     prompt, images, videos = _vlm_inputs(processor, info, job, media)
-    tokenizer = getattr(processor, "tokenizer", processor)
+    tokenizer: Tokenizer = getattr(processor, "tokenizer", processor)
     check_tools(job.params, tokenizer)
     tokenizer.stopping_criteria.reset(model.config.eos_token_id)
     if job.params.seed is not None:

@@ -6,6 +6,7 @@ from typing import Any
 
 from ..core.errors import RowError
 from ..core.records import GenParams, Message
+from .arrays import ModelConfig, TemplateOwner, Tokenizer
 from .models import ModelInfo
 from .reasoning import markers_of
 
@@ -21,7 +22,9 @@ END_OF_TURN = "<|im_end|>"  # Qwen-style templates end a turn here even when eos
 _WANTS_PARTS: set[str] = set()
 
 
-def apply_template(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+def apply_template(
+    template_owner: TemplateOwner, messages: list[dict[str, Any]], kwargs: dict[str, Any]
+) -> str:
     """The prompt as the checkpoint's chat template renders it, with every message's text in it."""
     key = str(getattr(template_owner, "chat_template", None))
     if key in _WANTS_PARTS:
@@ -36,7 +39,7 @@ def apply_template(template_owner: Any, messages: list[dict[str, Any]], kwargs: 
     return retry
 
 
-def template_of(template_owner: Any) -> str:
+def template_of(template_owner: TemplateOwner) -> str:
     """The chat template a tokenizer or processor renders with ("" without one)."""
     for owner in (template_owner, getattr(template_owner, "tokenizer", None)):
         template = getattr(owner, "chat_template", None)
@@ -45,7 +48,7 @@ def template_of(template_owner: Any) -> str:
     return ""
 
 
-def template_kwargs(template_owner: Any, p: GenParams) -> dict[str, Any]:
+def template_kwargs(template_owner: TemplateOwner, p: GenParams) -> dict[str, Any]:
     """The row's template keywords: its tools (unless tool_choice is none), refused by a
     template that never renders them, and its `thinking` as `enable_thinking`, where the
     template takes one and the row's own keywords do not say it already."""
@@ -63,7 +66,7 @@ def template_kwargs(template_owner: Any, p: GenParams) -> dict[str, Any]:
     return {**kwargs, "enable_thinking": p.thinking}
 
 
-def render(template_owner: Any, messages: list[dict[str, Any]], p: GenParams) -> str:
+def render(template_owner: TemplateOwner, messages: list[dict[str, Any]], p: GenParams) -> str:
     """The row's prompt with its thinking on or off: through the template's enable_thinking,
     or, with thinking off where the template has none, an empty closed block after it (the end
     of the block where the template opened one), so a thinking model answers at once."""
@@ -75,7 +78,7 @@ def render(template_owner: Any, messages: list[dict[str, Any]], p: GenParams) ->
     return prompt
 
 
-def _render(template_owner: Any, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+def _render(template_owner: TemplateOwner, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
     from mlx_vlm.prompt_utils import get_chat_template
 
     try:
@@ -125,7 +128,7 @@ def template_parts(messages: list[Message]) -> list[dict[str, Any]]:
     return out
 
 
-def after_media(ids: list[int], config: Any) -> list[int]:
+def after_media(ids: list[int], config: ModelConfig) -> list[int]:
     """Positions just past each media block: the prefix every question on that image shares."""
     end_id = getattr(config, "vision_end_token_id", None)
     if end_id is None:
@@ -133,7 +136,7 @@ def after_media(ids: list[int], config: Any) -> list[int]:
     return [i + 1 for i, t in enumerate(ids) if t == end_id]
 
 
-def message_bounds(tokenizer: Any, messages: list[dict], kwargs: dict, ids: list[int]) -> list[int]:
+def message_bounds(tokenizer: Tokenizer, messages: list[dict], kwargs: dict, ids: list[int]) -> list[int]:
     """Where each turn but the last ends in the prompt's tokens: a shared system prompt or
     few-shot turns are a prefix that other rows reuse. Turns whose rendering is not a clean
     token prefix of the whole (a template that rewrites history) give no boundary."""

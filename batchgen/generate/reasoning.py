@@ -19,14 +19,15 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import mlx.core as mx
 from mlx_lm.generate import TextStateMachine
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..core.records import Generation, GenParams
-from .arrays import scalar
+from .arrays import Tokenizer, scalar
+from .constrain import Masking
 
 __all__ = ["Markers", "Thinking", "Part", "markers_of", "initial_part", "budgeted", "split_generation"]
 
@@ -102,11 +103,11 @@ def _rfind(ids: list[int], marker: tuple[int, ...]) -> int:
     return -1
 
 
-_KNOWN: dict[int, tuple[Any, Markers | None]] = {}
+_KNOWN: dict[int, tuple[Tokenizer, Markers | None]] = {}
 _LOCK = threading.Lock()
 
 
-def markers_of(tokenizer: Any) -> Markers | None:
+def markers_of(tokenizer: Tokenizer) -> Markers | None:
     """The tokenizer's markers, or None for a model that does not think. mlx-lm's wrapper knows
     them; a Hugging Face tokenizer (what mlx-vlm's processors hold) is asked through one."""
     key = id(tokenizer)
@@ -157,7 +158,7 @@ class Thinking:
     mask, applied to answer tokens only. In the "open" part the mask also lets the start
     marker's first token through; once that is written, the rest of the marker follows."""
 
-    def __init__(self, markers: Markers, part: Part, budget: int | None, mask: Any = None):
+    def __init__(self, markers: Markers, part: Part, budget: int | None, mask: Masking | None = None):
         self.markers, self.part, self.budget, self.mask = markers, part, budget, mask
         self.forced: list[int] = []  # marker tokens the next steps must write
         self.closing = False  # ... the end marker: the answer starts after them

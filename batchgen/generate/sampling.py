@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import mlx.core as mx
 
 from ..core.records import GenParams, TokenLogprobs
-from .arrays import float_rows, floats, int_rows
+from .arrays import Tokenizer, float_rows, floats, int_rows
 from .constrain import processor
 from .reasoning import Markers, Part, Thinking
 
@@ -43,7 +42,7 @@ def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
 
 
 def logits_processors_for(
-    p: GenParams, tokenizer: Any = None, eos: set[int] | None = None, markers: Markers | None = None,
+    p: GenParams, tokenizer: Tokenizer = None, eos: set[int] | None = None, markers: Markers | None = None,
     part: Part = "answer",
 ) -> list[Callable]:  # fmt: skip
     """The row's penalties and biases (mlx-lm's), then its output constraint's mask, which

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 
 import mlx.core as mx
 
 from ..core.records import ChoiceScore, Scoring
 from .adapters import Adapter, Sequence
-from .arrays import floats
+from .arrays import Tokenizer, floats
 from .decoder import Watch, merge_caches, prefill
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
@@ -32,7 +31,7 @@ END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<turn|>"
 _LOGITS_FLOATS = 2**25  # logits held at once while scoring (128 MB of float32): answers go in groups
 
 
-def answer_ids(tokenizer: Any, text: str, eos: set[int]) -> list[int]:
+def answer_ids(tokenizer: Tokenizer, text: str, eos: set[int]) -> list[int]:
     """An answer's tokens as the assistant says it: its text, then the end-of-turn token."""
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     end = next((vocab[t] for t in END_OF_TURN if vocab.get(t) in eos), min(eos))
@@ -92,7 +91,7 @@ def score(
 
 
 def score_row(
-    adapter: Adapter, seq: Sequence, scoring: Scoring, tokenizer: Any, eos: set[int],
+    adapter: Adapter, seq: Sequence, scoring: Scoring, tokenizer: Tokenizer, eos: set[int],
     prefixes: PrefixCache | None, watch: Watch, context: int | None,
 ) -> Scores:  # fmt: skip
     """A row's choices and text scored; an answer past the model's context is the row's error.

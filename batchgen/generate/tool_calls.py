@@ -25,6 +25,7 @@ from mlx_lm.tokenizer_utils import _infer_tool_parser
 from ..core.constraints import TOOL_CALL_FORMAT
 from ..core.errors import RowError
 from ..core.records import Generation, GenParams, ToolCall
+from .arrays import Tokenizer
 
 __all__ = ["ToolFormat", "format_of", "check_tools", "with_tool_calls"]
 
@@ -39,18 +40,18 @@ class ToolFormat:
     parse: Callable[[str, Any], Any]
 
 
-_KNOWN: dict[int, tuple[Any, ToolFormat | None]] = {}
+_KNOWN: dict[int, tuple[Tokenizer, ToolFormat | None]] = {}
 _LOCK = threading.Lock()
 
 
-def format_of(tokenizer: Any) -> ToolFormat | None:
+def format_of(tokenizer: Tokenizer) -> ToolFormat | None:
     """The tokenizer's tool-call format, or None: the one mlx-lm's loader chose (a
     TokenizerWrapper keeps its parser), else inferred as that loader infers it (a Hugging Face
     tokenizer, as mlx-vlm's processors hold)."""
     key = id(tokenizer)
     with _LOCK:
         if key not in _KNOWN:
-            hf = getattr(tokenizer, "_tokenizer", tokenizer)
+            hf: Tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
             name = hf.init_kwargs.get("tool_parser_type") if hasattr(hf, "init_kwargs") else None
             name = name or _infer_tool_parser(hf)
             found = None
@@ -65,7 +66,7 @@ def _offered(p: GenParams) -> bool:
     return bool(p.tools) and p.tool_choice != "none"
 
 
-def check_tools(p: GenParams, tokenizer: Any) -> None:
+def check_tools(p: GenParams, tokenizer: Tokenizer) -> None:
     """A row's tools refused up front where the model cannot take them: no tool-call format
     (its calls could not be read), or a tool_choice constraint on a format that is not JSON."""
     if not _offered(p):
@@ -81,7 +82,7 @@ def check_tools(p: GenParams, tokenizer: Any) -> None:
         )
 
 
-def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Any) -> Generation:
+def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Tokenizer) -> Generation:
     """The answer's calls in `tool_calls` and what was said besides them in its text; a row
     that stopped after its calls ends with `tool_calls`."""
     fmt = format_of(tokenizer) if _offered(p) else None

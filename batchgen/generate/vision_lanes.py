@@ -16,6 +16,7 @@ from ..core.families import family
 from ..core.memo import Memo
 from ..core.records import Job, Media
 from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
+from .arrays import Model, Processor, Tokenizer
 from .lanes import BatchedLane, Plan
 from .loading import Models
 from .memory import Memory
@@ -32,7 +33,7 @@ class _MediaLane(BatchedLane):
 
     adapter: type[VLMAdapter] = VLMAdapter
 
-    def _inputs(self, job: Job, media: Media) -> tuple[Any, Any, dict, list[int]]:
+    def _inputs(self, job: Job, media: Media) -> tuple[Model, Processor, dict, list[int]]:
         """(model, processor, the processor's inputs, the prompt's token ids)."""
         from mlx_vlm.utils import prepare_inputs, should_add_special_tokens
 
@@ -104,7 +105,7 @@ class VisionLane(_MediaLane):
         group = (tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ())
         return Plan(job, media, self, self._fit(seq, self.models.vlm()[1]), group=group)
 
-    def _embedder(self, model: Any, inputs: dict, ids: list[int], digests: list[str]):
+    def _embedder(self, model: Model, inputs: dict, ids: list[int], digests: list[str]):
         """Embeddings of any slice of the prompt; the vision tower runs only when a slice
         holds image or video tokens, and once per set of images or video."""
         full: list[Any] = []
@@ -160,7 +161,7 @@ def _listed(grid: Any) -> tuple | None:
     return None if grid is None else tuple(map(tuple, grid.tolist()))
 
 
-def _tower(model: Any, pixels: Any, grid: Any) -> Any:
+def _tower(model: Model, pixels: Any, grid: Any) -> Any:
     """The vision tower's features; Qwen3.5's tower also returns what only its drafters use."""
     out = model.vision_tower(pixels, grid)
     return out[0] if isinstance(out, tuple) else out
@@ -201,7 +202,7 @@ class OffsetVisionLane(_MediaLane):
             merged = _merged(model, inputs)  # a lazy graph: the tower runs only if a slice needs it
             ids = _relaid(ids, image_id, merged[0].shape[1])
             check_length("", ids, self.info)
-        tokenizer = getattr(processor, "tokenizer", processor)
+        tokenizer: Tokenizer = getattr(processor, "tokenizer", processor)
         blocks = media_blocks(ids, image_id, {*tokenizer.all_special_ids, *tokenizer.added_tokens_decoder})
         starts, ends = [a for a, _ in blocks], [b for _, b in blocks]
         digests = media.digests("image")
@@ -214,7 +215,7 @@ class OffsetVisionLane(_MediaLane):
         return Plan(job, media, self, self._fit(seq, processor), group=group)
 
     @staticmethod
-    def _embedder(model: Any, inputs: dict, ids: list[int], image_id: int, merged: tuple | None = None):
+    def _embedder(model: Model, inputs: dict, ids: list[int], image_id: int, merged: tuple | None = None):
         """Merged embeddings of a slice holding image tokens (computed once for the row);
         None for other slices, which the model embeds itself."""
         full: list[Any] = [] if merged is None else [merged]
@@ -234,7 +235,7 @@ class OffsetVisionLane(_MediaLane):
         return embed
 
 
-def _merged(model: Any, inputs: dict) -> tuple[Any, Any]:
+def _merged(model: Model, inputs: dict) -> tuple[Any, Any]:
     """The prompt's embeddings with the image features merged in, as mlx-vlm's generate makes
     them, and Gemma 4's per-layer inputs (made from the ids with media tokens blanked)."""
     extra = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}

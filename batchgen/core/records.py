@@ -12,6 +12,8 @@ from .errors import Stage
 __all__ = [
     "STAGES",
     "RowId",
+    "Values",
+    "ResultRow",
     "MEDIA_COLUMNS",
     "RESULT_COLUMNS",
     "KEPT_COLUMNS",
@@ -44,6 +46,11 @@ __all__ = [
 ]
 
 MediaKind = Literal["image", "video", "audio"]
+# A job row's values as its reader found them (JSON values, Parquet cells), by column: what
+# parse checks and the output carries; its value types are only known where they are read.
+Values = dict[str, Any]
+# A results file's row read back (pyarrow's to_pylist): each column's value by its name.
+ResultRow = dict[str, Any]
 RowId = str | int  # a row's id: a string or an integer (a bool is neither); rows without one, their place
 
 # Flat media columns and the kind each holds.
@@ -194,7 +201,7 @@ class Job:
     index: int
     id: RowId
     line: int | None = None
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: Values = field(default_factory=dict)
     messages: list[Message] = field(default_factory=list)
     media: list[MediaRef] = field(default_factory=list)
     params: GenParams = field(default_factory=GenParams)
@@ -382,7 +389,7 @@ class Finished:
     """A row done, as an executor hands it to the writer: the input values carried to the
     output, how messages name the row, and its result."""
 
-    values: dict[str, Any]
+    values: Values
     where: str
     result: Result
 

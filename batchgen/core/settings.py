@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from .budget import budget_spec
 from .errors import ConfigError
@@ -22,10 +22,14 @@ __all__ = [
     "KV_BITS",
     "KV_GROUPS",
     "GEN_FIELDS",
+    "Fingerprint",
     "FLAG_NAMES",
 ]
 
 GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
+# What decides an output's content, as JSON (output/resume.settings_of): kept with the output
+# and compared by the next run.
+Fingerprint = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import pyarrow as pa
 
@@ -61,7 +61,22 @@ _OUT_SCHEMA = pa.schema(
 _GAP = 64  # pending rows further apart than this start a new segment: an actor never reads far for nothing
 
 
-def pending_items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
+class Segment(TypedDict):
+    """Rows of an item that lie together: the mark to read from (index, seek, base, shard), the
+    first row, and a bitmap of the wanted rows from there."""
+
+    mark: list[int]
+    first: int
+    want: bytes
+
+
+class Item(TypedDict):
+    """What a Ray actor is handed: segments of the rows to read and run."""
+
+    segments: list[Segment]
+
+
+def pending_items(todo: Pending, per_item: int) -> list[Item]:
     """The pending rows as items of about `per_item` rows, in the plan's order: a group (rows
     sharing a picture) stays in one item up to 4 × `per_item` rows, so one actor encodes its
     picture. Each item is a list of segments: the mark to read from, the first row, and a
@@ -69,14 +84,14 @@ def pending_items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
     marks = todo.index.marks
     starts = [m.index for m in marks]
 
-    def segment(rows: list[int]) -> dict[str, Any]:
+    def segment(rows: list[int]) -> Segment:
         mark = marks[bisect.bisect_right(starts, rows[0]) - 1]
         bits = bytearray((rows[-1] - rows[0]) // 8 + 1)
         for i in rows:
             bits[(i - rows[0]) // 8] |= 1 << ((i - rows[0]) % 8)
         return {"mark": [mark.index, mark.seek, mark.base, mark.shard], "first": rows[0], "want": bytes(bits)}
 
-    def item(rows: list[int]) -> dict[str, Any]:
+    def item(rows: list[int]) -> Item:
         rows.sort()
         runs, run = [], [rows[0]]
         for i in rows[1:]:
@@ -87,7 +102,7 @@ def pending_items(todo: Pending, per_item: int) -> list[dict[str, Any]]:
         return {"segments": [segment(r) for r in [*runs, run]]}
 
     grouping = Grouping(todo.index, todo.done)
-    items: list[dict[str, Any]] = []
+    items: list[Item] = []
     rows: list[int] = []
     group = -2
     for i, g in grouping.in_groups(todo.indices()):

@@ -16,6 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..core.settings import Fingerprint
 from ..core.uris import is_uri
 from .store import Store
 
@@ -43,7 +44,7 @@ class Earlier:
     shards, then the parts of an interrupted run) and the settings they were made with."""
 
     files: list[str]
-    settings: dict[str, Any] | None  # None: nothing earlier says (no earlier rows)
+    settings: Fingerprint | None  # None: nothing earlier says (no earlier rows)
     where: str  # how messages name them
 
 
@@ -52,7 +53,7 @@ class Parts:
     the first part (a run that finishes nothing leaves no folder); an interrupted --overwrite
     run's manifest says so, and the next run stays one."""
 
-    def __init__(self, store: Store, folder: Path | str, settings: dict[str, Any], overwrite: bool):
+    def __init__(self, store: Store, folder: Path | str, settings: Fingerprint, overwrite: bool):
         self.store, self.folder = store, folder
         self.manifest: dict[str, Any] = {"settings": settings, "overwrite": overwrite}
         self.last = 0  # the highest part number taken
@@ -65,7 +66,7 @@ class Parts:
     def files(self) -> list[str]:
         return self.store.listed(str(self.folder), "part-", ".parquet")
 
-    def earlier(self) -> tuple[dict[str, Any] | None, bool]:
+    def earlier(self) -> tuple[Fingerprint | None, bool]:
         """The settings an interrupted run's parts were made with (None: no parts folder), and
         whether that run was an --overwrite one."""
         if not self.store.exists(self._manifest_path):

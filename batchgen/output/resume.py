@@ -13,7 +13,7 @@ from typing import Any
 
 from ..core.errors import ConfigError, describe
 from ..core.records import GenParams, file_digest, local_path
-from ..core.settings import RunConfig
+from ..core.settings import Fingerprint, RunConfig
 from ..input.read import JobIndex, id_key
 from .parts import Earlier
 from .pending import Pending
@@ -32,7 +32,7 @@ def _canonical(model: Any) -> Any:
     return model
 
 
-def settings_of(config: RunConfig) -> dict[str, Any]:
+def settings_of(config: RunConfig) -> Fingerprint:
     """What decides the content of the output: resuming under other settings is refused."""
     m = config.media
     kv = [config.kv_bits, config.kv_group_size, config.quantized_kv_start]
@@ -47,7 +47,7 @@ def settings_of(config: RunConfig) -> dict[str, Any]:
     } | ({"kv_cache": kv} if config.kv_bits else {})  # absent when off: earlier outputs resume
 
 
-def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[str, Any]) -> None:
+def check_settings(where: str, previous: Fingerprint | None, settings: Fingerprint) -> None:
     """Refuse to mix results made under other settings, naming the keys that changed."""
     # Outputs of earlier versions stored model paths as given, relative to that run's folder,
     # and knew fewer generation parameters (the ones added since had their defaults).
@@ -61,9 +61,7 @@ def check_settings(where: str, previous: dict[str, Any] | None, settings: dict[s
     raise ConfigError(f"{where} were made with other settings ({changes}); pass --overwrite to start over")
 
 
-def _changed(
-    previous: dict[str, Any], settings: dict[str, Any], prefix: str = ""
-) -> list[tuple[str, Any, Any]]:
+def _changed(previous: Fingerprint, settings: Fingerprint, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """(key, then, now) of each setting that differs; within a mapping (the generation
     parameters), only the entries that differ: `generation.max_tokens: 48 then, 5 now`."""
     out = []
@@ -204,7 +202,7 @@ class Resume:
     their results were written are refused, generated again (`changed` redo: their new
     record replaces the old one) or kept as they are (`keep`)."""
 
-    def __init__(self, earlier: Earlier, store: Store, index: JobIndex, settings: dict[str, Any],
+    def __init__(self, earlier: Earlier, store: Store, index: JobIndex, settings: Fingerprint,
                  max_attempts: int, every_failure: bool, changed: str = "refuse",
                  redo_looped: bool = False):  # fmt: skip
         if earlier.settings is not None:

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.errors import ConfigError, OutputLockedError
+from ..core.records import ResultRow
 from ..core.uris import is_uri
 from .store import Store, strict_json
 
@@ -92,7 +93,7 @@ def read_heartbeat(store: Store, path: str) -> Heartbeat | None:
         return None
 
 
-def failed_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def failed_records(rows: list[ResultRow]) -> list[dict[str, Any]]:
     """Each failed row as the error file and `inspect --failed` list it."""
     return [
         {"id": r.get("id"), "stage": r.get("error_stage"), "error": r.get("error"),

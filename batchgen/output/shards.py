@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.errors import ConfigError
-from ..core.records import Result
+from ..core.records import Result, Values
 from ..input.read import JobIndex, id_key
 from ..input.source import Source
 from .parts import PARTS_KEY, part_number
@@ -176,7 +176,7 @@ class MirroredShards(_ShardFolder):
             k = self._file_of(key)
             self._todo[k] = self._todo.get(k, 0) + 1
 
-    def add(self, raw: dict[str, Any], result: Result) -> None:
+    def add(self, raw: Values, result: Result) -> None:
         super().add(raw, result)
         if (k := self._file_of(id_key(result.id))) in self._todo:
             self._todo[k] -= 1
@@ -184,9 +184,9 @@ class MirroredShards(_ShardFolder):
                 self.flush()
                 self._make_mirrored(k)
 
-    def _write_parts(self, rows: list[tuple[dict[str, Any], Result]]) -> None:
+    def _write_parts(self, rows: list[tuple[Values, Result]]) -> None:
         """A part holds one job file's rows."""
-        groups: dict[int, list[tuple[dict[str, Any], Result]]] = {}
+        groups: dict[int, list[tuple[Values, Result]]] = {}
         for raw, result in rows:
             groups.setdefault(self._file_of(id_key(result.id)), []).append((raw, result))
         for k, group in groups.items():

@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..core.answers import merge_kinds
-from ..core.records import RESULT_COLUMNS, Result
+from ..core.records import RESULT_COLUMNS, Result, Values
 from ..input.read import JobIndex, id_key
 
 __all__ = [
@@ -154,7 +154,7 @@ def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str
 
 
 def rows_to_table(
-    rows: list[tuple[dict[str, Any], Result]],
+    rows: list[tuple[Values, Result]],
     schema: pa.Schema | None,
     skip: set[str] | frozenset[str] = frozenset(),
     answers: dict[str, str] | None = None,

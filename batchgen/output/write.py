@@ -16,11 +16,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
-from ..core.records import Result
+from ..core.records import Result, Values
+from ..core.settings import Fingerprint
 from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
 from .parts import Earlier, Parts, part_number, partial_dir
@@ -77,7 +78,7 @@ class ResultWriter(ABC):
 
     sharded = False  # a folder of shards: parts wait inside it
 
-    def __init__(self, output: Path | str, index: JobIndex, settings: dict[str, Any],
+    def __init__(self, output: Path | str, index: JobIndex, settings: Fingerprint,
                  options: WriteOptions = WriteOptions(), skip: set[str] | frozenset[str] = frozenset(),
                  about: dict[bytes, str] | None = None, sinks: Sequence[Sink] = ()):  # fmt: skip
         self.output = output
@@ -90,7 +91,7 @@ class ResultWriter(ABC):
         self.sinks = sinks
         self.partial = partial_dir(output, self.sharded)
         self.parts = Parts(self.store, self.partial, settings, options.overwrite)
-        self._buffer: list[tuple[dict[str, Any], Result]] = []
+        self._buffer: list[tuple[Values, Result]] = []
         self._last_flush = time.monotonic()
         self._earlier: list[str] = []  # the finished output's files when the run began
 
@@ -118,7 +119,7 @@ class ResultWriter(ABC):
         finals, settings, where, _ = self._look()
         return Earlier(finals + self.parts.files(), settings, where)
 
-    def _look(self) -> tuple[list[str], dict[str, Any] | None, str, bool]:
+    def _look(self) -> tuple[list[str], Fingerprint | None, str, bool]:
         """The finished output's files, the settings earlier rows were made with, how to name
         them, and whether an interrupted --overwrite run left the parts (then only they count)."""
         settings, interrupted_overwrite = self.parts.earlier()
@@ -150,7 +151,7 @@ class ResultWriter(ABC):
         """The rows this run will add (a mirrored output writes a job file's shard as soon as
         its last row is in)."""
 
-    def add(self, raw: dict[str, Any], result: Result) -> None:
+    def add(self, raw: Values, result: Result) -> None:
         self._buffer.append((raw, result))
         due = time.monotonic() - self._last_flush >= self.options.flush_seconds
         if len(self._buffer) >= self.options.flush_rows or due:
@@ -165,10 +166,10 @@ class ResultWriter(ABC):
             self._buffer = []
         return rows
 
-    def _write_parts(self, rows: list[tuple[dict[str, Any], Result]]) -> None:
+    def _write_parts(self, rows: list[tuple[Values, Result]]) -> None:
         self.parts.write(self._table(rows))
 
-    def _table(self, rows: list[tuple[dict[str, Any], Result]]) -> pa.Table:
+    def _table(self, rows: list[tuple[Values, Result]]) -> pa.Table:
         return rows_to_table(rows, self.index.schema, self.skip, self.options.answers)
 
     def _tidy(self, table: pa.Table) -> pa.Table:

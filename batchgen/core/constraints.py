@@ -216,7 +216,7 @@ def check(c: Constraint) -> str | None:
     return None
 
 
-def _huge_count(schema: Any) -> str | None:
+def _huge_count(schema: object) -> str | None:
     """A `min*` count no output could reach, found by a walk over the (depth-bounded) schema."""
     todo = [schema]
     while todo:

@@ -18,7 +18,7 @@ from ..core.budget import parse_duration
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, one_line
 from ..core.params import check_params
-from ..core.records import GenParams
+from ..core.records import Constraint, GenParams
 from ..core.settings import FLAG_NAMES, GEN_FIELDS, Columns, MediaConfig, RunConfig
 from ..core.uris import checked_location, is_uri
 
@@ -223,7 +223,7 @@ def _check_run_settings(data: dict[str, Any]) -> None:
         data["errors_file"] = Path(data["errors_file"])
 
 
-def _constraint(gen: dict[str, Any]) -> Any:
+def _constraint(gen: dict[str, Any]) -> Constraint | None:
     """The run's output constraint (--json-schema FILE, --guided-choice, --guided-regex, or the
     same keys under a preset's `generation:`), taken out of `gen`."""
     given = {k: gen.pop(k) for k in CONSTRAINT_FIELDS if gen.get(k) not in (None, (), [])}
@@ -235,7 +235,7 @@ def _constraint(gen: dict[str, Any]) -> Any:
     return constraint
 
 
-def build_columns(preset: Any, flags: dict[str, Any]) -> Columns:
+def build_columns(preset: object, flags: dict[str, Any]) -> Columns:
     """The column mapping: the preset's `columns:` overlaid with the flags (empty = not given)."""
     if not isinstance(preset, dict):
         raise ConfigError("columns: expected a mapping such as {id: key, image: jpg}")

@@ -9,6 +9,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from PIL import Image
+
 from ..core.errors import ConfigError, short
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
@@ -57,8 +59,6 @@ class SharedImages:
         self.memo: Memo[Any] = Memo(32, SHARED_IMAGE_BYTES, _nbytes)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from PIL import Image
-
         images = _leaves(args[0] if args else kwargs.get("images"))
         if not images or not all(isinstance(im, Image.Image) for im in images):
             return self._inner(*args, **kwargs)
@@ -70,7 +70,7 @@ class SharedImages:
         return getattr(self._inner, name)
 
 
-def _content(image: Any) -> str:
+def _content(image: Image.Image) -> str:
     """An image's content key: the digest it was decoded from, else its pixels' (with its mode
     and size, as mlx-vlm's vision cache keys an image)."""
     digest = image.info.get(IMAGE_DIGEST)

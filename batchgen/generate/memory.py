@@ -97,7 +97,7 @@ class Footprint:
         return rows * self.vocab * 4 * 3
 
 
-def _arrays(value: Any) -> list[mx.array]:
+def _arrays(value: object) -> list[mx.array]:
     if isinstance(value, mx.array):
         return [value]
     if isinstance(value, (list, tuple)):

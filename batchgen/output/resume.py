@@ -25,7 +25,7 @@ __all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchang
 _MODELS = ("model", "text_model", "draft_model")
 
 
-def _canonical(model: Any) -> Any:
+def _canonical(model: object) -> object:
     """A local checkout by its absolute path (the same from any folder), a hub id as it is."""
     if isinstance(model, str) and model and Path(model).expanduser().exists():
         return str(Path(model).expanduser().resolve())

@@ -26,12 +26,12 @@ from ..core.uris import filesystem, is_uri
 __all__ = ["Store", "atomic_write", "stale_temps", "strict_json"]
 
 
-def strict_json(value: Any, **options: Any) -> str:
+def strict_json(value: object, **options: Any) -> str:
     """JSON that every parser reads: a number JSON cannot hold (NaN, ±Infinity) is null."""
     return json.dumps(_finite(value), allow_nan=False, **options)
 
 
-def _finite(value: Any) -> Any:
+def _finite(value: object) -> object:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):

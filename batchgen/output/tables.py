@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -100,7 +101,7 @@ def _answers(results: list[Result], union: dict[str, str] | None = None) -> dict
     return columns
 
 
-def _jsonish(values: list[Any]) -> pa.Array:
+def _jsonish(values: Sequence[object]) -> pa.Array:
     """A column whose values Arrow cannot type as one (mixed types): keep it as JSON text."""
     return pa.array(
         [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values], pa.string()
@@ -124,7 +125,7 @@ def _depth(type_: pa.DataType) -> int:
     return 0
 
 
-def _column(values: list[Any], type_: pa.DataType | None) -> pa.Array:
+def _column(values: Sequence[object], type_: pa.DataType | None) -> pa.Array:
     """Typed as Arrow infers (or as the input schema says) when Parquet can store and read
     that type back; otherwise the values are kept as JSON text."""
     try:

@@ -98,7 +98,7 @@ def _check_plain(rows: list[ResultRow], types: dict[str, pa.DataType]) -> None:
         )
 
 
-def _as_text(value: Any) -> str | None:
+def _as_text(value: object) -> str | None:
     """A field's value as caption text: a list of tags joined by ", " (kohya's tag format)."""
     if value is None:
         return None

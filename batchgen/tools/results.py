@@ -168,7 +168,7 @@ def asking(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> Asking:
     return Asking(template, columns)
 
 
-def _json(value: Any) -> Any:
+def _json(value: object) -> object:
     """A cell the writer kept as JSON text, as it was; any other value as it is."""
     if isinstance(value, str) and value.startswith(("[", "{")):
         try:

@@ -22,11 +22,21 @@ from .arrays import Model
 from .reasoning import Part
 from .sampling import Loops
 
-__all__ = ["Sequence", "Cache", "Adapter", "LMAdapter", "VLMAdapter", "OffsetVLMAdapter", "embedded"]
+__all__ = [
+    "Sequence",
+    "Cache",
+    "CacheLayer",
+    "Adapter",
+    "LMAdapter",
+    "VLMAdapter",
+    "OffsetVLMAdapter",
+    "embedded",
+]
 
 # A row's (or a batch's) KV cache: one of the engines' cache objects per layer (KVCache,
 # RotatingKVCache, ArraysCache, …), which share no base class batchgen could name.
-Cache = list[Any]
+CacheLayer = Any  # one layer's: KVCache, RotatingKVCache, ArraysCache, their Batch* forms, …
+Cache = list[CacheLayer]
 
 
 @dataclass(slots=True)
@@ -69,7 +79,9 @@ class Adapter:
         position will do)."""
         raise NotImplementedError
 
-    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
+    def forward_batch(
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[mx.array]
+    ) -> mx.array:
         """Logits after each row's prompt, the rows' tails `ids[a:]` (all of one length) fed
         together on their merged cache; `embeds`: each tail's embeddings, or None."""
         raise NotImplementedError
@@ -95,7 +107,9 @@ class LMAdapter(Adapter):
     def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         return self.model(tokens[:, None], cache=cache)[:, -1]
 
-    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
+    def forward_batch(
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[mx.array]
+    ) -> mx.array:
         return self.model(_tails(seqs, a), cache=cache)[:, -1]
 
     def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:
@@ -137,7 +151,9 @@ class VLMAdapter(Adapter):
         positions = mx.broadcast_to(mx.array(at, dtype=mx.int32).reshape(1, -1, 1), (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
-    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
+    def forward_batch(
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[mx.array]
+    ) -> mx.array:
         # mRoPE rows carry their positions (VLMAdapter's plans set them)
         positions = mx.concatenate(
             [_positions(s)[:, :, start:] for s, start in zip(seqs, a, strict=True)], axis=1
@@ -153,7 +169,7 @@ class VLMAdapter(Adapter):
         return self.lm(tokens, cache=cache, position_ids=positions).logits
 
 
-def _stacked(embeds: list[Any]) -> mx.array | None:
+def _stacked(embeds: list[mx.array]) -> mx.array | None:
     return None if embeds[0] is None else mx.concatenate(embeds, axis=0)
 
 
@@ -176,7 +192,9 @@ class OffsetVLMAdapter(VLMAdapter):
     def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
         return self.lm(tokens[:, None], cache=cache).logits[:, -1]
 
-    def forward_batch(self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[Any]) -> mx.array:
+    def forward_batch(
+        self, seqs: list[Sequence], cache: Cache, a: list[int], embeds: list[mx.array]
+    ) -> mx.array:
         return self.lm(_tails(seqs, a), inputs_embeds=_stacked(embeds), cache=cache).logits[:, -1]
 
     def continue_all(self, seq: Sequence, cache: Cache, tokens: mx.array) -> mx.array:

@@ -24,7 +24,7 @@ from mlx_lm.models.cache import BatchKVCache as LMBatchKVCache
 from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
-from .adapters import Adapter, Cache, Sequence, embedded
+from .adapters import Adapter, Cache, CacheLayer, Sequence, embedded
 from .arrays import Tokenizer, ints, scalar
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
@@ -348,11 +348,11 @@ def merge_caches(caches: list[Cache]) -> Cache:
 SLOT_CACHES = (LMBatchKVCache, VLMBatchKVCache)  # batch caches a row can be written into in place
 
 
-def _in_place(layer: Any, more: Any) -> bool:
+def _in_place(layer: CacheLayer, more: CacheLayer) -> bool:
     return all(isinstance(c, SLOT_CACHES) and c.keys is not None for c in (layer, more))
 
 
-def _write_slots(layer: Any, more: Any, rows: list[int], slots: list[int]) -> None:
+def _write_slots(layer: CacheLayer, more: CacheLayer, rows: list[int], slots: list[int]) -> None:
     """Rows `rows` of the batch cache `more` written over rows `slots` of `layer`, right-aligned
     with its write position; the others are not copied, unless the joiner is the longer one
     (then every row gets room on the left)."""
@@ -371,7 +371,7 @@ def _write_slots(layer: Any, more: Any, rows: list[int], slots: list[int]) -> No
     layer.offset[at] = more.offset[of]
 
 
-def _trim_layer(layer: Any, live: list[int]) -> None:
+def _trim_layer(layer: CacheLayer, live: list[int]) -> None:
     padding = layer.left_padding.tolist()
     cut = min(min(padding[s] for s in live), layer._idx) if live else 0
     if cut > 0:

@@ -28,7 +28,7 @@ import mlx.core as mx
 from ..core.budget import BudgetSpec, human_bytes
 from ..core.errors import RowError
 from ..core.records import MemoryStats
-from .adapters import Cache
+from .adapters import Cache, CacheLayer
 from .arrays import Model, parameters
 from .loading import Models
 from .prefix_cache import PrefixCache
@@ -105,7 +105,7 @@ def _arrays(value: object) -> list[mx.array]:
     return []
 
 
-def _layer(c: Any, per: list[int], windows: list[tuple[int, int]], fixed: list[int]) -> None:
+def _layer(c: CacheLayer, per: list[int], windows: list[tuple[int, int]], fixed: list[int]) -> None:
     if hasattr(c, "caches"):  # CacheList: a layer with several caches
         for inner in c.caches:
             _layer(inner, per, windows, fixed)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import Any
 
 from ..core.records import CacheStats
 from .adapters import Cache
@@ -22,7 +21,7 @@ class PrefixCache:
     def __init__(self, capacity: int = 50, max_bytes: int = 2 * 2**30):
         self.capacity = capacity
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[str, tuple[Any, int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[Cache, int]] = OrderedDict()
         self._bytes = 0
         self.hits = self.misses = self.evictions = self.tokens_saved = 0
 

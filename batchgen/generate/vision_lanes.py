@@ -11,12 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import mlx.core as mx
+
 from ..core.errors import RowError
 from ..core.families import family
 from ..core.memo import Memo
 from ..core.records import Job, Media
 from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
-from .arrays import Model, Processor, Tokenizer
+from .arrays import Model, Processor, Tokenizer, int_rows
 from .lanes import BatchedLane, Plan
 from .loading import Models
 from .memory import Memory
@@ -71,12 +73,10 @@ class VisionLane(_MediaLane):
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
                  memory: Memory | None = None):  # fmt: skip
         super().__init__(models, info, prefixes, memory)
-        self._features: Memo[Any] = Memo(64)  # vision-tower outputs by image digests
-        self._layouts: Memo[Any] = Memo(64)  # mRoPE positions of prompts up to their last media
+        self._features: Memo[mx.array] = Memo(64)  # vision-tower outputs by image digests
+        self._layouts: Memo[tuple[mx.array, int]] = Memo(64)  # mRoPE positions up to the last media
 
     def plan(self, job: Job, media: Media) -> Plan:
-        import mlx.core as mx
-
         model, _, inputs, ids = self._inputs(job, media)
         p = job.params
         lm = model.language_model
@@ -115,8 +115,6 @@ class VisionLane(_MediaLane):
         deepstack = family(model.config.model_type).deepstack
 
         def embed(a: int, b: int):
-            import mlx.core as mx
-
             if not media_ids.intersection(ids[a:b]):
                 return lm.model.embed_tokens(mx.array(ids[a:b])[None])
             if not full:
@@ -147,7 +145,7 @@ class VisionLane(_MediaLane):
         return embed
 
 
-def _head(lm: Any, inputs: dict, last: int) -> tuple[Any, int]:
+def _head(lm: Model, inputs: dict, last: int) -> tuple[mx.array, int]:
     """The model's own mRoPE positions of a prompt's first `last` tokens (up to the end of its
     last media block), and the position the next token takes."""
     mask = inputs.get("attention_mask")
@@ -157,11 +155,11 @@ def _head(lm: Any, inputs: dict, last: int) -> tuple[Any, int]:
     return positions, int(positions.max().item()) + 1
 
 
-def _listed(grid: Any) -> tuple | None:
-    return None if grid is None else tuple(map(tuple, grid.tolist()))
+def _listed(grid: mx.array | None) -> tuple | None:
+    return None if grid is None else tuple(map(tuple, int_rows(grid)))
 
 
-def _tower(model: Model, pixels: Any, grid: Any) -> Any:
+def _tower(model: Model, pixels: mx.array, grid: mx.array) -> mx.array:
     """The vision tower's features; Qwen3.5's tower also returns what only its drafters use."""
     out = model.vision_tower(pixels, grid)
     return out[0] if isinstance(out, tuple) else out

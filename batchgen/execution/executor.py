@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core.records import CacheStats, Finished, MediaStats, MemoryStats
+from ..core.figures import CacheStats, MediaStats, MemoryStats
+from ..core.records import Finished
 from ..core.settings import RunConfig, WorkSettings
 from ..generate.generator import GenerationStats, Generator, GeneratorFactory
 from ..output.pending import Pending

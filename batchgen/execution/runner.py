@@ -25,7 +25,8 @@ from ..core.errors import (
     StopRequested,
     short,
 )
-from ..core.records import TOTALS, CacheStats, Finished
+from ..core.figures import CacheStats
+from ..core.records import TOTALS, Finished
 from ..core.settings import RunConfig, work_settings
 from ..core.stop import Stop
 from ..generate.generator import Generator, GeneratorFactory

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from ..core.budget import human_bytes
 from ..core.errors import gist, plural
-from ..core.records import CacheStats, MediaStats, MemoryStats
+from ..core.figures import CacheStats, MediaStats, MemoryStats
 
 __all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE", "FAILED_EXIT",
            "INCOMPLETE_EXIT"]  # fmt: skip

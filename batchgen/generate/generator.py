@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from ..core.constraints import satisfied
 from ..core.errors import RowError
-from ..core.records import CacheStats, Generation, Job, Media, MemoryStats
+from ..core.figures import CacheStats, MemoryStats
+from ..core.records import Generation, Job, Media
 from ..core.settings import GenerationSettings
 from .lanes import completions
 from .models import ModelInfo

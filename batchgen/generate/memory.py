@@ -27,7 +27,7 @@ import mlx.core as mx
 
 from ..core.budget import BudgetSpec, human_bytes
 from ..core.errors import RowError
-from ..core.records import MemoryStats
+from ..core.figures import MemoryStats
 from .adapters import Cache, CacheLayer
 from .arrays import Model, parameters
 from .loading import Models

@@ -22,8 +22,9 @@ import numpy as np
 from PIL import Image
 
 from ..core.errors import RowError, Stage, describe, short
+from ..core.figures import MediaStats
 from ..core.memo import Memo
-from ..core.records import IMAGE_DIGEST, Job, Media, MediaFile, MediaItem, MediaRef, MediaStats
+from ..core.records import IMAGE_DIGEST, Job, Media, MediaFile, MediaItem, MediaRef
 from ..core.settings import MediaConfig
 from .fetch import Fetched, Fetcher
 from .frames import extract_frames

@@ -75,12 +75,17 @@ def generate_window(window: list[tuple[Job, Prepared | None]], generator: Genera
             failed.append((job, _result(job, prepared, prepared.error)))
         else:
             todo.append(w)
+
+    def finished(g: Generated) -> tuple[Job, Result]:
+        job, prepared = window[todo[g.index]]
+        return job, _result(job, prepared, g)
+
     planned = generator.plan([(window[w][0], p.media if (p := window[w][1]) else Media()) for w in todo])
-    failed += [(window[todo[g.index]][0], _result(*window[todo[g.index]], g)) for g in planned.failed]
+    failed += map(finished, planned.failed)
     if failed:
         yield failed
     for rows in generator.run(planned):
-        yield [(window[todo[g.index]][0], _result(*window[todo[g.index]], g)) for g in rows]
+        yield list(map(finished, rows))
 
 
 class LocalExecutor(Executor):

@@ -17,6 +17,7 @@ from ..input.plan import share_keys
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import BatchOutput
+from ..output.parts import partial_dir
 from ..output.resume import settings_of
 from ..output.run_files import errors_path
 from ..output.shards import MirroredShards, Shards
@@ -30,7 +31,6 @@ from ..output.write import (
     ResultWriter,
     SingleFile,
     WriteOptions,
-    partial_dir,
     stats_path,
 )
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from .pending import Pending
 
 __all__ = [
-    "WriteOptions", "Earlier", "Sink", "ResultWriter", "SingleFile", "partial_dir", "stats_path",
+    "WriteOptions", "Sink", "ResultWriter", "SingleFile", "stats_path",
 ]  # fmt: skip
 
 

@@ -10,7 +10,8 @@ from typing import Any, Literal
 from ..core.errors import ConfigError, describe
 from ..core.records import ResultRow
 from ..input.formats import EXTENSIONS
-from ..output.write import partial_dir, stats_path
+from ..output.parts import partial_dir
+from ..output.write import stats_path
 from .results import MediaPolicy
 
 __all__ = ["ExportOptions", "ExportSummary", "Item", "Origin", "Forbidden", "item_text", "item_fields"]

@@ -142,12 +142,12 @@ class Asking:
 
     template: str | None
     columns: Columns
+    cells: frozenset[str]  # the columns parse reads as lists or objects: messages and media
 
     def of(self, row: ResultRow) -> tuple[str, list[MediaRef]]:
         """What a result row asked (its text, its media in prompt order), read by input/parse as
         the run read it; carried cells kept as JSON text (a list whose types clashed) read back."""
-        names = ("messages", *MEDIA_COLUMNS, *self.columns.image, *self.columns.video)
-        value = {k: _json(v) if k in names else v for k, v in row.items()}
+        value = {k: _json(v) if k in self.cells else v for k, v in row.items()}
         return asked(value, self.template, self.columns)
 
 
@@ -165,7 +165,7 @@ def asking(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> Asking:
     image = listed("image") or (("image", "images") if extra else ())
     columns = Columns(None, named("prompt"), named("system"), (*image, *extra), video=listed("video"))
     template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
-    return Asking(template, columns)
+    return Asking(template, columns, frozenset(("messages", *MEDIA_COLUMNS, *columns.image, *columns.video)))
 
 
 def _json(value: object) -> object:

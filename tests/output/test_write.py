@@ -7,9 +7,10 @@ import pyarrow.parquet as pq
 
 from batchgen.core.records import Result
 from batchgen.input.read import JobIndex, Rows, scan
+from batchgen.output.parts import partial_dir
 from batchgen.output.pending import Pending
 from batchgen.output.resume import Resume
-from batchgen.output.write import SingleFile, WriteOptions, partial_dir
+from batchgen.output.write import SingleFile, WriteOptions
 
 ROW = "ab" * 16  # every row's input fingerprint here
 

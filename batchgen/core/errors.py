@@ -26,11 +26,14 @@ __all__ = [
 # The stages a row can fail in, in pipeline order (records.STAGES lists them).
 Stage = Literal["read", "fetch", "decode", "frames", "generate"]
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u2028\u2029]")
+# Terminal controls (C0, DEL, C1), line separators and bidirectional overrides: a value holding
+# them could move the cursor, recolour, forge a log line or reorder what a terminal shows.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def one_line(text: str) -> str:
-    """Control characters (a newline in a path) escaped: an error is one line, whatever it quotes."""
+    """Control characters (a newline in a path, an escape sequence) escaped: an error is one
+    line, whatever it quotes, and nothing it quotes reaches the terminal as a control."""
     return _CONTROL.sub(lambda m: repr(m.group())[1:-1], text)
 
 

@@ -23,6 +23,7 @@ from ..core.errors import (
     JobFileError,
     RunFailedError,
     StopRequested,
+    one_line,
     short,
 )
 from ..core.figures import CacheStats
@@ -33,7 +34,7 @@ from ..generate.generator import Generator, GeneratorFactory
 from ..input.parse import near_miss
 from ..input.read import JobIndex
 from ..output.resume import Resume
-from ..output.run_files import Heartbeat, OutputLock, errors_path, heartbeat_path, write_errors
+from ..output.run_files import Heartbeat, OutputLock, errors_owned, errors_path, heartbeat_path, write_errors
 from ..output.store import strict_json
 from ..output.write import ResultWriter, stats_path
 from .executor import Executor
@@ -284,16 +285,21 @@ def _conclude(
     figures on disk."""
     table = writer.finalize()
     finish(summary, table, len(writer.index.output_ids), time.perf_counter() - started)
-    errors = str(config.errors_file or errors_path(config.output, config.output_shards))
-    summary.errors_file = errors if write_errors(writer.store, errors, table, this_run) else None
     path = str(stats_path(config.output, config.output_shards))
+    errors = str(config.errors_file or errors_path(config.output, config.output_shards))
+    if errors_owned(errors, config.output, config.output_shards, path):
+        summary.errors_sha256 = write_errors(writer.store, errors, table, this_run)
+    else:  # checked before the run: a file put there since is left alone
+        log.warning("warning: %s appeared during the run and is not batchgen's: no error file written",
+                    one_line(errors))
+    summary.errors_file = errors if summary.errors_sha256 else None
     figures = asdict(summary)
     if not summary.generated and writer.store.exists(path):
         # Nothing to do (a cron rerun): the last real run's figures stay, the no-op is noted.
         try:
             previous = json.loads(writer.store.read_text(path))
             kept = ("rows", "ok", "failed", "failed_now", "failed_earlier", "job_rows", "pending", "complete",
-                    "time_limited", "errors_file")  # fmt: skip
+                    "time_limited", "errors_file", "errors_sha256")  # fmt: skip
             now = {k: figures[k] for k in kept}
             figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         except (OSError, ValueError):

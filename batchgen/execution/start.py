@@ -19,7 +19,7 @@ from ..input.source import Source, resolve
 from ..output.openai_batch import BatchOutput
 from ..output.parts import partial_dir
 from ..output.resume import settings_of
-from ..output.run_files import errors_path
+from ..output.run_files import OutputLock, errors_owned, errors_path, heartbeat_path
 from ..output.shards import MirroredShards, Shards
 from ..output.store import Store
 from ..output.tables import dropped_columns
@@ -74,25 +74,60 @@ def check_paths(config: RunConfig, source: Source) -> None:
         return
     jobs = {p.resolve() for p in source.local_paths()}
     output, sharded = config.output, config.output_shards
-    errors = config.errors_file or errors_path(output, sharded)
-    written = [Path(p) for p in (output, stats_path(output, sharded), partial_dir(output, sharded), errors)]
+    errors = Path(config.errors_file or errors_path(output, sharded))
+    written = [
+        (Path(output), "-o"),
+        (Path(stats_path(output, sharded)), "the stats file"),
+        (Path(partial_dir(output, sharded)), "the parts folder"),
+        (errors, "--errors-file"),
+    ]
     if config.openai_output is not None:
-        written.append(config.openai_output)
-    for path in written:
+        written.append((config.openai_output, "--output-format's JSONL"))
+    for path, flag in written:
         if path.resolve() in jobs:
-            raise ConfigError(f"{path} is the job file itself: choose another -o")
+            raise ConfigError(f"{flag} {path}: is the job file itself; choose another")
+    if config.errors_file is not None:
+        _check_errors(errors, config, written)
     if sharded and any(job.is_relative_to(output.resolve()) for job in jobs):
         raise ConfigError(f"-o {output}: the job's files are in it; choose another folder for the shards")
     if output.is_dir() and not sharded:
         raise ConfigError(f"-o {output}: is a folder; give a file name (e.g. {output / 'results.parquet'})")
     if output.exists() and not output.is_dir() and sharded:
         raise ConfigError(f"-o {output}/: a file, not a folder; choose another folder for the shards")
-    for path in written:
+    for path, _ in written:
         folder = path.parent
         while not folder.exists() and folder != folder.parent:  # the nearest folder that exists
             folder = folder.parent
         if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise ConfigError(f"cannot write {path}: {folder} is not a writable folder")
+
+
+def _check_errors(errors: Path, config: RunConfig, written: list[tuple[Path, str]]) -> None:
+    """--errors-file is written only where batchgen owns the name: never one of this run's own
+    files (the results, their stats, heartbeat, lock or parts), nothing inside a folder of
+    shards but its `_errors.jsonl`, and no file already there that this output's last run did
+    not write — the job's media, a notes file, another output's results (removed when no row
+    failed, before). Before any work, so nothing is lost."""
+    output, sharded = Path(config.output), config.output_shards
+    where = errors.resolve()
+    own = [(Path(heartbeat_path(output, sharded)), "the heartbeat"), (OutputLock(output).path, "the lock"),
+           *(pair for pair in written if pair[1] != "--errors-file")]  # fmt: skip
+    for path, what in own:
+        if where == path.resolve() or what == "the parts folder" and where.is_relative_to(path.resolve()):
+            raise ConfigError(f"--errors-file {errors}: is {what} of this run; choose another name")
+    if (
+        sharded
+        and where.is_relative_to(output.resolve())
+        and where != Path(errors_path(output, True)).resolve()
+    ):
+        raise ConfigError(
+            f"--errors-file {errors}: inside the folder of shards {output}; choose a name outside it"
+        )
+    if not errors_owned(errors, output, sharded, stats_path(output, sharded)):
+        raise ConfigError(
+            f"--errors-file {errors}: already there and not the error file this output's last run wrote "
+            "(batchgen never writes over or removes a file it did not write); choose another name"
+        )
 
 
 def _check_remote(output: str) -> None:

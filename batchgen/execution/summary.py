@@ -56,6 +56,7 @@ class RunSummary:
     private_urls_allowed: bool = False  # the URL policy was off: loopback and private hosts reachable
     time_limited: bool = False  # --time-limit ended the run before its rows were all done
     errors_file: str | None = None  # where the failed rows are listed, when some failed
+    errors_sha256: str | None = None  # ... and what was written there: a rerun knows the file for batchgen's
     wall_s: float = 0.0
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time

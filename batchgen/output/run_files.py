@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
@@ -20,12 +21,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.errors import ConfigError, OutputLockedError
-from ..core.records import ResultRow
+from ..core.records import ResultRow, file_digest
 from ..core.uris import is_uri
-from .store import Store, strict_json
+from .store import Store, read_small, strict_json
 
 __all__ = ["OutputLock", "Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records",
-           "write_errors", "stamp"]  # fmt: skip
+           "read_stats", "errors_owned", "write_errors", "stamp"]  # fmt: skip
 
 ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
 
@@ -102,22 +103,63 @@ def failed_records(rows: list[ResultRow]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-def write_errors(store: Store, path: str, table: pa.Table, this_run: set[Any]) -> int:
+_STATS_BYTES = 1 << 20  # a run's figures are a few KB: a larger stats file is not one
+
+
+def read_stats(path: Path | str) -> dict[str, Any] | None:
+    """The last run's figures, if its stats file is one: a regular file, bounded, JSON of an
+    object (None: there is none; {}: one that is not ours — damaged, a FIFO, a folder, a link)."""
+    if not os.path.lexists(path):
+        return None
+    data = read_small(path, _STATS_BYTES)
+    try:
+        stats = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return {}
+    return stats if isinstance(stats, dict) else {}
+
+
+def errors_ours(path: Path, recorded: object) -> bool:
+    """Whether the file at `path` is the error file this output's last run wrote, unchanged:
+    a regular file whose sha256 is the one its figures recorded (`errors_sha256`)."""
+    try:
+        return (
+            isinstance(recorded, str) and stat.S_ISREG(path.lstat().st_mode) and file_digest(path) == recorded
+        )
+    except OSError:
+        return False
+
+
+def errors_owned(errors: Path | str, output: Path | str, sharded: bool, stats: Path | str) -> bool:
+    """Whether batchgen may write or remove the error file: its name beside the output is
+    batchgen's (as the stats file's is); any other path only while nothing is there, or what
+    is there is the file this output's last run wrote. (A URI is trusted as given.)"""
+    if str(errors) == str(errors_path(output, sharded)) or is_uri(str(errors)):
+        return True
+    path = Path(errors)
+    if not os.path.lexists(path):
+        return True
+    return errors_ours(path, (read_stats(stats) or {}).get("errors_sha256"))
+
+
+def write_errors(store: Store, path: str, table: pa.Table, this_run: set[Any]) -> str | None:
     """The output's failed rows, a JSON line each (failed_records, and whether this run failed
-    it); no file when none failed, so a stale one never stays."""
+    it); the sha256 of what was written, so a later run knows the file for its own (None:
+    none failed, and no file, so a stale one never stays). The caller has checked that the
+    path is batchgen's to write (errors_owned)."""
     failed = table.filter(pc.not_equal(table.column("status"), "ok"))
     if not failed.num_rows:
         store.remove(path)
-        return 0
+        return None
     names = [
         n
         for n in ("id", "status", "error_stage", "error", "attempts", "transient")
         if n in failed.column_names
     ]
     records = failed_records(failed.select(names).to_pylist())
-    lines = [strict_json({**r, "this_run": r["id"] in this_run}) for r in records]
-    store.write_text(path, "\n".join(lines) + "\n")
-    return len(records)
+    text = "".join(strict_json({**r, "this_run": r["id"] in this_run}) + "\n" for r in records)
+    store.write_text(path, text)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class OutputLock:

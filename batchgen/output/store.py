@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, JobFileError
 from ..core.uris import filesystem, is_uri
 
-__all__ = ["Store", "atomic_write", "stale_temps", "strict_json"]
+__all__ = ["Store", "atomic_write", "read_small", "stale_temps", "strict_json"]
 
 
 def strict_json(value: object, **options: Any) -> str:
@@ -39,6 +39,21 @@ def _finite(value: object) -> object:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def read_small(path: Path | str, limit: int) -> bytes | None:
+    """A small file a run keeps (figures, heartbeat, lock) read as a watcher may: a regular
+    file only, opened without following a link or waiting on a FIFO, at most `limit` bytes.
+    None: nothing there, not a regular file, or larger than any file of ours."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
 
 
 TEMP_PREFIX, TEMP_SUFFIX = ".batchgen-", ".tmp"  # a temporary file's name: short, hidden, ours
@@ -174,6 +189,17 @@ class Store:
             with self.fs.open(path, "r") as f:
                 return f.read()
         return Path(path).read_text()
+
+    def read_small(self, path: str, limit: int) -> bytes | None:
+        """`read_small` here or in object storage (where a larger object is not read past `limit`)."""
+        if not self.remote:
+            return read_small(path, limit)
+        try:
+            with self.fs.open(path, "rb") as f:
+                data = f.read(limit + 1)
+        except (OSError, ValueError):
+            return None
+        return data if len(data) <= limit else None
 
     def makedirs(self, path: str) -> None:
         if not self.remote:  # object storage has no folders to make

@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import json
-import re
-import stat
 from collections import Counter
 from pathlib import Path
 
-from ..core.errors import gist, plural
-from ..output.run_files import failed_records
+from ..core.errors import gist, one_line, plural
+from ..output.run_files import failed_records, read_stats
 from ..output.store import strict_json
 from ..output.write import COMPLETE_KEY
 from .results import read_results, results_schema
 
 __all__ = ["summarize", "failed_rows"]
-
-
-# Terminal controls (C0, DEL, C1) and bidirectional overrides: an id or an error message
-# holding them could move the cursor, recolour or rewrite what `inspect` prints.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _printable(text: str) -> str:
-    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
-                            else f"\\u{ord(m.group()):04x}", text)  # fmt: skip
 
 
 def _spread(values: list[float]) -> str:
@@ -46,23 +34,6 @@ def _score_lines(rows: list[dict]) -> list[str]:
     if means:
         lines.append(f"scores: score_text logprob per token over {len(means)} rows: {_spread(means)}")
     return lines
-
-
-_STATS_BYTES = 1 << 20  # a run's figures are a few KB: a larger stats file is not one
-
-
-def _stats(path: Path) -> dict:
-    """The last run's figures, if its stats file is one: a regular file, bounded, JSON of an
-    object. Anything else (damaged, a FIFO, a folder) is left out: the Parquet says the rest."""
-    try:
-        if not stat.S_ISREG(path.lstat().st_mode):
-            return {}
-        with open(path, "rb") as f:
-            data = f.read(_STATS_BYTES + 1)
-        stats = json.loads(data) if len(data) <= _STATS_BYTES else None
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return stats if isinstance(stats, dict) else {}
 
 
 def _loop_lines(rows: list[dict]) -> list[str]:
@@ -89,7 +60,7 @@ def _answer_lines(rows: list[dict]) -> list[str]:
     calls = Counter(c["function"]["name"] for r in rows for c in r.get("tool_calls") or [])
     if calls:
         rows_calling = sum(bool(r.get("tool_calls")) for r in rows)
-        named = ", ".join(f"{_printable(name)} {n}" for name, n in calls.most_common(5))
+        named = ", ".join(f"{one_line(name)} {n}" for name, n in calls.most_common(5))
         lines.append(f"tool calls: {sum(calls.values())} in {rows_calling} rows ({named})")
     return lines
 
@@ -100,7 +71,7 @@ def failed_rows(path: Path, as_json: bool = False) -> str:
     records = failed_records(read_results(path))
     if as_json:
         return "\n".join(strict_json(r) for r in records)
-    return "\n".join("\t".join(_printable(str(r[k])) for k in ("id", "stage", "error")) for r in records)
+    return "\n".join("\t".join(one_line(str(r[k])) for k in ("id", "stage", "error")) for r in records)
 
 
 def summarize(path: Path, slowest: int = 5) -> str:
@@ -111,7 +82,11 @@ def summarize(path: Path, slowest: int = 5) -> str:
     lines = [f"{path}: {plural(len(rows), 'row')}, {ok:,} ok, {len(rows) - ok:,} failed"]
     lines += _error_lines(rows)
     stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
-    stats = _stats(stats_file)
+    stats = read_stats(stats_file)
+    if stats == {}:
+        lines.append(f"{stats_file}: not a stats file batchgen wrote (damaged, or not a regular file): "
+                     "speed and completeness from the Parquet alone")  # fmt: skip
+    stats = stats or {}
     schema = results_schema(path)
     recorded = set(schema.names)  # a slim output holds no counts or timings
     if {"prompt_tokens", "completion_tokens"} <= recorded:
@@ -139,7 +114,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
         accepted = sum(r.get("mtp_accepted") or 0 for r in rows)
         lines.append(f"drafts: {accepted}/{drafted} accepted ({accepted / drafted:.0%})")
     lines += _slowest_lines(rows, recorded, slowest)
-    return "\n".join(map(_printable, lines))
+    return "\n".join(map(one_line, lines))
 
 
 def _error_lines(rows: list[dict]) -> list[str]:

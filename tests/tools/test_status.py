@@ -66,7 +66,7 @@ def test_inspect_failed_lists_every_failed_row_with_its_error(tmp_path, scripted
     assert run_cli("run", str(job), "-o", str(out), *MODEL)[0] == 1
     code, text = run_cli("inspect", str(out), "--failed")
     assert code == 0 and text.splitlines() == [
-        "b\\x09c\tgenerate\tscripted failure",  # a tab in an id cannot split its line
+        "b\\tc\tgenerate\tscripted failure",  # a tab in an id cannot split its line
         f"d\tfetch\tmissing.png: no such file ({tmp_path / 'missing.png'})",
     ]
     code, text = run_cli("inspect", str(out), "--failed", "--json")

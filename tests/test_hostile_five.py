@@ -18,7 +18,10 @@ import batchgen
 
 
 def _job(tmp_path, failing: bool = True):
-    rows = [{"id": "a", "prompt": "Hello."}, {"id": "b", "prompt": "Bye.", "script": "fail" if failing else ""}]
+    rows = [
+        {"id": "a", "prompt": "Hello."},
+        {"id": "b", "prompt": "Bye.", "script": "fail" if failing else ""},
+    ]
     return write_jsonl(tmp_path / "job.jsonl", rows)
 
 
@@ -69,7 +72,9 @@ def test_an_existing_file_batchgen_did_not_write_is_never_replaced_or_removed(tm
     for target in (notes, other, tmp_path / "other.parquet.stats.json"):
         before = target.read_bytes()
         for failing in (True, False):
-            code, said = batch(_job(tmp_path, failing), tmp_path / "out.parquet", "--errors-file", str(target))
+            code, said = batch(
+                _job(tmp_path, failing), tmp_path / "out.parquet", "--errors-file", str(target)
+            )
             assert code == 2 and "not the error file this output's last run wrote" in said, said
             assert target.read_bytes() == before
     with pytest.raises(batchgen.ConfigError, match="not the error file"):  # the Python API too
@@ -113,3 +118,132 @@ def test_fuzzed_errors_file_targets_never_change_a_file_batchgen_did_not_write(t
         code, said = batch(job, tmp_path / "out.parquet", "--errors-file", str(target), "--changed", "redo")
         assert code == 2, (target, said)  # every one of these is someone's file, or the run's own
         assert {n: _snapshot(tmp_path / n) for n in theirs} == theirs, target
+
+
+# -- 2. status reads what runs leave bounded, as regular files, typed ----------------------------
+
+
+def _status(out, *extra):
+    """`batchgen status OUT` in this process, under a watchdog: a read that hangs fails the test
+    instead of stalling the suite; the Python heap's peak is measured around it."""
+    import threading
+    import tracemalloc
+
+    from conftest import run_cli
+
+    said: list = []
+    tracemalloc.start()
+    worker = threading.Thread(target=lambda: said.append(run_cli("status", str(out), *extra)), daemon=True)
+    worker.start()
+    worker.join(20)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert not worker.is_alive(), "status hung"
+    assert peak < 100 << 20, f"status took {peak >> 20} MiB"
+    return said[0]
+
+
+def _done(tmp_path, scripted):
+    out = tmp_path / "out.parquet"
+    assert batch(_job(tmp_path), out)[0] == 1
+    return out
+
+
+_BEAT = {"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00+0000", "todo": 121, "done_before": 0}
+
+
+@pytest.mark.parametrize("kind", ["zero", "fifo", "folder", "huge", "nan", "types", "list", "deep"])
+@pytest.mark.parametrize("which", ["heartbeat", "lock", "stats"])
+def test_status_leaves_out_a_forged_file_without_hanging_crashing_or_printing_controls(
+    tmp_path, scripted, which, kind
+):
+    out = _done(tmp_path, scripted)
+    ending = {"heartbeat": "heartbeat.json", "lock": "lock", "stats": "stats.json"}[which]
+    path = tmp_path / f"out.parquet.{ending}"
+    path.unlink(missing_ok=True)
+    if kind == "zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "huge":
+        path.write_bytes(b" " * (8 << 20) + b"{}")
+    else:
+        value = {
+            "nan": {**_BEAT, "rows": float("nan"), "rows_per_s": float("nan"), "done": 1e308},
+            "types": {**_BEAT, "pid": "1", "todo": [1], "done": {"a": 1}, "rows": "5", "ok": None,
+                      "errors_by_stage": ["x"], "state": 7, "message": {"\x1b[31m": 1}},
+            "list": [1, 2, 3],
+            "deep": {**_BEAT, "state": "running\n2026-01-01 00:00:00 ERROR forged\x1b[2J",
+                     "host": "h" * 9999},
+        }[kind]  # fmt: skip
+        path.write_text(json.dumps(value, allow_nan=True) if kind != "deep" else json.dumps(value))
+    for extra in ((), ("--json",)):
+        code, text = _status(out, *extra)
+        assert code in (0, 1, 2, 4, 5) and "Traceback" not in text, text
+        assert "\x1b" not in text and "NaN" not in text and "nan " not in text, text
+        assert not any(line.startswith("20") and "ERROR forged" in line for line in text.splitlines())
+        if extra and code != 2:
+            json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in --json"))
+    if which != "lock" and code != 2:  # the results are still there: said, with the file left out
+        assert "not a file batchgen wrote (damaged, forged, not a regular file): left out" in text, text
+
+
+def test_status_names_each_file_it_left_out(tmp_path, scripted):
+    out = _done(tmp_path, scripted)
+    (tmp_path / "out.parquet.heartbeat.json").unlink()
+    (tmp_path / "out.parquet.heartbeat.json").symlink_to("/dev/zero")
+    code, text = _status(out)
+    assert code == 1 and text.startswith(f"{out}: complete · 2 rows: 1 ok, 1 failed"), text
+    assert f"note: {out}.heartbeat.json: not a file batchgen wrote" in text
+    (tmp_path / "out.parquet.stats.json").write_text('{"rows": NaN}')
+    code, text = _status(out)
+    assert code == 2 and "no batchgen run has written here" in text, text
+
+
+def test_status_escapes_shard_names_and_messages_from_files(tmp_path, scripted):
+    folder = tmp_path / "jobs"
+    folder.mkdir()
+    odd = "a\n2026-01-01 00:00:00 ERROR forged\x1b[31m"
+    write_jsonl(folder / f"{odd}.jsonl", [{"id": "x", "prompt": "Hi."}])
+    out = tmp_path / "out"
+    from conftest import run_cli
+
+    assert run_cli("run", str(folder), "-o", f"{out}/", "--model", "scripted")[0] == 0
+    beat = json.loads((out / "_heartbeat.json").read_text())
+    ended = {**beat, "state": "failed", "message": "boom\n\x1b[2Jgone"}
+    (out / "_heartbeat.json").write_text(json.dumps(ended))
+    code, text = _status(out)
+    assert "\x1b" not in text and len([line for line in text.splitlines() if "forged" in line]) == 1, text
+    assert "boom\\n\\x1b[2Jgone" in text and "shard a\\n2026-01-01" in text, text
+
+
+# -- 6. a left-over lock is not a run ----------------------------------------------------------------
+
+
+def test_a_left_over_lock_naming_a_live_process_is_not_a_run(tmp_path, scripted):
+    out = _done(tmp_path, scripted)
+    lock = tmp_path / "out.parquet.lock"
+    lock.write_text("1")  # pid 1 lives, but holds no lock on this file
+    code, text = _status(out)
+    assert code == 1 and "complete" in text.splitlines()[0], text
+    beat = json.loads((tmp_path / "out.parquet.heartbeat.json").read_text())
+    killed = {**beat, "pid": 1, "state": "running", "done_before": 2, "todo": 0, "done": 0, "failed": 0}
+    (tmp_path / "out.parquet.heartbeat.json").write_text(json.dumps(killed))
+    code, text = _status(out)  # a later run killed at its start, its pid since reused by a live process
+    assert code == 4 and "ended without a word" in text, text
+    assert "2 of 2 rows, 0 pending; 1 ok, 1 failed" in text, text
+    with batchgen.output.run_files.OutputLock(out):  # a run that holds the lock is running
+        code, text = _status(out)
+    assert code == 5 and text.startswith(f"{out}: running"), text
+
+
+def test_status_after_kill_9_counts_the_committed_rows(tmp_path):
+    out = tmp_path / "out.parquet"
+    beat = {**_BEAT, "pid": 2**31 - 1, "host": os.uname().nodename, "todo": 121, "done": 57, "failed": 3}
+    (tmp_path / "out.parquet.heartbeat.json").write_text(json.dumps(beat))
+    (tmp_path / "out.parquet.lock").write_text(str(2**31 - 1))
+    code, text = _status(out)
+    assert code == 4, text
+    assert text.splitlines()[0] == f"{out}: incomplete · 57 of 121 rows, 64 pending; 54 ok, 3 failed", text

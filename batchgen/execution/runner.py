@@ -290,8 +290,10 @@ def _conclude(
     if errors_owned(errors, config.output, config.output_shards, path):
         summary.errors_sha256 = write_errors(writer.store, errors, table, this_run)
     else:  # checked before the run: a file put there since is left alone
-        log.warning("warning: %s appeared during the run and is not batchgen's: no error file written",
-                    one_line(errors))
+        log.warning(
+            "warning: %s appeared during the run and is not batchgen's: no error file written",
+            one_line(errors),
+        )
     summary.errors_file = errors if summary.errors_sha256 else None
     figures = asdict(summary)
     if not summary.generated and writer.store.exists(path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import math
 import os
 import socket
 import stat
@@ -26,9 +27,11 @@ from ..core.uris import is_uri
 from .store import Store, read_small, strict_json
 
 __all__ = ["OutputLock", "Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records",
-           "read_stats", "errors_owned", "write_errors", "stamp"]  # fmt: skip
+           "read_stats", "errors_owned", "write_errors", "read_lock", "lock_held", "json_object",
+           "STATS_BYTES", "stamp"]  # fmt: skip
 
 ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
+_STATES = ("running", *ENDINGS)
 
 
 def stamp(t: float | None = None) -> str:
@@ -84,14 +87,68 @@ class Heartbeat:
         store.write_text(path, strict_json(asdict(self), indent=2) + "\n")
 
 
+_SMALL = 64 << 10  # a heartbeat or a lock is a few hundred bytes: a larger one is not ours
+_TEXT = 4096  # a heartbeat's longest text (its message is an error's, cut shorter)
+_COUNT = 1 << 53  # counts and times past this are forged, not counted
+
+
+def _fits(value: object, hint: object) -> bool:
+    """A heartbeat field's value is of its type: an int a count, a float finite, a str short."""
+    if value is None:
+        return "None" in str(hint)
+    kind = str(hint).split(" ")[0]
+    if isinstance(value, bool):
+        return False
+    if kind == "int":
+        return isinstance(value, int) and 0 <= value < _COUNT
+    if kind == "float":
+        return isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value < _COUNT
+    return kind == "str" and isinstance(value, str) and len(value) <= _TEXT
+
+
 def read_heartbeat(store: Store, path: str) -> Heartbeat | None:
-    """The heartbeat there, or None (none written, or not one of ours)."""
-    try:
-        value = json.loads(store.read_text(path))
-        known = {f.name for f in fields(Heartbeat)}
-        return Heartbeat(**{k: v for k, v in value.items() if k in known})
-    except (OSError, ValueError, TypeError):
+    """The heartbeat there, or None (none written, or not one of ours: not a regular file, too
+    large, not JSON, or a field of the wrong type or out of range)."""
+    value = json_object(store.read_small(path, _SMALL))
+    if value is None:
         return None
+    hints = {f.name: f.type for f in fields(Heartbeat)}
+    known = {k: v for k, v in value.items() if k in hints}
+    if not all(_fits(v, hints[k]) for k, v in known.items()) or known.get("state", "running") not in _STATES:
+        return None
+    try:
+        return Heartbeat(**known)
+    except TypeError:  # a field it must have is missing
+        return None
+
+
+def lock_held(path: Path) -> bool | None:
+    """Whether a process holds the lock file at `path` now, as the kernel says (Linux lists
+    every flock in /proc/locks by device and inode): read without touching the lock, so a run
+    starting meanwhile is never refused, and never fooled by a pid reused since. None where the
+    system does not say."""
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return None
+    try:
+        with open("/proc/locks", "rb") as f:
+            table = f.read(16 << 20).decode(errors="replace")
+    except OSError:
+        return None
+    where = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+    return any(line.split()[1:2] == ["FLOCK"] and where in line.split() for line in table.splitlines())
+
+
+def read_lock(path: Path) -> int | None:
+    """The pid a lock names (None: no lock, or not one of ours)."""
+    data = read_small(path, _SMALL)
+    words = data.decode(errors="replace").split() if data is not None else []
+    if len(words) != 1 or not words[0].isdigit() or not 0 < int(words[0]) < 1 << 32:
+        return None
+    return int(words[0])
 
 
 def failed_records(rows: list[ResultRow]) -> list[dict[str, Any]]:
@@ -103,7 +160,7 @@ def failed_records(rows: list[ResultRow]) -> list[dict[str, Any]]:
     ]  # fmt: skip
 
 
-_STATS_BYTES = 1 << 20  # a run's figures are a few KB: a larger stats file is not one
+STATS_BYTES = 1 << 20  # a run's figures are a few KB: a larger stats file is not one
 
 
 def read_stats(path: Path | str) -> dict[str, Any] | None:
@@ -111,12 +168,16 @@ def read_stats(path: Path | str) -> dict[str, Any] | None:
     object (None: there is none; {}: one that is not ours — damaged, a FIFO, a folder, a link)."""
     if not os.path.lexists(path):
         return None
-    data = read_small(path, _STATS_BYTES)
+    return json_object(read_small(path, STATS_BYTES)) or {}
+
+
+def json_object(data: bytes | None) -> dict[str, Any] | None:
+    """A small file's bytes as the JSON object they hold (None: no bytes, not JSON, not an object)."""
     try:
-        stats = json.loads(data) if data is not None else None
+        value = json.loads(data) if data is not None else None
     except (ValueError, RecursionError):
-        return {}
-    return stats if isinstance(stats, dict) else {}
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def errors_ours(path: Path, recorded: object) -> bool:
@@ -189,9 +250,8 @@ class OutputLock:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                f.seek(0)
-                holder = f.read().strip() or "unknown"
                 f.close()
+                holder = read_lock(self.path) or "unknown"
                 raise OutputLockedError(
                     f"{self.path.name[: -len('.lock')]} is being written by another batchgen run "
                     f"(pid {holder}); its lock is {self.path}"

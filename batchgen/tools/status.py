@@ -4,20 +4,30 @@ finished run's figures (`stats.json`); for a folder of shards, each shard's rows
 
 from __future__ import annotations
 
-import json
 import os
 import socket
+import stat
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..core.budget import human_duration
-from ..core.errors import ConfigError, plural
+from ..core.errors import ConfigError, one_line, plural
 from ..core.uris import is_uri
-from ..output.run_files import Heartbeat, OutputLock, heartbeat_path, read_heartbeat
-from ..output.store import Store
+from ..output.run_files import (
+    STATS_BYTES,
+    Heartbeat,
+    OutputLock,
+    heartbeat_path,
+    json_object,
+    lock_held,
+    read_heartbeat,
+    read_lock,
+)
+from ..output.store import Store, strict_json
 from ..output.write import stats_path
 
 __all__ = ["OutputStatus", "ShardRows", "status_of", "EXIT_CODES", "exit_code", "render", "as_json"]
@@ -56,6 +66,7 @@ class OutputStatus:
     errors_by_stage: dict[str, int] = field(default_factory=dict)
     last_run: Heartbeat | None = None  # the latest run's heartbeat (the running one's, while it runs)
     shards: list[ShardRows] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # files left out, and why
 
     @property
     def exit_code(self) -> int:
@@ -65,23 +76,32 @@ class OutputStatus:
 
 
 def status_of(output: str) -> OutputStatus:
-    """The state of the run(s) writing `output`: a Parquet file or a folder of shards."""
+    """The state of the run(s) writing `output`: a Parquet file or a folder of shards. Every
+    file is read bounded, as a regular file only, and typed: a damaged or forged one is left
+    out and named in `notes`, never trusted."""
     output = output.rstrip("/") or output
     store = Store(output)
     sharded = store.is_dir(output)
-    beat = read_heartbeat(store, heartbeat_path(output, sharded))
-    figures = _figures(store, str(stats_path(output, sharded)))
-    if beat is None and figures is None:
-        raise ConfigError(f"{output}: no batchgen run has written here (no heartbeat, no stats)")
+    beat_file, stats_file = heartbeat_path(output, sharded), str(stats_path(output, sharded))
+    beat = read_heartbeat(store, beat_file)
+    figures = _figures(store, stats_file)
     status = OutputStatus(output, "incomplete", last_run=beat)
+    for path, read in ((beat_file, beat), (stats_file, figures)):
+        if read is None and _there(store, path):
+            status.notes.append(
+                f"{path}: not a file batchgen wrote (damaged, forged, not a regular file): left out"
+            )
+    if beat is None and figures is None:
+        raise ConfigError(f"{one_line(output)}: no batchgen run has written here (no heartbeat, no stats)")
     if figures is not None:
-        for name in ("rows", "ok", "failed", "pending", "job_rows"):
-            setattr(status, name, int(figures.get(name) or 0))
-        status.errors_by_stage = dict(figures.get("errors_by_stage") or {})
-        status.state = "complete" if figures.get("complete") else "incomplete"
+        status.rows, status.ok, status.failed, status.pending, status.job_rows = (figures[k] for k in _COUNTS)
+        status.errors_by_stage = figures["errors_by_stage"]
+        status.state = "complete" if figures["complete"] else "incomplete"
     if beat is not None and (figures is None or beat.state not in _CONCLUDED):
         # The latest run ended before writing its figures: its committed rows wait in the parts.
         status.rows = max(status.rows, beat.done_before + beat.done)
+        status.failed = min(status.rows, status.failed + beat.failed)
+        status.ok = status.rows - status.failed
         status.pending = max(beat.todo - beat.done, 0)
         status.job_rows = max(status.job_rows, beat.done_before + beat.todo)
         status.state = "complete" if beat.state == "complete" else "incomplete"
@@ -92,31 +112,55 @@ def status_of(output: str) -> OutputStatus:
     return status
 
 
-def _figures(store: Store, path: str) -> dict | None:
+def _there(store: Store, path: str) -> bool:
     try:
-        value = json.loads(store.read_text(path))
-        return value if isinstance(value, dict) else None
-    except (OSError, ValueError):
+        return store.exists(path) if store.remote else os.path.lexists(path)
+    except OSError:
+        return False
+
+
+_COUNTS = ("rows", "ok", "failed", "pending", "job_rows")
+
+
+def _figures(store: Store, path: str) -> dict | None:
+    """The figures `status` shows from the stats file, each of its type (None: no stats file,
+    or one batchgen did not write: a count that is not one, a stage's name that is not text)."""
+    data = json_object(store.read_small(path, STATS_BYTES))
+    if not data or "rows" not in data:  # every stats file batchgen writes counts its rows
         return None
+    counts = {k: data.get(k) or 0 for k in _COUNTS}
+    stages = data.get("errors_by_stage") or {}
+    if not all(map(_count, counts.values())) or not isinstance(stages, dict) or len(stages) > 64:
+        return None
+    if not all(isinstance(k, str) and len(k) <= 64 and _count(v) for k, v in stages.items()):
+        return None
+    return {**counts, "errors_by_stage": stages, "complete": data.get("complete") is True}
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53
 
 
 def _running(output: str, beat: Heartbeat | None) -> bool:
-    """A run holds the output: its lock file is there and the pid written in it is alive
-    (asked without touching the lock, so a run starting meanwhile is never refused)."""
-    lock = OutputLock(output).path
-    try:
-        pid = int(lock.read_text().strip() or 0)
-    except (OSError, ValueError):
-        return False
+    """A run holds the output's lock. Asked of the kernel where it says (a pid reused since,
+    or a lock file left by a killed run, is no holder), else of the pid the lock names; never
+    by taking the lock, so a run starting meanwhile is never refused."""
+    path = OutputLock(output).path
+    pid = read_lock(path)
     if beat is not None and beat.host != socket.gethostname():
-        return beat.state == "running"  # another machine's pid cannot be asked about
+        return pid is not None and beat.state == "running"  # another machine's lock cannot be asked about
+    held = lock_held(path)
+    if held is not None:
+        return held
+    if pid is None or beat is not None and beat.pid == pid and beat.state != "running":
+        return False  # no lock, or its run ended (its heartbeat says how): the lock is left over
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # alive, another user's
         return True
-    return pid > 0
+    return True
 
 
 def _shards(folder: Path) -> list[ShardRows]:
@@ -126,8 +170,10 @@ def _shards(folder: Path) -> list[ShardRows]:
         if any(part.startswith(("_", ".")) for part in Path(name).parts):
             continue  # parts in waiting, our own files
         try:
+            if not stat.S_ISREG(path.lstat().st_mode):
+                continue  # a FIFO would hang the read, a link may lead anywhere
             status = pq.read_table(path, columns=["status"]).column("status")
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, pa.ArrowException):
             continue
         ok = pc.sum(pc.equal(status, "ok")).as_py() or 0
         out.append(ShardRows(name, len(status), ok, len(status) - ok))
@@ -177,13 +223,17 @@ def render(s: OutputStatus) -> str:
         lines.append(
             f"  shard {shard.name}: {plural(shard.rows, 'row')}, {shard.ok:,} ok, {shard.failed:,} failed"
         )
-    return "\n".join(lines)
+    lines += [f"  note: {note}" for note in s.notes]
+    return "\n".join(
+        map(one_line, lines)
+    )  # names and messages come from files: no control reaches a terminal
 
 
 def as_json(statuses: list[OutputStatus]) -> str:
     """One output's status as an object; several, as their list and their total."""
     items = [{**asdict(s), "exit_code": s.exit_code} for s in statuses]
     if len(items) == 1:
-        return json.dumps(items[0], indent=2)
-    total = {k: sum(getattr(s, k) for s in statuses) for k in ("rows", "ok", "failed", "pending", "job_rows")}
-    return json.dumps({"outputs": items, "total": {**total, "exit_code": exit_code(statuses)}}, indent=2)
+        return strict_json(items[0], indent=2)
+    total: dict[str, int] = {k: sum(getattr(s, k) for s in statuses) for k in _COUNTS}
+    total["exit_code"] = exit_code(statuses)
+    return strict_json({"outputs": items, "total": total}, indent=2)

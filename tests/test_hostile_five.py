@@ -247,3 +247,80 @@ def test_status_after_kill_9_counts_the_committed_rows(tmp_path):
     code, text = _status(out)
     assert code == 4, text
     assert text.splitlines()[0] == f"{out}: incomplete · 57 of 121 rows, 64 pending; 54 ok, 3 failed", text
+
+
+# -- 3. no stale caption written as done ----------------------------------------------------------
+
+
+def _shapes():
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import train_shapes_captioner
+
+    return train_shapes_captioner
+
+
+def _caption(folder, out, *extra):
+    from conftest import MODELS, run_cli
+
+    return run_cli("caption", str(folder), "-o", str(out), "--model", str(MODELS / "shapes-vlm"),
+                   "-p", "What shape is this?", "--temperature", "0", "--max-tokens", "6", "-q", *extra)  # fmt: skip
+
+
+def test_a_picture_replaced_since_the_run_gets_no_stale_caption_and_a_redo_refreshes_it(tmp_path):
+    from conftest import run_cli
+
+    shapes, rng = _shapes(), random.Random(5)
+    folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
+    folder.mkdir()
+    shapes.draw("circle", "red", rng).save(folder / "a.png")
+    shapes.draw("square", "blue", rng).save(folder / "b.png")
+    assert _caption(folder, out)[0] == 0
+    assert run_cli("export", str(out), "--format", "txt")[0] == 0
+    assert (folder / "a.txt").read_text() == "circle\n"
+    shapes.draw("star", "yellow", rng).save(folder / "a.png")  # a re-crop, before any rerun
+    code, said = run_cli("export", str(out), "--format", "txt")
+    assert code == 1 and "changed since the run" in said and "a.png" in said, said
+    assert (folder / "a.txt").read_text() == "circle\n"  # left as it was, not rewritten as if current
+    for fmt in ("imagefolder", "wide"):
+        extra = ("--to", str(tmp_path / "hf")) if fmt == "imagefolder" else ("-o", str(tmp_path / "w.parquet"))
+        code, said = run_cli("export", str(out), "--format", fmt, *extra)
+        assert code == 1 and "changed since the run (rerun with --changed redo" in said, said
+    assert "a.png" not in (tmp_path / "hf" / "metadata.jsonl").read_text()
+    code, said = run_cli("export", str(out), "--format", "txt", "--changed", "keep")
+    assert code == 0, said  # asked for: written anyway
+    assert _caption(folder, out, "--changed", "redo")[0] == 0
+    code, said = run_cli("export", str(out), "--format", "txt")  # the README's step: batchgen's file refreshed
+    assert code == 0 and "wrote 1 (1 up to date)" in said, said
+    assert (folder / "a.txt").read_text() == "star\n" and (folder / "b.txt").read_text() == "square\n"
+    shapes.draw("circle", "red", rng).save(folder / "a.png")  # `caption --write-captions txt` alike
+    code, said = _caption(folder, out, "--changed", "redo", "--write-captions", "txt")
+    assert code == 0 and (folder / "a.txt").read_text() == "circle\n", said
+    (folder / "b.txt").write_text("my own words\n")  # edited by hand: no longer batchgen's
+    shapes.draw("star", "yellow", rng).save(folder / "b.png")
+    code, said = _caption(folder, out, "--changed", "redo", "--write-captions", "txt")
+    assert code == 1 and "1 already there, not batchgen's, kept" in said, said
+    assert (folder / "b.txt").read_text() == "my own words\n"
+
+
+def test_a_forged_caption_manifest_makes_no_file_batchgens(tmp_path):
+    from conftest import run_cli
+
+    shapes = _shapes()
+    folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
+    folder.mkdir()
+    shapes.draw("circle", "red", random.Random(1)).save(folder / "a.png")
+    assert _caption(folder, out)[0] == 0
+    (folder / "a.txt").write_text("mine\n")
+    for forged in ("/dev/zero", "[1, 2]", '{"a.txt": 7}', '{"a.txt": "' + "0" * 64 + '"}'):
+        manifest = folder / ".batchgen-captions.json"
+        manifest.unlink(missing_ok=True)
+        if forged.startswith("/"):
+            manifest.symlink_to(forged)
+        else:
+            manifest.write_text(forged)
+        code, said = run_cli("export", str(out), "--format", "txt")
+        assert code == 1 and (folder / "a.txt").read_text() == "mine\n", (forged, said)

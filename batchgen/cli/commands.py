@@ -201,7 +201,9 @@ def caption(
             job_file.unlink(missing_ok=True)
         raise
     if write_captions is not None:
-        export_results(output, ExportOptions(write_captions, join=" " if len(prompts) > 1 else None))  # type: ignore[arg-type]
+        changed = "keep" if flags.get("changed") == "keep" else "refuse"  # kept rows keep their captions
+        joined = " " if len(prompts) > 1 else None
+        export_results(output, ExportOptions(write_captions, join=joined, changed=changed))  # type: ignore[arg-type]
     sys.exit(code)
 
 

@@ -64,12 +64,17 @@ def inspect_results(results: Path, slowest: int, failed: bool, as_json: bool) ->
 @option("--link", type=click.Choice(["copy", "hard", "symbolic"]), default="copy", show_default=True,
               help="imagefolder --to: copies of the pictures (a reflink where the filesystem can), "
                    "so editing them never touches the originals; or hard or symbolic links.")  # fmt: skip
+@option("--changed", type=click.Choice(["refuse", "keep"]), default="refuse", show_default=True,
+              help="A picture replaced since the run (a re-crop): leave it out, naming it (rerun with "
+                   "--changed redo to caption it again), or write its old caption anyway.")  # fmt: skip
 def export(results: Path, fmt: str, to: Path | None, output: Path | None, **options) -> None:
     """Write a results file's answers where training tools read them, one caption per image.
 
     Only the media the run itself read are captioned, under the run's media policy; nothing
     is written over a media file, the results or the job, and a metadata.jsonl batchgen did
-    not write is never replaced. Exits 1 when it wrote nothing, or left a file alone."""
+    not write is never replaced. A caption file batchgen wrote is refreshed when its answer
+    changed; one it did not write is kept (--on-existing). Exits 1 when it wrote nothing, left
+    a file alone, or left out a picture replaced since the run."""
     export_results(results, ExportOptions(fmt, to, output, **options))  # type: ignore[arg-type]
 
 
@@ -80,7 +85,8 @@ def export_results(results: Path, options: ExportOptions) -> None:
         summary = run_export(results, options)
     except BatchgenError as e:
         fail(e)
-    counts = ((summary.skipped, "already there, kept"), (summary.failed, "failed"),
+    counts = ((summary.current, "up to date"), (summary.skipped, "already there, not batchgen's, kept"),
+              (len(summary.changed), "changed since the run"), (summary.failed, "failed"),
               (summary.empty, "empty, not written"), (summary.missing, "media not found"),
               (summary.remote, "fetched from a URL, no local file"),
               (summary.as_bytes, "held as bytes, no file"), (summary.without_media, "without media"),
@@ -91,10 +97,17 @@ def export_results(results: Path, options: ExportOptions) -> None:
     pictures = f"; {summary.pictures} pictures {how} or written there" if summary.pictures else ""
     where = f" to {', '.join(summary.where)}" if summary.where else ""
     say(f"wrote {summary.written} ({left}){where}{pictures}")
-    for label, names in (("left alone", summary.refused), ("could not be written", summary.errors)):
+    for label, names in (
+        ("changed since the run (rerun with --changed redo, or export --changed keep)", summary.changed),
+        ("left alone", summary.refused),
+        ("could not be written", summary.errors),
+    ):
         if names:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             say(f"{label}: {'; '.join(names[:3])}{more}", "WARNING")
+    if summary.skipped:
+        say(f"{summary.skipped} caption file(s) batchgen did not write (or edited since) kept as they are: "
+            "--on-existing overwrite replaces them", "WARNING")  # fmt: skip
     if summary.note:
         say(summary.note)
     if not summary.ok:

@@ -19,7 +19,16 @@ from .parts import Earlier
 from .pending import Pending
 from .store import Store
 
-__all__ = ["Resume", "settings_of", "check_settings", "finished", "check_unchanged", "looped", "Pending"]
+__all__ = [
+    "Resume",
+    "settings_of",
+    "check_settings",
+    "finished",
+    "check_unchanged",
+    "looped",
+    "Pending",
+    "replaced",
+]
 
 
 _MODELS = ("model", "text_model", "draft_model")
@@ -145,14 +154,16 @@ def replaced_media(sources: Iterable[Path | str], store: Store, base: str | None
                 continue
             mark = (f["ref"], f["size"], f["mtime_ns"], f["sha256"])
             if mark not in seen:
-                seen[mark] = _replaced(local_path(f["ref"], Path(base)), f)
+                seen[mark] = replaced(local_path(f["ref"], Path(base)), f)
             if seen[mark]:
                 out[key] = f["ref"]
                 break
     return out
 
 
-def _replaced(path: Path, recorded: dict[str, Any]) -> bool:
+def replaced(path: Path, recorded: dict[str, Any]) -> bool:
+    """Whether the file at `path` is no longer the one a run read (`recorded`, a MediaFile's
+    fields): another size or mtime, and then, where the run kept its digest, other content."""
     try:
         now = path.stat()
     except (OSError, ValueError):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import json
 import math
 import os
 import socket
@@ -24,11 +23,11 @@ import pyarrow.compute as pc
 from ..core.errors import ConfigError, OutputLockedError
 from ..core.records import ResultRow, file_digest
 from ..core.uris import is_uri
-from .store import Store, read_small, strict_json
+from .store import Store, json_object, read_small, strict_json
 
 __all__ = ["OutputLock", "Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records",
-           "read_stats", "errors_owned", "write_errors", "read_lock", "lock_held", "json_object",
-           "STATS_BYTES", "stamp"]  # fmt: skip
+           "read_stats", "errors_owned", "write_errors", "read_lock", "lock_held", "STATS_BYTES",
+           "stamp"]  # fmt: skip
 
 ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
 _STATES = ("running", *ENDINGS)
@@ -169,15 +168,6 @@ def read_stats(path: Path | str) -> dict[str, Any] | None:
     if not os.path.lexists(path):
         return None
     return json_object(read_small(path, STATS_BYTES)) or {}
-
-
-def json_object(data: bytes | None) -> dict[str, Any] | None:
-    """A small file's bytes as the JSON object they hold (None: no bytes, not JSON, not an object)."""
-    try:
-        value = json.loads(data) if data is not None else None
-    except (ValueError, RecursionError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def errors_ours(path: Path, recorded: object) -> bool:

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, JobFileError
 from ..core.uris import filesystem, is_uri
 
-__all__ = ["Store", "atomic_write", "read_small", "stale_temps", "strict_json"]
+__all__ = ["Store", "atomic_write", "json_object", "read_small", "stale_temps", "strict_json"]
 
 
 def strict_json(value: object, **options: Any) -> str:
@@ -58,6 +58,15 @@ def read_small(path: Path | str, limit: int) -> bytes | None:
     finally:
         os.close(fd)
     return data if len(data) <= limit else None
+
+
+def json_object(data: bytes | None) -> dict[str, Any] | None:
+    """A small file's bytes as the JSON object they hold (None: no bytes, not JSON, not an object)."""
+    try:
+        value = json.loads(data) if data is not None else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 TEMP_PREFIX, TEMP_SUFFIX = ".batchgen-", ".tmp"  # a temporary file's name: short, hidden, ours

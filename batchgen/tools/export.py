@@ -20,9 +20,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, describe
 from ..core.records import MediaRef, ResultRow
 from ..input.read import id_key
+from ..output.resume import replaced
 from ..output.store import atomic_write, strict_json
 from ..output.tables import ANSWER_PREFIX
 from .caption import MEDIA_EXTENSIONS
@@ -59,6 +60,7 @@ def export(results: Path, options: ExportOptions) -> ExportSummary:
         _check_plain(rows, types)
     forbidden = Forbidden.of(results, items, job_of(about))
     summary = ExportSummary()
+    items = _unchanged(items, options, summary)
     if options.format == "txt":
         write_txt(items, columns, options, summary, forbidden)
     elif options.format == "imagefolder":
@@ -70,6 +72,23 @@ def export(results: Path, options: ExportOptions) -> ExportSummary:
             items, columns, {out: types[key] for out, (_, key) in fields.items()}, fields, options, summary
         )
     return summary
+
+
+def _unchanged(items: list[Item], options: ExportOptions, summary: ExportSummary) -> list[Item]:
+    """The items whose picture is still the one the run read: a picture replaced since (a
+    re-crop) would get the old picture's caption, so it is left out and named, unless
+    `--changed keep`. Results of versions that recorded no mtime are not checked."""
+    if options.changed == "keep":
+        return items
+    kept = []
+    for item in items:
+        read = item.read
+        if item.path is not None and read is not None and read.get("mtime_ns") is not None:
+            if replaced(item.path, read):
+                summary.changed.append(describe(item.key))
+                continue
+        kept.append(item)
+    return kept
 
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
@@ -139,7 +158,10 @@ def _grouped(rows: list[ResultRow], policy: MediaPolicy, chosen: str | None, fie
             item = items.setdefault(f"url:{ref}", Item(name, ref, "url"))
         else:
             path = policy.path(ref)
-            item = items.setdefault(f"file:{path}" if path else f"ref:{ref}", Item(name, ref, "file", path))
+            read = media if recorded else None
+            item = items.setdefault(
+                f"file:{path}" if path else f"ref:{ref}", Item(name, ref, "file", path, read=read)
+            )
         item.ids.append(id_key(r["id"]))
         item.hashes.append(r.get("input_hash"))
         ok = r["status"] == "ok"

@@ -25,7 +25,15 @@ from PIL import Image
 from ..core.errors import ConfigError, describe, short
 from ..core.records import file_digest
 from ..input.read import id_key
-from ..output.store import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, stale_temps, strict_json
+from ..output.store import (
+    TEMP_PREFIX,
+    TEMP_SUFFIX,
+    atomic_write,
+    json_object,
+    read_small,
+    stale_temps,
+    strict_json,
+)
 from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
 from .results import MediaPolicy, cell_refs, job_pictures, media_columns
 
@@ -33,6 +41,8 @@ __all__ = ["write_txt", "write_imagefolder"]
 
 _CAPTION_BYTES = 1 << 20  # an existing caption file read for append/prepend: more is no caption file
 _MANIFEST = ".batchgen-export.json"  # in an imagefolder: the digest of the metadata.jsonl batchgen wrote
+_CAPTIONS = ".batchgen-captions.json"  # in a folder of caption files: the digest of each batchgen wrote
+_CAPTIONS_BYTES = 1 << 28  # a manifest names each caption file of its folder in under 100 bytes
 _SHOWN = 3  # names a message lists
 
 
@@ -88,8 +98,8 @@ def _caption_targets(items: list[Item], options: ExportOptions) -> dict[Path, It
     return targets
 
 
-def _existing(target: Path) -> str | None:
-    """An existing caption file's text (None: there is none). A FIFO, a device or a link is
+def _existing(target: Path) -> bytes | None:
+    """An existing caption file's bytes (None: there is none). A FIFO, a device or a link is
     never read (ValueError): reading one blocks, or copies another file's content."""
     try:
         info = target.lstat()
@@ -100,7 +110,44 @@ def _existing(target: Path) -> str | None:
     if info.st_size > _CAPTION_BYTES:
         raise ValueError(f"over {_CAPTION_BYTES} bytes: no caption file")
     with open(target, "rb") as f:
-        return f.read(_CAPTION_BYTES).decode("utf-8", errors="replace")
+        return f.read(_CAPTION_BYTES)
+
+
+class _Written:
+    """The caption files batchgen wrote, as a manifest in each folder that holds some
+    (`.batchgen-captions.json`: name → sha256 of the bytes written): a file still holding
+    those bytes is batchgen's to refresh when its answer changed; any other is the user's.
+    Each manifest is read once, bounded, and rewritten after the export's writes."""
+
+    def __init__(self) -> None:
+        self.folders: dict[Path, dict[str, str]] = {}
+        self.touched: set[Path] = set()
+
+    def _names(self, folder: Path) -> dict[str, str]:
+        if folder not in self.folders:
+            found = json_object(read_small(folder / _CAPTIONS, _CAPTIONS_BYTES)) or {}
+            self.folders[folder] = {k: v for k, v in found.items() if isinstance(v, str) and len(v) == 64}
+        return self.folders[folder]
+
+    def ours(self, target: Path, data: bytes) -> bool:
+        return self._names(target.parent).get(target.name) == _sha(data)
+
+    def record(self, target: Path, data: bytes | None) -> None:
+        """`data` written at `target` by batchgen (None: what is there now is not only batchgen's)."""
+        names = self._names(target.parent)
+        if data is not None:
+            names[target.name] = _sha(data)
+        elif names.pop(target.name, None) is None:
+            return
+        self.touched.add(target.parent)
+
+    def save(self, summary: ExportSummary) -> None:
+        for folder in sorted(self.touched):
+            text = json.dumps(self.folders[folder], indent=0, sort_keys=True) + "\n"
+            try:
+                atomic_write(folder / _CAPTIONS, lambda p, text=text: p.write_text(text))
+            except OSError as e:
+                summary.errors.append(f"{describe(str(folder / _CAPTIONS))} ({short(e)})")
 
 
 class _Folders:
@@ -129,10 +176,12 @@ def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportO
     targets = _caption_targets(items, options)
     for target in targets:
         forbidden.check(target, "caption file")
+    for folder in {t.parent for t in targets}:
+        forbidden.check(folder / _CAPTIONS, "caption manifest")
     for item in items:
         if item.path is None:
             _left_out(item, summary)
-    folders = _Folders()
+    folders, written = _Folders(), _Written()
     for target, item in targets.items():
         text = item_text(item, ks, options)
         if not text:
@@ -140,27 +189,48 @@ def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportO
             summary.empty += text == ""
             continue
         try:
-            old = _existing(target)
-            if old is not None:
-                if options.on_existing == "skip":
-                    summary.skipped += 1
-                    continue
-                if options.on_existing == "append":
-                    text = old.rstrip("\n") + options.separator + text
-                elif options.on_existing == "prepend":
-                    text = text + options.separator + old.strip("\n")
+            data = _caption(target, text, options, summary, written)
+            if data is None:
+                continue
             folders.ready(target.parent)
-            atomic_write(target, lambda p, text=text: p.write_text(text + "\n", encoding="utf-8"))
+            atomic_write(target, lambda p, data=data: p.write_bytes(data))
             summary.written += 1
+            written.record(target, data if options.on_existing in ("skip", "overwrite") else None)
         except ValueError as e:
             summary.refused.append(f"{describe(str(target))} ({e})")
         except OSError as e:  # a name too long for the filesystem, no room, no permission
             summary.errors.append(f"{describe(str(target))} ({short(e)})")
+    written.save(summary)
     summary.where = [str(options.to or _common_root(list(targets)))] if targets else []
     if summary.as_bytes and not targets:
         summary.note = (f"{summary.as_bytes} picture(s) are bytes inside the results or the job, not "
                         "files: no caption file can go beside them (--format imagefolder --to DIR writes "
                         "them out with their captions)")  # fmt: skip
+
+
+def _caption(target: Path, text: str, options: ExportOptions, summary: ExportSummary,
+             written: _Written) -> bytes | None:  # fmt: skip
+    """The bytes to write at `target` (None: nothing to write, counted). A file batchgen wrote
+    there is refreshed when the answer changed (kept when it says the same); another file is
+    the user's: kept (`skip`), replaced, or extended as `--on-existing` says."""
+    new = (text + "\n").encode()
+    old = _existing(target)
+    if old is None:
+        return new
+    if written.ours(target, old) and options.on_existing in ("skip", "overwrite"):
+        if old == new:
+            summary.current += 1
+            return None
+        return new
+    if options.on_existing == "skip":
+        summary.skipped += 1
+        return None
+    kept = old.decode("utf-8", errors="replace")
+    if options.on_existing == "append":
+        return (kept.rstrip("\n") + options.separator + text + "\n").encode()
+    if options.on_existing == "prepend":
+        return (text + options.separator + kept.strip("\n") + "\n").encode()
+    return new
 
 
 def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: dict[str, tuple[int, str]],

@@ -34,6 +34,7 @@ class ExportOptions:
     separator: str = " "  # between an existing caption and the new one (append, prepend)
     caption_name: Literal["stem", "with-extension"] = "stem"  # a.png → a.txt (kohya's), or a.png.txt
     link: Literal["copy", "hard", "symbolic"] = "copy"  # imagefolder --to: a copy the trainer may edit
+    changed: Literal["refuse", "keep"] = "refuse"  # a picture replaced since the run: its caption is stale
 
 
 @dataclass(slots=True)
@@ -41,7 +42,8 @@ class ExportSummary:
     """What an export wrote and what it left out, for the line the CLI prints."""
 
     written: int = 0  # caption files, metadata lines or rows
-    skipped: int = 0  # caption files already there (--on-existing skip)
+    skipped: int = 0  # caption files already there that batchgen did not write (--on-existing skip)
+    current: int = 0  # caption files batchgen wrote that already say what they would now
     failed: int = 0  # media whose chosen answers include a failed row: nothing written for them
     empty: int = 0  # media whose caption is empty: nothing written for them
     missing: int = 0  # media files the results name that are not there (or the run's policy refuses)
@@ -49,6 +51,7 @@ class ExportSummary:
     remote: int = 0  # media the run fetched from a URL: no local file to put a caption beside
     as_bytes: int = 0  # txt: pictures held as bytes (a dataset's), no file to put a caption beside
     pictures: int = 0  # imagefolder --to: pictures copied, linked or written out from bytes
+    changed: list[str] = field(default_factory=list)  # pictures replaced since the run: not written
     refused: list[str] = field(default_factory=list)  # targets left alone: a FIFO, a link, a device
     errors: list[str] = field(default_factory=list)  # files that could not be written, and why
     where: list[str] = field(default_factory=list)
@@ -56,8 +59,10 @@ class ExportSummary:
 
     @property
     def ok(self) -> bool:
-        """Something was written (or was already there) and nothing was refused or broke."""
-        return bool(self.written or self.skipped) and not self.refused and not self.errors
+        """Something was written (or batchgen's own file already said it), and no file was left
+        alone, refused, stale or broken."""
+        wrote = bool(self.written or self.current)
+        return wrote and not (self.skipped or self.changed or self.refused or self.errors)
 
 
 @dataclass(slots=True)
@@ -69,6 +74,7 @@ class Item:
     source: Literal["file", "bytes", "url", "none"]  # what the run read it from
     path: Path | None = None  # a file's, under the run's policy (None: not there, or refused)
     digest: str | None = None  # media held as bytes: their sha256
+    read: dict[str, Any] | None = None  # a local file as the run read it (a MediaFile's fields)
     ids: list[str] = field(default_factory=list)  # its rows' id keys, and their input hashes
     hashes: list[str | None] = field(default_factory=list)
     answers: dict[int, str | None] = field(default_factory=dict)  # None: that row failed

@@ -22,12 +22,11 @@ from ..output.run_files import (
     Heartbeat,
     OutputLock,
     heartbeat_path,
-    json_object,
     lock_held,
     read_heartbeat,
     read_lock,
 )
-from ..output.store import Store, strict_json
+from ..output.store import Store, json_object, strict_json
 from ..output.write import stats_path
 
 __all__ = ["OutputStatus", "ShardRows", "status_of", "EXIT_CODES", "exit_code", "render", "as_json"]

@@ -73,9 +73,16 @@ def test_caption_files_beside_the_images_with_trigger_words_and_each_existing_mo
     for mode, expected in modes.items():
         (folder / "red_circle.txt").write_text("old tags\n")  # as a tagger left it
         code, output = run_cli("export", str(results), "--format", "txt", *both, "--on-existing", mode)
-        assert code == 0, output
+        assert code == (1 if mode == "skip" else 0), output  # a file left alone: exit 1
         assert (folder / "red_circle.txt").read_text() == expected + "\n", mode
-    assert "3 already there, kept" in run_cli("export", str(results), "--format", "txt", *both)[1]
+    code, output = run_cli("export", str(results), "--format", "txt", *both)  # appended to: not only ours
+    assert code == 1 and "wrote 0 (3 already there, not batchgen's, kept, 1 failed)" in output, output
+    assert run_cli("export", str(results), "--format", "txt", *both, "--on-existing", "overwrite")[0] == 0
+    code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "0")  # batchgen's: refreshed
+    assert code == 0 and "wrote 3 (1 failed)" in output, output
+    assert (folder / "red_circle.txt").read_text() == "circle\n"
+    code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "0")
+    assert code == 0 and "wrote 0 (3 up to date, 1 failed)" in output, output
     code, output = run_cli("export", str(results), "--format", "txt")
     assert code == 2 and "pick a prompt (--prompt K) or join them" in output  # two prompts, one file
 

@@ -266,8 +266,8 @@ def _shapes():
 def _caption(folder, out, *extra):
     from conftest import MODELS, run_cli
 
-    return run_cli("caption", str(folder), "-o", str(out), "--model", str(MODELS / "shapes-vlm"),
-                   "-p", "What shape is this?", "--temperature", "0", "--max-tokens", "6", "-q", *extra)  # fmt: skip
+    model = ("--model", str(MODELS / "shapes-vlm"), "--temperature", "0", "--max-tokens", "6", "-q")
+    return run_cli("caption", str(folder), "-o", str(out), *model, "-p", "What shape is this?", *extra)
 
 
 def test_a_picture_replaced_since_the_run_gets_no_stale_caption_and_a_redo_refreshes_it(tmp_path):
@@ -286,14 +286,18 @@ def test_a_picture_replaced_since_the_run_gets_no_stale_caption_and_a_redo_refre
     assert code == 1 and "changed since the run" in said and "a.png" in said, said
     assert (folder / "a.txt").read_text() == "circle\n"  # left as it was, not rewritten as if current
     for fmt in ("imagefolder", "wide"):
-        extra = ("--to", str(tmp_path / "hf")) if fmt == "imagefolder" else ("-o", str(tmp_path / "w.parquet"))
+        extra = (
+            ("--to", str(tmp_path / "hf")) if fmt == "imagefolder" else ("-o", str(tmp_path / "w.parquet"))
+        )
         code, said = run_cli("export", str(out), "--format", fmt, *extra)
         assert code == 1 and "changed since the run (rerun with --changed redo" in said, said
     assert "a.png" not in (tmp_path / "hf" / "metadata.jsonl").read_text()
     code, said = run_cli("export", str(out), "--format", "txt", "--changed", "keep")
     assert code == 0, said  # asked for: written anyway
     assert _caption(folder, out, "--changed", "redo")[0] == 0
-    code, said = run_cli("export", str(out), "--format", "txt")  # the README's step: batchgen's file refreshed
+    code, said = run_cli(
+        "export", str(out), "--format", "txt"
+    )  # the README's step: batchgen's file refreshed
     assert code == 0 and "wrote 1 (1 up to date)" in said, said
     assert (folder / "a.txt").read_text() == "star\n" and (folder / "b.txt").read_text() == "square\n"
     shapes.draw("circle", "red", rng).save(folder / "a.png")  # `caption --write-captions txt` alike
@@ -324,3 +328,236 @@ def test_a_forged_caption_manifest_makes_no_file_batchgens(tmp_path):
             manifest.write_text(forged)
         code, said = run_cli("export", str(out), "--format", "txt")
         assert code == 1 and (folder / "a.txt").read_text() == "mine\n", (forged, said)
+
+
+# -- 4. thinking rows as the template writes them ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def thinkers(tmp_path_factory):
+    """A Qwen3-style checkpoint (`<think>`, an enable_thinking template, `<tool_call>` JSON) and one
+    with Gemma 4's channel markers, both "sensitive": their output follows the prompt."""
+    from batchgen.tools.tiny.builder import make_tiny_model
+
+    root = tmp_path_factory.mktemp("thinkers")
+    return {
+        kind: make_tiny_model(root / kind, kind, sensitive=True) for kind in ("thinking-lm", "channel-lm")
+    }
+
+
+def _think_run(tmp_path, model, rows, *flags):
+    from conftest import read, run_cli
+
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    out = tmp_path / f"{model.name}.parquet"
+    code, said = run_cli("run", str(job), "-o", str(out), "--model", str(model), "--temperature", "0",
+                         "-q", "--overwrite", *flags)  # fmt: skip
+    assert code in (0, 1), said
+    return {r["id"]: r for r in read(out)}
+
+
+@pytest.mark.parametrize("kind", ["thinking-lm", "channel-lm"])
+def test_thinking_unset_renders_as_mlx_lm_generate_renders_it(tmp_path, thinkers, kind):
+    import mlx_lm
+
+    model = thinkers[kind]
+    rows = [{"id": f"r{k}", "prompt": f"Think about {k} things.", "max_tokens": 12, "logprobs": True}
+            for k in range(3)]  # fmt: skip
+    got = _think_run(tmp_path, model, rows)
+    lm, tokenizer = mlx_lm.load(str(model))
+    for row in rows:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True
+        )
+        tokens = [r.token for r in mlx_lm.stream_generate(lm, tokenizer, ids, max_tokens=12)]
+        assert [r["id"] for r in got[row["id"]]["logprobs"]] == tokens, row["id"]
+        assert got[row["id"]]["prompt_tokens"] == len(ids)
+
+
+@pytest.mark.parametrize(
+    "lane", [(), ("--kv-bits", "8", "--kv-group-size", "32")], ids=["batched", "one-row"]
+)
+def test_a_budgeted_answer_gets_max_tokens_after_its_end_marker_however_early_it_closed(
+    tmp_path, thinkers, lane
+):
+    model = thinkers["thinking-lm"]
+    end = 8  # `</think>`'s id in the tiny vocabulary, biased so that rows close early, late or never
+    rows = [{"id": f"r{k}", "prompt": f"Think about {k} red things.", "max_tokens": 24,
+             "reasoning_budget": 16, "logprobs": True, "logit_bias": {str(end): 2.0 * (k % 4)}}
+            for k in range(8)]  # fmt: skip
+    got = _think_run(tmp_path, model, rows, "--thinking", "on", *lane)
+    closed_early = 0
+    for row in rows:
+        ours = got[row["id"]]
+        ids = [r["id"] for r in ours["logprobs"]]
+        assert end in ids, row["id"]  # the budget closes every block
+        after = len(ids) - ids.index(end) - 1
+        assert after <= 24, (row["id"], after)
+        assert after == 24 or ours["finish_reason"] == "stop", (row["id"], after, ours["finish_reason"])
+        assert ours["reasoning_tokens"] <= 16 and ours["completion_tokens"] == len(ids)
+        closed_early += ours["reasoning_tokens"] < 16
+    assert closed_early >= 2  # rows that closed before the budget: they once got the budget's rest
+
+
+def test_a_huge_reasoning_budget_is_the_rows_error_naming_the_bound(tmp_path, thinkers):
+    rows = [{"id": "huge", "prompt": "Think.", "max_tokens": 12, "reasoning_budget": 10**9},
+            {"id": "fine", "prompt": "Think.", "max_tokens": 12, "reasoning_budget": 32768}]  # fmt: skip
+    got = _think_run(tmp_path, thinkers["thinking-lm"], rows, "--thinking", "on")
+    assert got["huge"]["status"] == "error" and "32,768" in got["huge"]["error"], got["huge"]["error"]
+    assert got["fine"]["status"] == "ok"
+
+
+def _server_split(tokenizer, text: str, opened: bool, tools):
+    """mlx-lm's server on a completion's text: its state machine, its collection of reasoning,
+    content and tool texts (server.py's loop, the whole text as one chunk), its formatter."""
+    from mlx_lm.generate import TextStateMachine, make_text_state_machine
+    from mlx_lm.server import ToolCallFormatter
+
+    state = make_text_state_machine(tokenizer).make_state("reasoning" if opened else "normal")
+    state, segments = TextStateMachine.split(state, text)
+    state, flushed, current = TextStateMachine.flush(state)
+    segments.append((current, flushed))
+    reasoning, content, tool_text, calls, previous = "", "", "", [], "reasoning" if opened else "normal"
+    for part, chunk in segments:
+        if part == "reasoning":
+            reasoning += chunk
+        elif part == "tool":
+            tool_text += chunk
+        elif part == "normal":
+            if previous == "tool":
+                calls.append(tool_text)
+                tool_text = ""
+            content += chunk
+        previous = part
+    if previous == "tool" and tool_text:
+        calls.append(tool_text)
+    formatted = ToolCallFormatter(tokenizer.tool_parser, tools, False)(calls)
+    return reasoning, content, [(c["function"]["name"], c["function"]["arguments"]) for c in formatted]
+
+
+TOOLS = ({"type": "function", "function": {"name": "get", "parameters": {"type": "object"}}},)
+GOOD = '<tool_call>\n{"name": "get", "arguments": {"x": 1}}\n</tool_call>'
+BAD = '<tool_call>\n{"name": \n</tool_call>'
+STRING_ARGUMENTS = '<tool_call>\n{"name": "get", "arguments": "{\\"x\\": 1}"}\n</tool_call>'
+SPLITS = {
+    "call after the block": ("plan it\n</think>\n\nI will call. " + GOOD, True),
+    "a call ends the reasoning": ("let me see " + GOOD + " done", True),
+    "a good call, then one that does not parse": ("</think>\n\n" + GOOD + BAD, True),
+    "arguments given as a JSON string": ("</think>" + STRING_ARGUMENTS, True),
+    "whitespace around the reasoning": ("\n  deep thought \n</think>\n\nthe answer", True),
+    "the model opens the block": ("<think> a thought </think> an answer " + GOOD, False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", SPLITS)
+def test_reasoning_answer_and_calls_are_split_as_mlx_lms_server_splits_them(thinkers, name):
+    import mlx_lm
+
+    from batchgen.core.records import Generation, GenParams
+    from batchgen.generate.reasoning import markers_of, split_generation
+    from batchgen.generate.tool_calls import with_tool_calls
+
+    text, opened = SPLITS[name]
+    _, tokenizer = mlx_lm.load(str(thinkers["thinking-lm"]))
+    reasoning, content, calls = _server_split(tokenizer, text, opened, [t["function"] for t in TOOLS])
+    p = GenParams(tools=TOOLS)
+    tokens = tokenizer.encode(text, add_special_tokens=False)
+    split = split_generation(Generation(text, "stop", 0, len(tokens)), tokens, markers_of(tokenizer), opened)
+    gen = with_tool_calls(split, p, tokenizer)
+    assert (gen.reasoning or "") == reasoning, name
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in gen.tool_calls or []] == calls, name
+    assert calls or not gen.tool_calls
+    if "does not parse" in name:  # the server drops the broken call's text; batchgen keeps it, as written
+        assert gen.text == BAD and content.strip() == ""
+    else:
+        assert gen.text == content.strip(), name
+    assert gen.finish_reason == ("tool_calls" if calls else "stop")
+
+
+# -- 5. the GGUF converter checks a file's header before MLX reads it ---------------------------------
+
+
+def _valid_gguf(path, drop: str = ""):
+    """A small llama GGUF file as MLX writes one (float32 tensors), every key the converter reads."""
+    import mlx.core as mx
+
+    numbers = {"llama.embedding_length": 64, "llama.block_count": 1, "llama.feed_forward_length": 128,
+               "llama.attention.head_count": 2, "llama.attention.head_count_kv": 2,
+               "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.freq_base": 10000.0,
+               "llama.context_length": 256, "llama.vocab_size": 3, "tokenizer.ggml.bos_token_id": 0,
+               "tokenizer.ggml.eos_token_id": 1, "tokenizer.ggml.unknown_token_id": 2,
+               "tokenizer.ggml.padding_token_id": 2, "tokenizer.ggml.add_bos_token": 0}  # fmt: skip
+    meta = {k: mx.array(v) for k, v in numbers.items()}
+    meta |= {"general.architecture": "llama", "tokenizer.ggml.tokens": ["a", "b", "ab"],
+             "tokenizer.ggml.token_type": mx.array([1, 1, 1]), "tokenizer.ggml.merges": ["a b"],
+             "tokenizer.chat_template": "{{ messages }}"}  # fmt: skip
+    meta.pop(drop, None)
+    mx.save_gguf(
+        str(path), {"token_embd.weight": mx.zeros((3, 64)), "output_norm.weight": mx.ones((64,))}, meta
+    )
+    return path
+
+
+def _header(*parts: bytes) -> bytes:
+    import struct
+
+    return b"GGUF" + struct.pack("<I", 3) + b"".join(parts)
+
+
+def _hostile_ggufs(tmp_path):
+    import struct
+
+    q = lambda n: struct.pack("<Q", n)  # noqa: E731
+    i = lambda n: struct.pack("<I", n)  # noqa: E731
+    valid = _valid_gguf(tmp_path / "valid.gguf").read_bytes()
+    return {
+        "a string of length 2**62": _header(q(0), q(1), q(2**62), b"key"),
+        "2**31 dimensions": _header(q(1), q(0), q(1), b"t", i(2**31), q(4), i(0), q(0)),
+        "a dimension of 2**40": _header(q(1), q(0), q(1), b"t", i(1), q(2**40), i(0), q(0)),
+        "a tensor past the end": _header(q(1), q(0), q(1), b"t", i(2), q(4096), q(4096), i(0), q(0)),
+        "2**60 tensors": _header(q(2**60), q(0)),
+        "an array of 2**50 strings": _header(q(0), q(1), q(1), b"k", i(9), i(8), q(2**50)),
+        "an unknown value type": _header(q(0), q(1), q(1), b"k", i(99)),
+        "an unknown tensor type": _header(q(1), q(0), q(1), b"t", i(1), q(32), i(77), q(0)),
+        "not GGUF at all": b"\x00" * 64,
+        "version 1": b"GGUF" + i(1) + valid[8:],
+        "cut short": valid[: len(valid) - 200],
+        "empty": b"",
+    }
+
+
+def test_a_handmade_gguf_file_is_one_clear_error_never_a_crash(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from batchgen.tools.tiny.gguf import check_gguf
+
+    assert check_gguf(_valid_gguf(tmp_path / "ok.gguf"))["general.architecture"] == "llama"
+    cases = {name: data for name, data in _hostile_ggufs(tmp_path).items()}
+    for drop in ("llama.attention.head_count", "tokenizer.ggml.merges", "general.architecture"):
+        cases[f"a llama file without {drop}"] = _valid_gguf(tmp_path / "part.gguf", drop).read_bytes()
+    script = ROOT / "scripts" / "make_real_model.py"
+    for name, data in cases.items():
+        path = tmp_path / "hostile.gguf"
+        path.write_bytes(data)
+        with pytest.raises(ValueError):
+            check_gguf(path)
+        done = subprocess.run([sys.executable, str(script), "--gguf", str(path), str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 2, (name, done.returncode, done.stderr[-400:])
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), (name, done.stderr[-400:])
+    assert not (tmp_path / "out").exists()
+
+
+def test_make_real_model_help_is_help(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_real_model.py"), "--help"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0 and "--gguf" in done.stdout and not (tmp_path / "--help").exists()

@@ -369,7 +369,8 @@ def test_a_killed_exports_temporary_file_is_cleared_and_a_failed_write_leaves_no
     left.write_bytes(b"")
     os.utime(left, (time.time() - 3600,) * 2)
     assert run_cli("export", str(out), "--format", "txt")[0] == 0
-    assert sorted(os.listdir(tmp_path / "ds")) == ["a.png", "a.txt"]
+    kept = [".batchgen-captions.json", "a.png", "a.txt"]  # the caption, and the record that it is ours
+    assert sorted(os.listdir(tmp_path / "ds")) == kept
 
     def broken(path):
         path.write_text("half")
@@ -377,7 +378,7 @@ def test_a_killed_exports_temporary_file_is_cleared_and_a_failed_write_leaves_no
 
     with pytest.raises(OSError):
         atomic_write(tmp_path / "ds" / "a.txt", broken)
-    assert sorted(os.listdir(tmp_path / "ds")) == ["a.png", "a.txt"]
+    assert sorted(os.listdir(tmp_path / "ds")) == kept
     assert (tmp_path / "ds" / "a.txt").read_text() == "scripted answer to ds/a.png#0\n"
 
 

@@ -165,6 +165,11 @@ class Param:
         return getattr(GenParams(), self.name)
 
 
+# A reasoning budget's bound: the longest thinking Qwen3's card suggests (32,768 tokens). A
+# larger one would lift every length limit but the context's (a typo of 10**9 reasons until
+# the context ends), so it is a row's error instead.
+MAX_REASONING = 32768
+
 PARAMS = (
     Param("max_tokens", _rule(lambda v: is_int(v) and v >= 1, "a positive integer"),
           "Most new tokens per row (capped at what the model's context leaves)", int,
@@ -205,8 +210,9 @@ PARAMS = (
           "its text up to the first repeat); 0 is off", int),
     Param("thinking", _on_off,
           "on / off: a thinking model reasons before answering (its template's enable_thinking, or "
-          "an empty closed block); unset, the template's default", str),
-    Param("reasoning_budget", _rule(lambda v: is_int(v) and v >= 0, "an integer >= 0"),
+          "an empty closed block); unset, on for a thinking model, as mlx-lm renders it", str),
+    Param("reasoning_budget", _rule(lambda v: is_int(v) and 0 <= v <= MAX_REASONING,
+                                    f"an integer from 0 to {MAX_REASONING:,} (the most allowed)"),
           "A thinking model's most reasoning tokens: then its end marker is written and the answer "
           "gets max_tokens", int, ("reasoning_budget", "thinking_token_budget")),
     Param("tools", _tools, "OpenAI function tools, given to the chat template", None, ("tools",)),

@@ -100,7 +100,7 @@ class GenParams:
     choices_to_score: tuple[str, ...] = ()  # answers to score as the assistant's reply
     score_only: bool = False  # score the row's choices / text without generating
     stop_repetition: int = 0  # end a row once its last N tokens repeat a cycle (sampling.Loops); 0: off
-    thinking: bool | None = None  # a thinking model reasons first (None: its template's default)
+    thinking: bool | None = None  # a thinking model reasons first (None: on, as mlx-lm renders it)
     reasoning_budget: int | None = None  # reasoning tokens before the end marker is forced
     tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools the chat template is given
     tool_choice: str = "auto"  # auto, none, required, or the name of the function to call

@@ -53,6 +53,7 @@ class Sequence:
     capped: bool = False  # max_tokens was lowered to fit the model's context
     loops: Loops | None = None  # with params.stop_repetition
     part: Part = "answer"  # a thinking model's part when decoding starts
+    scored_after: list[int] | None = None  # a thinking row's prompt with thinking off: scores follow it
     # outputs
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"

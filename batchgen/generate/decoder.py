@@ -28,7 +28,7 @@ from .adapters import Adapter, Cache, CacheLayer, Sequence, embedded
 from .arrays import Tokenizer, ints, scalar
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
-from .reasoning import markers_of
+from .reasoning import Thinking, markers_of
 from .sampling import HISTORY, Loops, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
 
 __all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
@@ -165,6 +165,9 @@ class DecodeBatch:
         # `tokenizer`: a constraint's mask needs it
         markers = markers_of(tokenizer) if tokenizer is not None else None
         self.processors = [logits_processors_for(s.params, tokenizer, eos, markers, s.part) for s in seqs]
+        self.thinking = [
+            next((p for p in procs if isinstance(p, Thinking)), None) for procs in self.processors
+        ]
         self.deadlines = [float("inf")] * len(seqs)
         for s in seqs:
             s.loops = Loops(s.params.stop_repetition) if s.params.stop_repetition else None
@@ -305,7 +308,7 @@ class DecodeBatch:
                 seq.finish_reason = "repetition"
                 seq.text = final_text(seq.tokens[:keep], self.eos, seq.params.stop, self.decode)
                 continue
-            elif len(seq.tokens) >= seq.params.max_tokens:
+            elif len(seq.tokens) >= seq.params.max_tokens or self._answered(i, token):
                 seq.finish_reason = "length"
             elif now > self.deadlines[i]:
                 seq.finish_reason = "timeout"
@@ -314,6 +317,11 @@ class DecodeBatch:
                 continue
             seq.text = final_text(seq.tokens, self.eos, seq.params.stop, self.decode)
         return running
+
+    def _answered(self, i: int, token: int) -> bool:
+        """A budgeted row's answer has its max_tokens (counted from its end marker)."""
+        thinking = self.thinking[i]
+        return thinking is not None and thinking.answer_full(len(self.seqs[i].tokens), token)
 
     def _sampled(self, rows: list[int], logits: mx.array) -> tuple[list[int], list[mx.array]]:
         """Each row's processors on its own logits, then one evaluation for the greedy rows;

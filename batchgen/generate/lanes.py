@@ -29,7 +29,7 @@ from .memory import Footprint, Memory, out_of_memory
 from .models import ModelInfo
 from .one_row import KVQuant, generate_lm, generate_vlm, vlm_prompt_ids
 from .prefix_cache import PrefixCache
-from .prompts import check_length, message_bounds, render, template_kwargs, template_of, text_only
+from .prompts import check_length, message_bounds, render, template_kwargs, text_only
 from .reasoning import budgeted, initial_part, markers_of, split_generation
 from .sampling import logprob_records
 from .scoring import Scores, score_row
@@ -115,7 +115,7 @@ class Lane:
         tokenizer = getattr(template_owner, "tokenizer", template_owner)
         check_tools(seq.params, tokenizer)
         markers = markers_of(tokenizer)
-        seq.part = initial_part(markers, seq.params, seq.ids, template_of(template_owner))
+        seq.part = initial_part(markers, seq.params, seq.ids)
         seq.params = budgeted(seq.params, markers, seq.part)
         context = self.info.context
         if context and seq.params.max_tokens > context - len(seq.ids):
@@ -235,6 +235,9 @@ class TextLane(BatchedLane):
         check_length(prompt, ids, self.info)
         bounds = message_bounds(tokenizer, messages, template_kwargs(tokenizer, p), ids)
         seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])), tokenizer)
+        if job.scoring is not None and seq.part != "answer":  # scored as the template writes thinking off
+            off = render(tokenizer, messages, dataclasses.replace(p, thinking=False))
+            seq.scored_after = tokenizer.encode(off, add_special_tokens=False)
         return Plan(job, media, self, seq, group=(tuple(ids[: bounds[-1]]) if bounds else (),))
 
     def _decoding(self):
@@ -347,7 +350,8 @@ def _scored(gen: Generation, scores: Scores | None) -> Generation:
 def _fresh(plan: Plan) -> Plan:
     """The same plan with cleared outputs, to run again on its own."""
     s = _seq(plan)
-    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped, part=s.part)
+    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped, part=s.part,
+                   scored_after=s.scored_after)  # fmt: skip
     return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
 
 

@@ -5,7 +5,7 @@ KV caches (mlx-lm's QuantizedKVCache, which no batch cache merges)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +18,8 @@ from .arrays import Model, Processor, Tokenizer
 from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
-from .prompts import render, template_of, template_parts, text_only
-from .reasoning import Markers, Part, budgeted, initial_part, markers_of, split_generation
+from .prompts import render, template_parts, text_only
+from .reasoning import Markers, Part, Thinking, budgeted, initial_part, markers_of, split_generation
 from .sampling import (
     HISTORY,
     Loops,
@@ -61,19 +61,21 @@ class KVQuant:
 
 def collect(
     stream: Iterator[Any], p: GenParams, tokenizer: Tokenizer, eos: set[int], watch: Watch | None = None,
-    markers: Markers | None = None, part: Part = "answer",
+    markers: Markers | None = None, part: Part = "answer", processors: Sequence[Callable] = (),
 ) -> Generation:  # fmt: skip
     """Drain an engine's stream of responses into a Generation: text decoded from the tokens
     it produced (as the batched decoder does), stop strings checked on a bounded tail, the
     prompt count from the engine, a thinking model's reasoning apart (`markers`, `part`:
-    where the row started); `length` when the token budget or the model's context ran out, `timeout` past
+    where the row started); `length` when the token budget or the model's context ran out, or a
+    budgeted row's answer has its max_tokens (its Thinking among `processors`), `timeout` past
     the row's deadline."""
     watch = watch or Watch()
+    thinking = next((x for x in processors if isinstance(x, Thinking)), None)
     deadline = watch.deadline(time.monotonic())
     tokens: list[int] = []
     logprobs: list[tuple[float, list[tuple[int, float]]]] = []
     last = None
-    stopped = capped = timed_out = False
+    stopped = capped = timed_out = full = False
     loops, keep = (Loops(p.stop_repetition) if p.stop_repetition else None), None
     for last in stream:
         watch.check_stop()
@@ -92,6 +94,9 @@ def collect(
             break
         if loops is not None and (keep := loops.cut(tokens)) is not None:
             break
+        if thinking is not None and thinking.answer_full(len(tokens), tokens[-1]):
+            full = True  # the answer's max_tokens, short of the budgeted total: `length`
+            break
         if watch.context and int(last.prompt_tokens) + len(tokens) >= watch.context:
             capped = tokens[-1] not in eos
             break
@@ -101,7 +106,7 @@ def collect(
     if last is None:
         return Generation("", "length", 0, 0)
     completion = len(tokens)
-    ended = stopped or (tokens and tokens[-1] in eos) or (completion < p.max_tokens and not capped)
+    ended = stopped or (tokens and tokens[-1] in eos) or (completion < p.max_tokens and not (capped or full))
     reason = "timeout" if timed_out and not ended else "stop" if ended else "length"
     gen = Generation(
         text=final_text(tokens if keep is None else tokens[:keep], eos, p.stop, tokenizer.decode),
@@ -132,16 +137,17 @@ def generate_lm(
     flags: list[bool] = []
     draft = {"draft_model": drafter.model, "num_draft_tokens": drafter.num_draft_tokens} if drafter else {}
 
+    processors = logits_processors_for(p, tokenizer, eos, markers, part)
+
     def stream():
         for response in stream_generate(
             model, tokenizer, ids, max_tokens=p.max_tokens, sampler=sampler_for(p),
-            logits_processors=logits_processors_for(p, tokenizer, eos, markers, part),
-            **draft, **(kv.engine_kwargs() if kv else {}),
+            logits_processors=processors, **draft, **(kv.engine_kwargs() if kv else {}),
         ):  # fmt: skip
             flags.append(bool(response.from_draft))
             yield response
 
-    gen = collect(stream(), p, tokenizer, eos, watch, markers, part)
+    gen = collect(stream(), p, tokenizer, eos, watch, markers, part, processors)
     gen.prompt_tokens = len(ids)
     if drafter is not None:
         gen.mtp_accepted = sum(flags)
@@ -222,13 +228,14 @@ def generate_vlm(
     part: Part = "answer"
     if markers is not None:
         ids = _prompt_ids(model, processor, prompt, images, videos)
-        part = initial_part(markers, job.params, ids, template_of(processor))
+        part = initial_part(markers, job.params, ids)
     p = budgeted(job.params, markers, part)
     eos = set(tokenizer.stopping_criteria.eos_token_ids)
-    processors = logits_processors_for(p, tokenizer, eos, markers, part)
-    if processors:
+    own = logits_processors_for(p, tokenizer, eos, markers, part)
+    processors = []
+    if own:
         ids = ids if ids is not None else _prompt_ids(model, processor, prompt, images, videos)
-        processors = _seeing_the_prompt(processors, ids)
+        processors = _seeing_the_prompt(own, ids)
     draft: dict[str, Any] = {}
     if drafter is not None:
         from mlx_vlm.speculative.common import speculative_stats_since, speculative_stats_snapshot
@@ -254,7 +261,7 @@ def generate_vlm(
         **draft,
         **(kv.engine_kwargs() if kv else {}),
     )
-    gen = collect(stream, p, tokenizer, eos, watch, markers, part)
+    gen = collect(stream, p, tokenizer, eos, watch, markers, part, own)
     if drafter is not None:
         stream.close()  # a stop string ends the stream early: let it settle its counters
         _, accepted, drafted = speculative_stats_since(drafter.model, snapshot)

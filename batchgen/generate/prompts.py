@@ -51,19 +51,20 @@ def template_of(template_owner: TemplateOwner) -> str:
 def template_kwargs(template_owner: TemplateOwner, p: GenParams) -> dict[str, Any]:
     """The row's template keywords: its tools (unless tool_choice is none), refused by a
     template that never renders them, and its `thinking` as `enable_thinking`, where the
-    template takes one and the row's own keywords do not say it already."""
+    template takes one and the row's own keywords do not say it already. Unset, thinking is
+    what mlx-lm's tokenizer renders (on for a model with thinking markers), on every lane:
+    mlx-vlm's own rendering would fill in false."""
     kwargs = p.chat_template_kwargs
     if p.tools and p.tool_choice != "none":
         if "tools" not in template_of(template_owner):
             raise RowError("generate", "the row has tools, but the model's chat template never shows them")
         kwargs = {**kwargs, "tools": list(p.tools)}
-    if (
-        p.thinking is None
-        or "enable_thinking" in kwargs
-        or "enable_thinking" not in template_of(template_owner)
-    ):
+    if "enable_thinking" in kwargs or "enable_thinking" not in template_of(template_owner):
         return kwargs
-    return {**kwargs, "enable_thinking": p.thinking}
+    thinking = p.thinking
+    if thinking is None:
+        thinking = markers_of(getattr(template_owner, "tokenizer", template_owner)) is not None
+    return {**kwargs, "enable_thinking": thinking}
 
 
 def render(template_owner: TemplateOwner, messages: list[dict[str, Any]], p: GenParams) -> str:

@@ -18,18 +18,27 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import mlx.core as mx
-from mlx_lm.generate import TextStateMachine
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..core.records import Generation, GenParams
 from .arrays import Tokenizer, scalar
 from .constrain import Masking
 
-__all__ = ["Markers", "Thinking", "Part", "markers_of", "initial_part", "budgeted", "split_generation"]
+__all__ = [
+    "Markers",
+    "Thinking",
+    "Part",
+    "markers_of",
+    "initial_part",
+    "budgeted",
+    "split_generation",
+    "segments",
+]
 
 Part = Literal["reasoning", "answer", "open"]  # open: thinking is on and no block opened yet
 
@@ -41,12 +50,17 @@ _EMPTY_BLOCK = {"<|channel>thought": ("<|channel>thought\n", "<channel|>")}
 
 @dataclass(frozen=True, slots=True)
 class Markers:
-    """A tokenizer's reasoning markers, as text and as token ids."""
+    """A tokenizer's reasoning markers, as text and as token ids; its tool-call markers, where
+    it has a tool-call format (a call ends the reasoning, as in mlx-lm's server); and mlx-lm's
+    server's text state machine for the tokenizer."""
 
     start: str
     end: str
     start_ids: tuple[int, ...]
     end_ids: tuple[int, ...]
+    machine: TextStateMachine = field(compare=False)
+    tool: tuple[str, str | None] | None = None  # a call's start and end markers
+    tool_ids: tuple[int, ...] = ()  # ... its start as token ids
 
     def opened(self, ids: list[int]) -> bool:
         """The prompt ends inside a reasoning block (its last start after its last end)."""
@@ -64,9 +78,17 @@ class Markers:
 
     def parts(self, tokens: list[int], opened: bool) -> list[str]:
         """Each generated token's part: "reasoning" inside a block, "marker" for the markers,
-        else "answer"; the transitions of `split`, on token ids."""
+        else "answer" (a tool call's start in a block ends it); the transitions of `split`, on
+        token ids."""
         out, state, i = [], "reasoning" if opened else "answer", 0
         while i < len(tokens):
+            if (
+                state == "reasoning"
+                and self.tool_ids
+                and tuple(tokens[i : i + len(self.tool_ids)]) == self.tool_ids
+            ):
+                state = "answer"  # the call and what follows it are the answer's
+                continue
             marker = self.end_ids if state == "reasoning" else self.start_ids
             if tuple(tokens[i : i + len(marker)]) == marker:
                 out += ["marker"] * len(marker)
@@ -78,20 +100,43 @@ class Markers:
         return out
 
     def split(self, text: str, opened: bool) -> tuple[str | None, str]:
-        """(reasoning, answer) of a completion's text, split as mlx-lm's server splits it, each
-        without the whitespace around it; reasoning None when the row never reasoned."""
-        machine = TextStateMachine(
-            {"normal": [(self.start, "reasoning")], "reasoning": [(self.end, "normal")]}
-        )
-        state, segments = TextStateMachine.split(
-            machine.make_state("reasoning" if opened else "normal"), text
-        )
-        _, rest, last = TextStateMachine.flush(state)
-        segments.append((last, rest))
-        seen = opened or any(s == "reasoning" for s, _ in segments)
-        reasoning = "".join(t for s, t in segments if s == "reasoning").strip()
-        answer = "".join(t for s, t in segments if s == "normal")
-        return (reasoning if seen else None), (answer.lstrip() if seen else answer)
+        """(reasoning, answer) of a completion's text, split as mlx-lm's server splits it: the
+        reasoning as the server keeps it, whitespace and all; None when the row never reasoned.
+        The answer is what the server says besides, its tool calls kept in it as written (with
+        their markers) for `with_tool_calls` to read, and without the whitespace that separates
+        it from a block (the template's, not the answer's: exports, scores and `parsed` read it)."""
+        merged = segments(self.machine, "reasoning" if opened else "normal", text)
+        seen = opened or any(part == "reasoning" for part, _ in merged)
+        reasoning = "".join(chunk for part, chunk in merged if part == "reasoning")
+        answer = []
+        for k, (part, chunk) in enumerate(merged):
+            if part == "normal":
+                answer.append(chunk)
+            elif part == "tool" and self.tool is not None:
+                start, end = self.tool
+                closed = k < len(merged) - 1  # something followed: its end marker was written
+                answer.append(start + chunk + ((end or "") if closed else ""))
+        said = "".join(answer)
+        return (reasoning if seen else None), (said.lstrip() if seen else said)
+
+
+def segments(machine: TextStateMachine, initial: str, text: str) -> list[tuple[str, str]]:
+    """A text's runs by the state `machine` is in over them (mlx-lm's server's split), the
+    markers between them out, a run of one state one segment: a segment followed by another
+    was closed by its end marker."""
+    state, found = TextStateMachine.split(machine.make_state(initial), text)
+    _, rest, last = TextStateMachine.flush(state)
+    merged: list[tuple[str, str]] = []
+    for part, chunk in [*found, (last, rest)]:
+        if merged and merged[-1][0] == part:
+            merged[-1] = (part, merged[-1][1] + chunk)
+        else:
+            merged.append((part, chunk))
+    return merged
+
+
+def _ends(ids: list[int], marker: tuple[int, ...]) -> bool:
+    return len(ids) >= len(marker) and tuple(ids[-len(marker) :]) == marker
 
 
 def _rfind(ids: list[int], marker: tuple[int, ...]) -> int:
@@ -117,38 +162,37 @@ def markers_of(tokenizer: Tokenizer) -> Markers | None:
             found = None
             start, end = wrapper.think_start_tokens, wrapper.think_end_tokens
             if wrapper.has_thinking and start and end:
-                found = Markers(wrapper.think_start, wrapper.think_end, tuple(start), tuple(end))
+                tool = (wrapper.tool_call_start, wrapper.tool_call_end) if wrapper.has_tool_calling else None
+                tool_ids = tuple(wrapper.encode(tool[0], add_special_tokens=False)) if tool else ()
+                found = Markers(wrapper.think_start, wrapper.think_end, tuple(start), tuple(end),
+                                make_text_state_machine(wrapper), tool, tool_ids)  # fmt: skip
             _KNOWN[key] = (tokenizer, found)  # the tokenizer kept: its id is never reused meanwhile
         return _KNOWN[key][1]
 
 
-def thinking_on(p: GenParams, template: str | None) -> bool:
-    """Whether a row asks to think: its `thinking`, else the engines' rule (mlx-vlm renders
-    templates with enable_thinking false where they take it; a template without one thinks
-    as it will)."""
-    if p.thinking is not None:
-        return p.thinking
-    return "enable_thinking" not in (template or "")
-
-
-def initial_part(markers: Markers | None, p: GenParams, ids: list[int], template: str | None) -> Part:
-    """Where a row stands when it starts decoding."""
+def initial_part(markers: Markers | None, p: GenParams, ids: list[int]) -> Part:
+    """Where a row stands when it starts decoding: unless its thinking is off, a thinking
+    model may open a block (mlx-lm's rule: thinking is on unless a row turns it off)."""
     if markers is None:
         return "answer"
     if markers.opened(ids):
         return "reasoning"
-    if markers.closed_at_end(ids) or not thinking_on(p, template):
+    if markers.closed_at_end(ids) or p.thinking is False:
         return "answer"
     return "open"
 
 
+def _room(budget: int, markers: Markers, part: Part) -> int:
+    """The tokens a budget adds to a row: the reasoning, its end marker, its start if the row opens it."""
+    return budget + len(markers.end_ids) + (len(markers.start_ids) if part == "open" else 0)
+
+
 def budgeted(p: GenParams, markers: Markers | None, part: Part) -> GenParams:
-    """A row with a reasoning budget that may reason: room for the budget and the end marker
-    besides max_tokens, which is then the answer's (at least)."""
+    """A row with a reasoning budget that may reason: room for the budget and its markers
+    besides max_tokens, which is then the answer's (its Thinking ends the answer there)."""
     if markers is None or p.reasoning_budget is None or part == "answer":
         return p
-    extra = p.reasoning_budget + len(markers.end_ids) + (len(markers.start_ids) if part == "open" else 0)
-    return dataclasses.replace(p, max_tokens=p.max_tokens + extra)
+    return dataclasses.replace(p, max_tokens=p.max_tokens + _room(p.reasoning_budget, markers, part))
 
 
 class Thinking:
@@ -156,10 +200,18 @@ class Thinking:
     whose last token is the one sampled at the step before): the part the row is in, the
     reasoning tokens spent, the marker tokens it must write next, and the row's constraint
     mask, applied to answer tokens only. In the "open" part the mask also lets the start
-    marker's first token through; once that is written, the rest of the marker follows."""
+    marker's first token through; once that is written, the rest of the marker follows.
 
-    def __init__(self, markers: Markers, part: Part, budget: int | None, mask: Masking | None = None):
+    With a budget, `max_tokens` (the row's own, before `budgeted`) is the answer's: it counts
+    from the token after the end marker, however early the row closed its block."""
+
+    def __init__(self, markers: Markers, part: Part, budget: int | None, mask: Masking | None = None,
+                 max_tokens: int | None = None):  # fmt: skip
         self.markers, self.part, self.budget, self.mask = markers, part, budget, mask
+        self.answer_max = (
+            max_tokens - _room(budget, markers, part) if budget is not None and max_tokens else None
+        )
+        self.answer_start: int | None = None  # the index of the answer's first generated token
         self.forced: list[int] = []  # marker tokens the next steps must write
         self.closing = False  # ... the end marker: the answer starts after them
         self.spent = 0  # reasoning tokens so far, the markers not counted
@@ -168,24 +220,37 @@ class Thinking:
         self._check_budget()
 
     def _feed(self, token: int) -> None:
-        m = self.markers
+        m, at = self.markers, self.calls - 1  # `token` is the generated token at index `at`
         if self.forced:  # the mask let nothing else through
             self.forced.pop(0)
             if not self.forced and self.closing:
-                self.part, self.closing = "answer", False
+                self.part, self.closing, self.answer_start = "answer", False, at + 1
         elif self.part == "open" and token == m.start_ids[0]:
             self.part, self.forced = "reasoning", list(m.start_ids[1:])
         elif self.part != "reasoning":
-            self.part = "answer"
+            if self.part == "open":
+                self.part, self.answer_start = "answer", at
             if self.mask is not None:
                 self.mask.consume(token)
         else:
-            self.tail = [*self.tail, token][-len(m.end_ids) :]
-            if tuple(self.tail) == m.end_ids:
-                self.part = "answer"
+            self.tail = [*self.tail, token][-max(len(m.end_ids), len(m.tool_ids)) :]
+            if _ends(self.tail, m.end_ids):
+                self.part, self.answer_start = "answer", at + 1
+            elif self.mask is None and m.tool_ids and _ends(self.tail, m.tool_ids):
+                self.part, self.answer_start = "answer", at + 1 - len(m.tool_ids)  # a call ends reasoning
             else:
                 self.spent += 1
         self._check_budget()
+
+    def answer_full(self, generated: int, last: int) -> bool:
+        """Whether the answer has its max_tokens, `generated` tokens in (the last, `last`, not
+        yet seen here: a row still "open" answers with it unless it opens a block)."""
+        if self.answer_max is None:
+            return False
+        start = self.answer_start
+        if start is None and self.part == "open" and not self.forced and last != self.markers.start_ids[0]:
+            start = generated - 1
+        return start is not None and generated - start >= self.answer_max
 
     def _check_budget(self) -> None:
         if (

@@ -59,7 +59,7 @@ def logits_processors_for(
     )
     mask = processor(p.constraint, tokenizer, sorted(eos or ())) if p.constraint is not None else None
     if markers is not None and part != "answer" and (mask is not None or p.reasoning_budget is not None):
-        processors.append(Thinking(markers, part, p.reasoning_budget, mask))
+        processors.append(Thinking(markers, part, p.reasoning_budget, mask, p.max_tokens))
     elif mask is not None:
         processors.append(mask)
     return processors

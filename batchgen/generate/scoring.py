@@ -95,13 +95,20 @@ def score_row(
     prefixes: PrefixCache | None, watch: Watch, context: int | None,
 ) -> Scores:  # fmt: skip
     """A row's choices and text scored; an answer past the model's context is the row's error.
-    A thinking model's row that would reason first scores its answers after a closed block, as
-    its template writes one when thinking is off."""
+    A thinking model's row that would reason first scores its answers after its prompt with
+    thinking off (`seq.scored_after`: exactly what the template writes then, its cached prefix
+    shared), or, on a lane that gives none, after an empty closed block."""
     texts = [*scoring.choices, *([scoring.text] if scoring.text is not None else [])]
     answers = [answer_ids(tokenizer, t, eos) for t in texts]
     markers = markers_of(tokenizer)
     lead = []
-    if markers is not None and seq.part != "answer":
+    if seq.scored_after is not None:
+        pairs = zip(seq.ids, seq.scored_after, strict=False)
+        shared = next(
+            (k for k, (a, b) in enumerate(pairs) if a != b), min(len(seq.ids), len(seq.scored_after))
+        )
+        seq.ids, seq.boundaries = seq.scored_after, [b for b in seq.boundaries if b[0] <= shared]
+    elif markers is not None and seq.part != "answer":
         lead = tokenizer.encode(markers.block(seq.part == "reasoning"), add_special_tokens=False)
     longest = max(len(a) for a in answers) + len(lead)
     if context and len(seq.ids) + longest > context:

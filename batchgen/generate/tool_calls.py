@@ -5,8 +5,9 @@ The format is mlx-lm's (its loader infers one from the chat template or the voca
 `<tool_call>` JSON for Qwen and Hermes, Gemma 4's `<|tool_call>`, Mistral's `[TOOL_CALLS]`,
 ...), the split of the text into what was said and the calls its server's, and each call
 parsed by that format's `parse_tool_call`. A call that does not parse (cut short by
-max_tokens, or a model that cannot write one) leaves the answer's text as it was written,
-never a call that was not made.
+max_tokens, or a model that cannot write one) is dropped, as the server drops it, the good
+calls beside it kept; its text stays in the answer as written, never a call that was not
+made.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..core.constraints import TOOL_CALL_FORMAT
 from ..core.errors import RowError
 from ..core.records import Generation, GenParams, ToolCall
 from .arrays import Tokenizer
+from .reasoning import segments
 
 __all__ = ["ToolFormat", "format_of", "check_tools", "with_tool_calls"]
 
@@ -89,30 +91,46 @@ def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Tokenizer) -> Gene
     if fmt is None or fmt.start not in gen.text:
         return gen
     ends = [(fmt.end, "normal")] if fmt.end else []  # a format whose calls run to the end has none
-    machine = TextStateMachine({"normal": [(fmt.start, "tool")], "tool": ends})
-    state, segments = TextStateMachine.split(machine.make_state("normal"), gen.text)
-    _, rest, last = TextStateMachine.flush(state)
-    segments.append((last, rest))
+    runs = segments(TextStateMachine({"normal": [(fmt.start, "tool")], "tool": ends}), "normal", gen.text)
     parsed: list[ToolCall] = []
-    for text in (text for part, text in segments if part == "tool"):
-        try:
-            found = fmt.parse(text, [t["function"] for t in p.tools])
-        except Exception:  # noqa: BLE001 - a call the model did not finish, or could not write
-            return gen
-        for call in found if isinstance(found, list) else [found]:
-            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-                return gen
-            parsed.append(_openai(call, gen, len(parsed)))
+    said: list[str] = []
+    for k, (part, text) in enumerate(runs):
+        if part != "tool":
+            said.append(text)
+            continue
+        calls = _parsed(fmt, text, p)
+        if calls is None:  # not a call: its text stays in the answer as written, markers and all
+            closed = k < len(runs) - 1 and fmt.end
+            said.append(fmt.start + text + (fmt.end if closed else ""))
+            continue
+        parsed += [_openai(call, gen, len(parsed) + j) for j, call in enumerate(calls)]
+    if not parsed:
+        return gen
     gen.tool_calls = parsed
-    gen.text = "".join(text for part, text in segments if part == "normal").strip()
-    if gen.finish_reason == "stop" and parsed:
+    gen.text = "".join(said).strip()
+    if gen.finish_reason == "stop":
         gen.finish_reason = "tool_calls"
     return gen
 
 
+def _parsed(fmt: ToolFormat, text: str, p: GenParams) -> list[dict[str, Any]] | None:
+    """One call's text read by the format's parser (a list where it writes several), or None:
+    a call the model did not finish or could not write. mlx-lm's server also drops such a call
+    and keeps the others."""
+    try:
+        found = fmt.parse(text, [t["function"] for t in p.tools])
+    except Exception:  # noqa: BLE001 - whatever the parser raises on text it cannot read
+        return None
+    calls = found if isinstance(found, list) else [found]
+    if not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
+        return None
+    return calls
+
+
 def _openai(call: dict[str, Any], gen: Generation, k: int) -> ToolCall:
-    """OpenAI's shape of one call; its id derived from the answer, so a rerun writes the same."""
-    arguments = call.get("arguments", {})
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
+    """OpenAI's shape of one call, its arguments JSON-encoded as mlx-lm's server encodes them
+    (an `arguments` the parser gives as a string is encoded as a string); its id derived from
+    the answer, so a rerun writes the same."""
+    text = json.dumps(call.get("arguments", {}), ensure_ascii=False)
     digest = hashlib.sha256(f"{k}:{gen.text}".encode()).hexdigest()[:24]
     return {"id": f"call_{digest}", "type": "function", "function": {"name": call["name"], "arguments": text}}

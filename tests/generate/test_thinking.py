@@ -68,7 +68,7 @@ def _reference(model_dir, row, **template):
             texts[part] += chunk
     state, rest, last = TextStateMachine.flush(state)
     texts[last] += rest
-    return tokens, texts["reasoning"].strip(), texts["normal"].strip()
+    return tokens, texts["reasoning"], texts["normal"].strip()  # the reasoning as the server keeps it
 
 
 def _rows(bias, n=8, max_tokens=48):
@@ -153,7 +153,7 @@ def test_a_schema_row_thinks_first_and_answers_valid_json(tmp_path, thinking, ch
                 assert ours["generated_text"] in ("red", "blue")
 
 
-def test_scores_are_the_answers_after_a_closed_block(tmp_path, thinking, channel):
+def test_scores_are_the_answers_after_the_templates_thinking_off_text(tmp_path, thinking, channel):
     import mlx.core as mx
     import mlx_lm
 
@@ -163,15 +163,16 @@ def test_scores_are_the_answers_after_a_closed_block(tmp_path, thinking, channel
     rows = [{"id": f"q{k}", "prompt": f"Which colour is {k}?", "choices_to_score": choices,
              "score_only": True} for k in range(2)]  # fmt: skip
     rows.append({"id": "t", "prompt": "Say a colour.", "score_text": "It is red."})
-    # Qwen3's template opens the block with thinking on; Gemma 4's leaves the row to open it
-    for model, block in ((thinking, "</think>\n\n"), (channel, "<|channel>thought\n<channel|>")):
+    # Qwen3's template opens the block with thinking on and writes `<think>\n\n</think>\n\n` with
+    # it off; Gemma 4's leaves the row to open it, and leaves `<|think|>` out with it off. Either
+    # way the answer is scored after exactly the template's thinking-off text.
+    for model in (thinking, channel):
         got = _run(tmp_path, model, rows, "--thinking", "on")
         lm, tokenizer = mlx_lm.load(str(model))
         for row in rows:
             messages = [{"role": "user", "content": row["prompt"]}]
-            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                                 enable_thinking=True)  # fmt: skip
-            prompt = tokenizer.encode(text + block, add_special_tokens=False)
+            off = {"add_generation_prompt": True, "enable_thinking": False}
+            prompt = tokenizer.apply_chat_template(messages, **off)
             answers = row.get("choices_to_score") or [row["score_text"]]
             expected = []
             for answer in answers:

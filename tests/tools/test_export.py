@@ -78,7 +78,7 @@ def test_caption_files_beside_the_images_with_trigger_words_and_each_existing_mo
     code, output = run_cli("export", str(results), "--format", "txt", *both)  # appended to: not only ours
     assert code == 1 and "wrote 0 (3 already there, not batchgen's, kept, 1 failed)" in output, output
     assert run_cli("export", str(results), "--format", "txt", *both, "--on-existing", "overwrite")[0] == 0
-    code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "0")  # batchgen's: refreshed
+    code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "0")  # ours: refreshed
     assert code == 0 and "wrote 3 (1 failed)" in output, output
     assert (folder / "red_circle.txt").read_text() == "circle\n"
     code, output = run_cli("export", str(results), "--format", "txt", "--prompt", "0")

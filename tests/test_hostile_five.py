@@ -10,7 +10,7 @@ import random
 import stat
 
 import pytest
-from conftest import batch, write_jsonl
+from conftest import MODELS, batch, write_jsonl
 
 import batchgen
 
@@ -264,7 +264,7 @@ def _shapes():
 
 
 def _caption(folder, out, *extra):
-    from conftest import MODELS, run_cli
+    from conftest import run_cli
 
     model = ("--model", str(MODELS / "shapes-vlm"), "--temperature", "0", "--max-tokens", "6", "-q")
     return run_cli("caption", str(folder), "-o", str(out), *model, "-p", "What shape is this?", *extra)
@@ -561,3 +561,33 @@ def test_make_real_model_help_is_help(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_real_model.py"), "--help"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0 and "--gguf" in done.stdout and not (tmp_path / "--help").exists()
+
+
+# -- 7. a folder linked into the dataset stays where it was linked -----------------------------------
+
+
+@pytest.mark.parametrize("how", ["caption", "run"])
+def test_imagefolder_without_to_writes_beside_the_pictures_never_above_a_linked_folder(tmp_path, how):
+    from conftest import run_cli
+
+    shapes, rng = _shapes(), random.Random(7)
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    shapes.draw("circle", "red", rng).save(tmp_path / "ds" / "a.png")
+    shapes.draw("square", "blue", rng).save(tmp_path / "elsewhere" / "b.png")
+    (tmp_path / "ds" / "sub").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    out = tmp_path / "caps.parquet"
+    if how == "caption":
+        assert _caption(tmp_path / "ds", out)[0] == 0
+    else:
+        rows = [{"id": n, "image": n, "prompt": "What shape is this?"} for n in ("a.png", "sub/b.png")]
+        job = write_jsonl(tmp_path / "ds" / "job.jsonl", rows)
+        model = ("--model", str(MODELS / "shapes-vlm"), "--temperature", "0", "--max-tokens", "6", "-q")
+        assert run_cli("run", str(job), "-o", str(out), *model)[0] == 0
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, said = run_cli("export", str(out), "--format", "imagefolder")
+    assert code == 0 and f"to {tmp_path / 'ds' / 'metadata.jsonl'}" in said, said
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing above the pictures' folder
+    assert not (tmp_path / "elsewhere" / "metadata.jsonl").exists()
+    lines = [json.loads(line) for line in (tmp_path / "ds" / "metadata.jsonl").read_text().splitlines()]
+    assert lines == [{"file_name": "a.png", "text": "circle"}, {"file_name": "sub/b.png", "text": "square"}]

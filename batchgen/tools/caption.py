@@ -21,9 +21,11 @@ MEDIA_EXTENSIONS = frozenset(IMAGE_EXTENSIONS + VIDEO_EXTENSIONS + AUDIO_EXTENSI
 
 def find_media(paths: Iterable[str], extensions: Iterable[str]) -> list[tuple[str, Path]]:
     """(relative name, file) for every matching file: folders recursively, globs expanded,
-    each file once, in a stable order."""
+    each file once (a file linked in twice is one file), in a stable order. The file is the
+    path as found, links not followed: a folder linked into the dataset stays where it was
+    linked (export writes beside it, never above it)."""
     wanted = {e.lower() if e.startswith(".") else "." + e.lower() for e in extensions}
-    found: dict[Path, str] = {}
+    found: dict[Path, tuple[str, Path]] = {}
     folders = [Path(arg).expanduser() for arg in paths if Path(arg).expanduser().is_dir()]
     names = {}  # a folder's name in ids: its own name, or more of its path where two share one
     for folder in folders:
@@ -34,16 +36,16 @@ def find_media(paths: Iterable[str], extensions: Iterable[str]) -> list[tuple[st
         path = Path(arg).expanduser()
         if path.is_dir():
             for file in files_under(path):
-                found.setdefault(file.resolve(), f"{names[path]}/{file.relative_to(path).as_posix()}")
+                found.setdefault(file.resolve(), (f"{names[path]}/{file.relative_to(path).as_posix()}", file))
         elif path.is_file():
-            found.setdefault(path.resolve(), path.name)
+            found.setdefault(path.resolve(), (path.name, path))
         else:
             matches = glob_files(arg)
             if not matches:
                 raise ConfigError(f"{arg}: no such file, folder or matching glob")
             for match in matches:
-                found.setdefault(match.resolve(), match.as_posix())
-    return sorted(((name, file) for file, name in found.items() if file.suffix.lower() in wanted))
+                found.setdefault(match.resolve(), (match.as_posix(), match))
+    return sorted((name, file) for real, (name, file) in found.items() if real.suffix.lower() in wanted)
 
 
 SIDECAR_FIELD = "caption_txt"  # a --prompt-template naming it gets each image's caption file
@@ -80,7 +82,7 @@ def write_caption_jobs(
     with tmp.open("w") as f:
         for name, file in files:
             kind = "video" if file.suffix.lower() in videos else "image"
-            ref = os.path.relpath(file, job.parent)  # the job file travels with its folder
+            ref = os.path.relpath(os.path.abspath(file), job.parent)  # the job file travels with its folder
             extra = {SIDECAR_FIELD: _sidecar(file)} if sidecars else {}
             for k, prompt in enumerate(prompts):
                 row = {"id": f"{name}#{k}", kind: ref, "file": name, **extra}

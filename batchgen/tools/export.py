@@ -158,10 +158,8 @@ def _grouped(rows: list[ResultRow], policy: MediaPolicy, chosen: str | None, fie
             item = items.setdefault(f"url:{ref}", Item(name, ref, "url"))
         else:
             path = policy.path(ref)
-            read = media if recorded else None
-            item = items.setdefault(
-                f"file:{path}" if path else f"ref:{ref}", Item(name, ref, "file", path, read=read)
-            )
+            found = Item(name, ref, "file", path, policy.named(ref), read=media if recorded else None)
+            item = items.setdefault(f"file:{path}" if path else f"ref:{ref}", found)
         item.ids.append(id_key(r["id"]))
         item.hashes.append(r.get("input_hash"))
         ok = r["status"] == "ok"

@@ -78,17 +78,17 @@ def _caption_targets(items: list[Item], options: ExportOptions) -> dict[Path, It
     """Each picture's caption file; two pictures sharing one (`a.png`, `a.jpg` → `a.txt`) are
     refused, naming them."""
     files = [i for i in items if i.path is not None]
-    root = _common_root([i.path for i in files])  # type: ignore[misc]
+    root = _common_root([_named(i) for i in files])
     targets: dict[Path, Item] = {}
     clashes: list[str] = []
+    ext = options.caption_extension
     for item in files:
         path: Path = item.path  # type: ignore[assignment]
-        if options.caption_name == "with-extension":
-            target = path.with_name(path.name + options.caption_extension)
-        else:
-            target = path.with_suffix(options.caption_extension)
-        if options.to is not None:
-            target = _inside(options.to, target.relative_to(root))
+        beside = path  # the picture itself (a caption file goes beside the file, wherever a link led)
+        if options.to is not None:  # mirrored as the job named the picture
+            beside = _inside(options.to, _named(item).relative_to(root))
+        with_extension = options.caption_name == "with-extension"
+        target = beside.with_name(beside.name + ext) if with_extension else beside.with_suffix(ext)
         if target in targets:
             clashes.append(f"{describe(str(targets[target].path))} and {describe(str(path))} → {target.name}")
         targets.setdefault(target, item)
@@ -248,18 +248,18 @@ def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: 
             chosen.append(item)
         else:
             _left_out(item, summary)
-    root = _common_root([i.path for i in chosen if i.path is not None])
+    root = _common_root([_named(i) for i in chosen if i.path is not None])
     folder = options.to or root
     if options.to is None:
         _check_root(root, origin.policy)
     _find_bytes(chosen, origin)
-    places = _places(chosen, root, folder, forbidden)
+    places = _places(chosen, root, options.to, forbidden)
     metadata = folder / "metadata.jsonl"
     forbidden.check(metadata, "metadata")
     _check_ours(metadata)
     folders = _Folders()
     lines = []
-    for item, target in zip(chosen, places, strict=True):
+    for item, (target, name) in zip(chosen, places, strict=True):
         texts = {column: item_text(item, ks, options) for column, ks in columns.items()}
         if any(t is None for t in texts.values()):  # a failed row (a broken image): left out
             summary.failed += 1
@@ -278,7 +278,6 @@ def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: 
         except OSError as e:
             summary.errors.append(f"{describe(str(target))} ({short(e)})")
             continue
-        name = target.relative_to(folder.resolve()).as_posix()
         record = {"file_name": name, **texts, **item_fields(item, fields)}
         lines.append(strict_json(record, ensure_ascii=False) + "\n")
         summary.written += 1
@@ -318,15 +317,18 @@ def _check_ours(metadata: Path) -> None:
                           "it away or give --to DIR for a new dataset folder")  # fmt: skip
 
 
-def _places(items: list[Item], root: Path, folder: Path, forbidden: Forbidden) -> list[Path]:
-    """Each picture's place in the dataset folder: local pictures keep their path under the
-    pictures' shared folder; pictures from bytes are named by their row (and their digest,
-    where two rows' names meet), with their format's extension."""
-    places: list[Path] = []
+def _places(items: list[Item], root: Path, to: Path | None, forbidden: Forbidden) -> list[tuple[Path, str]]:
+    """Each picture's place in the dataset folder and its `file_name` there: local pictures
+    keep their path as the job named it under the pictures' shared folder (without --to, the
+    place is the picture itself, reached as the job named it); pictures from bytes are named
+    by their row (and their digest, where two rows' names meet), with their format's extension."""
+    places: list[tuple[Path, str]] = []
     taken: set[Path] = set()
+    folder = to or root
     for item in items:
         if item.path is not None:
-            target = _inside(folder, item.path.relative_to(root))
+            rel = _named(item).relative_to(root)
+            target = _inside(folder, rel) if to is not None else item.path
         else:
             stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in item.key)[:80] or "image"
             ext = _format_extension(item.data) if item.data is not None else ".png"
@@ -337,8 +339,13 @@ def _places(items: list[Item], root: Path, folder: Path, forbidden: Forbidden) -
         if why:
             raise ConfigError(f"{describe(str(target))}: is {why}; give --to another folder")
         taken.add(target)
-        places.append(target)
+        places.append((target, rel.as_posix() if item.path is not None else target.name))
     return places
+
+
+def _named(item: Item) -> Path:
+    """A local picture as the job named it (a folder linked in stays where it was linked)."""
+    return item.named or item.path  # type: ignore[return-value]
 
 
 def _find_bytes(items: list[Item], origin: Origin) -> None:

@@ -73,6 +73,7 @@ class Item:
     ref: str | None  # the reference as the run read it (None: bytes, or no media)
     source: Literal["file", "bytes", "url", "none"]  # what the run read it from
     path: Path | None = None  # a file's, under the run's policy (None: not there, or refused)
+    named: Path | None = None  # ... as the job named it, absolute, links not followed
     digest: str | None = None  # media held as bytes: their sha256
     read: dict[str, Any] | None = None  # a local file as the run read it (a MediaFile's fields)
     ids: list[str] = field(default_factory=list)  # its rows' id keys, and their input hashes

@@ -5,6 +5,7 @@ held as bytes."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,16 @@ class MediaPolicy:
                 return None
             return path if path.is_file() else None  # never a FIFO or a device: opening one blocks
         except (OSError, ValueError, RuntimeError):  # NUL bytes, ~nosuchuser, symlink loops
+            return None
+
+    def named(self, ref: str) -> Path | None:
+        """The file a reference names as the job named it: absolute, `..` folded, links not
+        followed (so a folder linked into the dataset stays where it was linked)."""
+        if self.base is None:
+            return None
+        try:
+            return Path(os.path.normpath(os.path.abspath(local_path(ref, self.base))))
+        except (OSError, ValueError, RuntimeError):
             return None
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import stat
 
 import pytest
@@ -591,3 +592,54 @@ def test_imagefolder_without_to_writes_beside_the_pictures_never_above_a_linked_
     assert not (tmp_path / "elsewhere" / "metadata.jsonl").exists()
     lines = [json.loads(line) for line in (tmp_path / "ds" / "metadata.jsonl").read_text().splitlines()]
     assert lines == [{"file_name": "a.png", "text": "circle"}, {"file_name": "sub/b.png", "text": "square"}]
+
+
+# -- 8. the README's cron line mails on a bad night, and only then ------------------------------------
+
+
+def _cron_line() -> str:
+    """The command of the README's crontab line (after its five time fields)."""
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme[readme.index("```cron\n") + len("```cron\n") :]
+    return block[: block.index("\n```")].split(None, 5)[5]
+
+
+@pytest.mark.slow  # two runs in subprocesses, as cron starts them
+def test_the_readme_cron_line_prints_on_a_bad_night_and_only_then(tmp_path):
+    import subprocess
+    import sys
+
+    line = _cron_line()
+    assert line.startswith(
+        "cd /data && batchgen run jobs.jsonl -o out.parquet --config qwen2.5-vl-captioning"
+    )
+    models = f"--model {MODELS / 'tiny-vlm'} --text-model {MODELS / 'tiny-lm'} --temperature 0 --max-tokens 4"
+    line = line.replace("cd /data", f"cd {tmp_path}").replace("--config qwen2.5-vl-captioning", models)
+    line = line.replace("batchgen run", f"{sys.executable} -m batchgen run")
+
+    def night(rows):
+        write_jsonl(tmp_path / "jobs.jsonl", rows)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BATCHGEN_")}
+        return subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=300, env=env)
+
+    good = [{"id": "a", "prompt": "Hello."}]
+    mailed = night(good)
+    assert mailed.returncode == 0 and mailed.stdout == mailed.stderr == "", mailed  # cron mails nothing
+    bad = [*good, {"id": "gone", "image": "missing.png", "prompt": "What?"}]
+    mailed = night(bad)
+    assert "ERROR 2 rows: 1 ok, 1 failed" in mailed.stdout and "missing.png" not in mailed.stderr, mailed
+    mailed = night(bad)  # the same old failure, not retried: no mail under --fail-on new
+    assert mailed.returncode == 0 and mailed.stdout == "", mailed
+    log = (tmp_path / "batchgen.log").read_text().splitlines()
+    closing = [entry.split(" ", 3)[2] for entry in log if re.search(r" \d+ rows?: \d+ ok, ", entry)]
+    assert closing == ["INFO", "ERROR", "INFO"], log
+
+
+def test_a_night_with_new_failures_logs_its_closing_line_at_warning_or_error(tmp_path, scripted):
+    rows = _job(tmp_path)  # one row fails
+    code, said = batch(rows, tmp_path / "out.parquet", "--fail-on", "none")
+    assert code == 0 and any(" WARNING 2 rows: 1 ok, 1 failed" in line for line in said.splitlines()), said
+    code, said = batch(rows, tmp_path / "out2.parquet")
+    assert code == 1 and any(" ERROR 2 rows: 1 ok, 1 failed" in line for line in said.splitlines()), said

@@ -228,10 +228,13 @@ def _run(job_file: str | Path, output: str | Path, **flags) -> int:
         display.close()
         _crashed(e)
     display.close()
-    say(summary.line())
+    code = summary.exit_code(config.fail_on, config.require_complete)
+    # A log grep finds a bad night: ERROR when the exit code says the run failed, WARNING when
+    # rows failed tonight all the same (--fail-on none).
+    say(summary.line(), "ERROR" if code else "WARNING" if summary.failed_now else "INFO")
     written = ", ".join(str(p) for p in (config.output, openai_output) if p)
     say(f"wrote {written}" if summary.generated else f"up to date: {written}")
-    return summary.exit_code(config.fail_on, config.require_complete)
+    return code
 
 
 @main.command()

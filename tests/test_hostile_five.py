@@ -643,3 +643,81 @@ def test_a_night_with_new_failures_logs_its_closing_line_at_warning_or_error(tmp
     assert code == 0 and any(" WARNING 2 rows: 1 ok, 1 failed" in line for line in said.splitlines()), said
     code, said = batch(rows, tmp_path / "out2.parquet")
     assert code == 1 and any(" ERROR 2 rows: 1 ok, 1 failed" in line for line in said.splitlines()), said
+
+
+# -- 9, 10. the smaller round-five cases ---------------------------------------------------------------
+
+
+def test_a_fifo_job_file_is_named_as_one(tmp_path):
+    from conftest import run_cli
+
+    os.mkfifo(tmp_path / "job.jsonl")
+    for command in (
+        ("validate", str(tmp_path / "job.jsonl")),
+        ("run", str(tmp_path / "job.jsonl"), "-o", "x"),
+    ):
+        code, said = run_cli(*command)
+        assert code == 2 and "not a regular file (a FIFO, a device or a socket)" in said, said
+
+
+@pytest.mark.parametrize("flags, said", [
+    (("--time-limit", "999999999999h"), "must be under 1,000,000,000 seconds"),
+    (("--time-limit", "0s"), "must be more than 0 seconds"),
+    (("--redo-repetition", "inf"), "a repetition penalty above 1 and at most 3"),
+    (("--redo-repetition", "1e9"), "a repetition penalty above 1 and at most 3"),
+    (("--redo-repetition", "nan"), "a repetition penalty above 1 and at most 3"),
+    (("--redo-repetition", "0.5"), "a repetition penalty above 1 and at most 3"),
+])  # fmt: skip
+def test_settings_out_of_bounds_say_their_bound(tmp_path, scripted, flags, said):
+    code, output = batch(_job(tmp_path), tmp_path / "out.parquet", *flags)
+    assert code == 2 and said in output and not (tmp_path / "out.parquet").exists(), output
+
+
+def test_plan_without_calibrate_says_how_to_get_a_time(tmp_path):
+    from conftest import run_cli
+
+    job = write_jsonl(tmp_path / "job.jsonl", [{"id": "a", "prompt": "Hello."}])
+    code, text = run_cli(
+        "plan", str(job), "-o", str(tmp_path / "out.parquet"), "--model", str(MODELS / "tiny-lm")
+    )
+    assert code == 0 and "--calibrate N generates N rows and projects the run's wall time" in text, text
+
+
+def test_make_tiny_model_help_describes_the_thinking_kinds():
+    from conftest import run_cli
+
+    code, text = run_cli("make-tiny-model", "--help")
+    described = " ".join(text.split("Options:")[0].split())  # as one line, however click wraps it
+    assert code == 0 and "thinking-lm: lm with Qwen3's <think> markers" in described, described
+    assert "channel-lm: lm with Gemma 4's <|channel>thought" in described, described
+
+
+def test_inspect_names_a_broken_stats_file(tmp_path, scripted):
+    from conftest import run_cli
+
+    out = _done(tmp_path, scripted)
+    (tmp_path / "out.parquet.stats.json").write_text("{not json")
+    code, text = run_cli("inspect", str(out))
+    assert code == 0 and "out.parquet.stats.json: not a stats file batchgen wrote" in text, text
+
+
+def test_the_gallery_says_which_pictures_changed_since_the_run(tmp_path):
+    from conftest import run_cli
+
+    shapes, rng = _shapes(), random.Random(9)
+    folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
+    folder.mkdir()
+    shapes.draw("circle", "red", rng).save(folder / "a.png")
+    shapes.draw("square", "blue", rng).save(folder / "b.png")
+    assert _caption(folder, out)[0] == 0
+    page = tmp_path / "gallery.html"
+    code, said = run_cli("report", str(out), "-o", str(page))
+    assert code == 0 and "changed since the run" not in said
+    shapes.draw("star", "yellow", rng).save(folder / "a.png")
+    code, said = run_cli("report", str(out), "-o", str(page))
+    assert code == 0 and "1 picture(s) changed since the run: ds/a.png" in said, said
+    html = page.read_text()
+    start = html.index('<script id="data" type="application/json">')
+    data = json.loads(html[html.index(">", start) + 1 : html.index("</script>", start)])
+    changed = {c["id"]: c.get("changed") for c in data["cards"]}
+    assert changed == {"ds/a.png": ["ds/a.png"], "ds/b.png": None}, changed

@@ -309,7 +309,9 @@ def make_tiny_model(out_dir: Path, kind: str, seed: int, sensitive: bool, bits: 
     """Build a tiny random checkpoint that mlx-lm / mlx-vlm load offline.
 
     lm: qwen2 text model; vlm: qwen2_vl; qwen2_5_vl; qwen3_vl; qwen3_vl_moe; text-draft: a smaller
-    qwen2 draft for lm; mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp
+    qwen2 draft for lm; thinking-lm: lm with Qwen3's <think> markers, enable_thinking template and
+    <tool_call> JSON tools; channel-lm: lm with Gemma 4's <|channel>thought … <channel|> markers;
+    mtp-pair: DIR/target (qwen3_5 VLM) and DIR/drafter (its qwen3_5_mtp
     drafter); llava: llava (llama + CLIP); llava_next: LLaVA-NeXT; smolvlm: SmolVLM (llama +
     SigLIP-like, pixel shuffle); idefics3: Idefics3; gemma3: Gemma 3; gemma4: Gemma 4 (per-layer
     inputs, no audio tower); mistral3: Mistral 3 (Pixtral vision); internvl_chat: InternVL."""

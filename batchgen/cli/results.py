@@ -127,7 +127,7 @@ def report(results: Path, output: Path, media_base: Path | None, media_column: t
     from ..tools.gallery import write_gallery
 
     try:
-        cards, missing, base = write_gallery(results, output, media_base, media_column)
+        cards, missing, base, changed = write_gallery(results, output, media_base, media_column)
     except BatchgenError as e:
         fail(e)
     if missing:
@@ -135,6 +135,10 @@ def report(results: Path, output: Path, media_base: Path | None, media_column: t
         where = f"relative paths start at {base}" if base else "a remote job's local paths are not opened"
         say(f"warning: {len(missing)} media not found, unreadable or refused: {shown} ({where}; "
             "--media-base to change it)", "WARNING")  # fmt: skip
+    if changed:
+        shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+        say(f"warning: {len(changed)} picture(s) changed since the run: {shown} (their cards say so: the "
+            "answers are the old picture's; rerun with --changed redo)", "WARNING")  # fmt: skip
     say(f"wrote {output} ({cards} cards)")
 
 

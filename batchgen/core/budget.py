@@ -83,9 +83,14 @@ def parse_duration(value: object) -> float:
             raise ConfigError(f"--time-limit {str(value)[:40]!r}: not a duration such as 55m, 2h or 1h30m")
         hours, minutes, secs = (float(g or 0) for g in m.groups())
         seconds = hours * 3600 + minutes * 60 + secs
-    if not 0 < seconds < 10**9:
+    if not seconds > 0:
         raise ConfigError(f"--time-limit {str(value)[:40]!r}: must be more than 0 seconds")
+    if not seconds < _LONGEST:
+        raise ConfigError(f"--time-limit {str(value)[:40]!r}: must be under {_LONGEST:,} seconds (31 years)")
     return seconds
+
+
+_LONGEST = 10**9  # a limit past this is a typo; no timer takes it
 
 
 def human_duration(seconds: float) -> str:

@@ -154,8 +154,13 @@ class RunConfig:
             if getattr(self, name) not in allowed:
                 flag = FLAG_NAMES.get(name, name).replace("_", "-")
                 raise ConfigError(f"--{flag} {getattr(self, name)!r:.40}: expected {_either(allowed)}")
-        if self.redo_repetition is not None and (self.executor == "ray" or not self.redo_repetition > 0):
-            raise ConfigError("--redo-repetition: a repetition penalty > 0 (e.g. 1.3), with the local engine")
+        redo = self.redo_repetition
+        penalty = _number(redo, (int, float)) and 1 < redo <= 3  # type: ignore[operator]
+        if redo is not None and (self.executor == "ray" or not penalty):
+            raise ConfigError(
+                f"--redo-repetition {str(redo)[:40]}: a repetition penalty above 1 and at most 3 (e.g. 1.3; "
+                "more turns the redone answer to noise), with the local engine"
+            )
         for key in ("batch_size", "window", "cache_entries", "workers", "max_attempts"):
             if not _number(getattr(self, key), int) or getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be >= 1")

@@ -104,6 +104,9 @@ class PlanReport:
             out.append(f"calibration: {c.rows} rows, {c.row_s:.2f} s a row ({c.prefill_s:.2f} s prefill, "
                        f"{c.decode_s:.2f} s decode; +{c.once_s:.1f} s once, {c.load_s:.1f} s model load); "
                        f"projected run: {_duration(c.projected_s)}")  # fmt: skip
+        elif self.todo:
+            out.append("time: not projected (the weights are not read); --calibrate N generates N rows "
+                       "and projects the run's wall time from them")  # fmt: skip
         out.append(f"planned in {self.plan_s:.1f} s")
         return out
 

@@ -95,6 +95,8 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
             raise JobFileError(f"{given}: matches no file")
         if not is_uri(given) and Path(given).is_dir():
             raise JobFileError(f"{given}: no job files in it ({_FILES})")
+        if not is_uri(given) and os.path.lexists(given):
+            raise JobFileError(f"{given}: not a regular file (a FIFO, a device or a socket); a job is a file")
         raise JobFileError(f"{given}: no such job file")
     single = len(entries) == 1 and entries[0][1] == ""
     if single:

@@ -16,6 +16,7 @@ import jinja2
 from ..core.records import ResultRow
 from ..input.read import id_key
 from ..media.images import IMAGE_FORMATS
+from ..output.resume import replaced
 from .results import (
     MediaPolicy,
     Ref,
@@ -169,6 +170,28 @@ def _entry(r: ResultRow, question: str) -> dict[str, Any]:
     }
 
 
+class _Changed:
+    """The local pictures a row's run read that were replaced since (a re-crop): its card then
+    shows the new picture beside the old picture's answers, and says so. Each file checked once."""
+
+    def __init__(self, policy: MediaPolicy):
+        self.policy = policy
+        self.seen: dict[tuple[object, ...], bool] = {}
+
+    def of(self, r: ResultRow) -> list[str]:
+        out = []
+        for f in r.get("media_files") or []:
+            if f["ref"] is None or f["mtime_ns"] is None:
+                continue
+            mark = (f["ref"], f["size"], f["mtime_ns"], f["sha256"])
+            if mark not in self.seen:
+                path = self.policy.path(f["ref"])
+                self.seen[mark] = path is not None and replaced(path, f)
+            if self.seen[mark]:
+                out.append(f["ref"])
+        return out
+
+
 def _card_id(row_id: object) -> str:
     """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
     text = str(row_id)
@@ -178,7 +201,7 @@ def _card_id(row_id: object) -> str:
 
 def write_gallery(
     path: Path, out: Path, media_base: Path | None = None, extra_columns: tuple[str, ...] = ()
-) -> tuple[int, list[str], Path | None]:
+) -> tuple[int, list[str], Path | None, list[str]]:
     """One page, one card per picture with every question asked of it and its answer (a row
     without media gets a card of its own), paged in the browser (100 cards at a time) so 10,000 rows
     stay light: local images are linked, not copied, and each embedded thumbnail is stored
@@ -186,7 +209,9 @@ def write_gallery(
     job's (`--media-base` overrides), and only files the run's media policy let it read are
     opened. Pictures come from the media columns (bytes too), then from the job for a dataset
     whose image bytes the output does not carry, then from a `url` column.
-    Returns (cards, media not found, where paths started: None for a remote job)."""
+    A card whose picture was replaced since the run says so: its answers are the old picture's.
+    Returns (cards, media not found, where paths started: None for a remote job, pictures
+    changed since the run)."""
     rows = read_results(path)
     about = results_metadata(path)
     policy = media_policy(path, about, media_base)
@@ -196,7 +221,7 @@ def write_gallery(
     media = [[(m.source, m.kind) for m in refs if m.kind != "audio"] for _, refs in asked]
     wanted = {id_key(r["id"]): r["input_hash"] for r, m in zip(rows, media, strict=True) if not m}
     from_job = _from_job(about, wanted, columns, policy)
-    thumbs = _Thumbs(policy, out.parent)
+    thumbs, changed = _Thumbs(policy, out.parent), _Changed(policy)
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}
     for r, refs, (question, _) in zip(rows, media, asked, strict=True):
@@ -215,6 +240,9 @@ def write_gallery(
             if keys:
                 by_media[tuple(keys)] = card
         card["entries"].append(_entry(r, question))
+        for ref in changed.of(r):
+            if ref not in card.setdefault("changed", []):
+                card["changed"].append(ref)
         if card.get("score") is None:
             card["score"] = _score(r)
     for card in cards:
@@ -227,7 +255,7 @@ def write_gallery(
         data={"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS},
     )
     out.write_text(page)
-    return len(cards), missing, policy.base
+    return len(cards), missing, policy.base, sorted({ref for c in cards for ref in c.get("changed", [])})
 
 
 _PAGE = jinja2.Environment(autoescape=True).from_string("""<!doctype html>
@@ -265,6 +293,7 @@ function render() {
     const card = el("div", "card" + (c.status === "ok" ? "" : " error")); card.dataset.status = c.status;
     for (const key of c.media) for (const src of D.thumbs[key] || []) { const img = el("img"); img.src = src; img.alt = key; card.append(img); }
     card.append(el("div", "id", c.id));
+    if (c.changed) card.append(el("div", "err", "changed since the run: " + c.changed.join(", ") + " (these answers are the old picture's; rerun with --changed redo)"));
     for (const e of c.entries) {
       if (c.entries.length > 1) card.append(el("div", "rid", e.id));  // whose answer and score follow
       card.append(el("div", "q", e.question));

@@ -721,3 +721,50 @@ def test_the_gallery_says_which_pictures_changed_since_the_run(tmp_path):
     data = json.loads(html[html.index(">", start) + 1 : html.index("</script>", start)])
     changed = {c["id"]: c.get("changed") for c in data["cards"]}
     assert changed == {"ds/a.png": ["ds/a.png"], "ds/b.png": None}, changed
+
+
+# -- 11. caption's exit code fails a picture once, so `caption && export` goes on -----------------------
+
+
+def test_caption_reruns_exit_0_for_an_old_broken_picture_so_caption_and_export_chain(tmp_path):
+    from conftest import run_cli
+
+    shapes = _shapes()
+    folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
+    folder.mkdir()
+    shapes.draw("circle", "red", random.Random(3)).save(folder / "a.png")
+    (folder / "broken.png").write_bytes(b"not a png")
+    code, said = _caption(folder, out)
+    assert code == 1 and "1 failed" in said, said  # the night it fails: exit 1
+    code, said = _caption(folder, out)
+    assert code == 0 and "1 failed earlier, not retried; 0 failed in this run" in said, said
+    assert run_cli("export", str(out), "--format", "txt")[0] == 0  # the chain goes on
+    assert _caption(folder, out, "--fail-on", "any")[0] == 1  # asked for: every run fails for it
+
+
+def test_the_openai_batch_paragraph_names_only_fields_that_are_refused(tmp_path):
+    """Every field the README says makes a line an error is refused; none it says is read is."""
+    from conftest import ROOT
+
+    from batchgen.input.openai_batch import from_batch_request
+
+    text = (ROOT / "README.md").read_text()
+    paragraph = text[text.index("**OpenAI Batch files**") : text.index("endpoint's line says so")]
+    read, refused = paragraph.split("A field batchgen cannot honour")
+    values = {"logprobs": True, "top_logprobs": 2, "tools": [], "tool_choice": "auto", "n": 2,
+              "response_format": {"type": "json_object"}, "reasoning_budget": 8, "audio": {"voice": "x"},
+              "modalities": ["audio"], "prediction": {"type": "content"}, "functions": [],
+              "function_call": "auto", "stream": True}  # fmt: skip
+    taken = set(re.findall(r"`([a-z_]+)`", read))
+    for field in re.findall(r"`([a-z_]+)`", refused):
+        if field in values and field not in taken:  # response_format: refused of another type only
+            _, problems = from_batch_request(
+                {"custom_id": "x", "body": {"messages": [], field: values[field]}}
+            )
+            assert problems and problems[0][0] == f"body.{field}", field
+    for field in re.findall(r"`([a-z_]+)`", read):
+        if field in values:
+            _, problems = from_batch_request(
+                {"custom_id": "x", "body": {"messages": [], field: values[field]}}
+            )
+            assert not problems, (field, problems)

@@ -181,8 +181,10 @@ def caption(
     write_captions: str | None, **flags,
 ):  # fmt: skip
     """Caption image and video files: PATHS are files, folders (recursive) or globs; one row
-    per file and prompt. A rerun skips files already captioned and takes new ones. A
-    --prompt-template may name {caption_txt}: each image's caption file beside it ("" if none)."""
+    per file and prompt. A rerun skips files already captioned and takes new ones, and exits 1
+    only for pictures that failed in it (--fail-on new, caption's default: a picture broken for
+    good fails once). A --prompt-template may name {caption_txt}: each image's caption file
+    beside it ("" if none)."""
     from ..tools.caption import SIDECAR_FIELD, write_caption_jobs
 
     if not prompts and not flags.get("prompt_template"):
@@ -192,8 +194,11 @@ def caption(
         job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None, sidecars)
     except BatchgenError as e:
         fail(e)
-    if flags.get("stop_repetition") is None and not flags.get("preset"):
-        flags["stop_repetition"] = LOOP_SPAN  # a caption that loops ends there (a preset decides for itself)
+    if not flags.get("preset"):  # a preset decides these for itself
+        if flags.get("stop_repetition") is None:
+            flags["stop_repetition"] = LOOP_SPAN  # a caption that loops ends there
+        if flags.get("fail_on") is None:
+            flags["fail_on"] = "new"  # an old broken picture does not fail every rerun (caption && export)
     try:
         code = _run(job_file, output, **flags)
     except SystemExit as e:

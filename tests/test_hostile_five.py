@@ -768,3 +768,60 @@ def test_the_openai_batch_paragraph_names_only_fields_that_are_refused(tmp_path)
                 {"custom_id": "x", "body": {"messages": [], field: values[field]}}
             )
             assert not problems, (field, problems)
+
+
+def _fuzzed(path, rng: random.Random, good: bytes | None) -> str:
+    """Something random where a run's file goes: what batchgen wrote, nothing, a link to a device,
+    a FIFO, a folder, random bytes, or JSON of random types and sizes."""
+    kind = rng.choice(["good", "absent", "zero", "urandom", "fifo", "folder", "bytes", "json", "json"])
+    if os.path.lexists(path):
+        path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
+    if kind == "good" and good is not None:
+        path.write_bytes(good)
+    elif kind in ("zero", "urandom"):
+        path.symlink_to(f"/dev/{kind}")
+    elif kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "bytes":
+        path.write_bytes(rng.randbytes(rng.choice([0, 7, 4096, 70_000, 2_000_000])))
+    elif kind == "json":
+        pick = [None, True, -1, 2**70, 1e308, -0.5, "x" * rng.choice([1, 5000]), "\x1b[2J\n", [1], {"a": 1}]
+        keys = [
+            "pid",
+            "host",
+            "started",
+            "todo",
+            "done_before",
+            "done",
+            "failed",
+            "rows_per_s",
+            "eta_s",
+            "state",
+            "message",
+            "rows",
+            "ok",
+            "pending",
+            "job_rows",
+            "errors_by_stage",
+            "complete",
+        ]
+        value = {k: rng.choice(pick) for k in rng.sample(keys, rng.randrange(len(keys)))}
+        path.write_text(json.dumps(value))
+    return kind
+
+
+def test_fuzzed_status_inputs_never_hang_crash_balloon_or_print_controls(tmp_path, scripted):
+    out = _done(tmp_path, scripted)
+    names = ("out.parquet.heartbeat.json", "out.parquet.lock", "out.parquet.stats.json")
+    good = {n: (tmp_path / n).read_bytes() if (tmp_path / n).exists() else None for n in names}
+    rng = random.Random(2047)
+    for trial in range(30):
+        kinds = {n: _fuzzed(tmp_path / n, rng, good[n]) for n in names}
+        for extra in ((), ("--json",)):
+            code, text = _status(out, *extra)  # bounded in time and memory, or it fails here
+            assert code in (0, 1, 2, 4, 5) and "Traceback" not in text, (trial, kinds, text[-500:])
+            assert "\x1b" not in text, (trial, kinds)
+            if extra and code != 2:
+                json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in --json"))

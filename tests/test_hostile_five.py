@@ -11,7 +11,7 @@ import re
 import stat
 
 import pytest
-from conftest import MODELS, batch, write_jsonl
+from conftest import MODELS, ROOT, batch, read, run_cli, write_jsonl
 
 import batchgen
 
@@ -130,8 +130,6 @@ def _status(out, *extra):
     import threading
     import tracemalloc
 
-    from conftest import run_cli
-
     said: list = []
     tracemalloc.start()
     worker = threading.Thread(target=lambda: said.append(run_cli("status", str(out), *extra)), daemon=True)
@@ -209,8 +207,6 @@ def test_status_escapes_shard_names_and_messages_from_files(tmp_path, scripted):
     odd = "a\n2026-01-01 00:00:00 ERROR forged\x1b[31m"
     write_jsonl(folder / f"{odd}.jsonl", [{"id": "x", "prompt": "Hi."}])
     out = tmp_path / "out"
-    from conftest import run_cli
-
     assert run_cli("run", str(folder), "-o", f"{out}/", "--model", "scripted")[0] == 0
     beat = json.loads((out / "_heartbeat.json").read_text())
     ended = {**beat, "state": "failed", "message": "boom\n\x1b[2Jgone"}
@@ -256,8 +252,6 @@ def test_status_after_kill_9_counts_the_committed_rows(tmp_path):
 def _shapes():
     import sys
 
-    from conftest import ROOT
-
     sys.path.insert(0, str(ROOT / "scripts"))
     import train_shapes_captioner
 
@@ -265,21 +259,24 @@ def _shapes():
 
 
 def _caption(folder, out, *extra):
-    from conftest import run_cli
-
     model = ("--model", str(MODELS / "shapes-vlm"), "--temperature", "0", "--max-tokens", "6", "-q")
     return run_cli("caption", str(folder), "-o", str(out), *model, "-p", "What shape is this?", *extra)
 
 
-def test_a_picture_replaced_since_the_run_gets_no_stale_caption_and_a_redo_refreshes_it(tmp_path):
-    from conftest import run_cli
-
-    shapes, rng = _shapes(), random.Random(5)
+def _captioned_pair(tmp_path, seed: int):
+    """A red circle (a.png) and a blue square (b.png) captioned by the shapes captioner; the
+    drawing module and its random source, to draw again."""
+    shapes, rng = _shapes(), random.Random(seed)
     folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
     folder.mkdir()
     shapes.draw("circle", "red", rng).save(folder / "a.png")
     shapes.draw("square", "blue", rng).save(folder / "b.png")
     assert _caption(folder, out)[0] == 0
+    return shapes, rng, folder, out
+
+
+def test_a_picture_replaced_since_the_run_gets_no_stale_caption_and_a_redo_refreshes_it(tmp_path):
+    shapes, rng, folder, out = _captioned_pair(tmp_path, 5)
     assert run_cli("export", str(out), "--format", "txt")[0] == 0
     assert (folder / "a.txt").read_text() == "circle\n"
     shapes.draw("star", "yellow", rng).save(folder / "a.png")  # a re-crop, before any rerun
@@ -312,8 +309,6 @@ def test_a_picture_replaced_since_the_run_gets_no_stale_caption_and_a_redo_refre
 
 
 def test_a_forged_caption_manifest_makes_no_file_batchgens(tmp_path):
-    from conftest import run_cli
-
     shapes = _shapes()
     folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
     folder.mkdir()
@@ -347,8 +342,6 @@ def thinkers(tmp_path_factory):
 
 
 def _think_run(tmp_path, model, rows, *flags):
-    from conftest import read, run_cli
-
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)
     out = tmp_path / f"{model.name}.parquet"
     code, said = run_cli("run", str(job), "-o", str(out), "--model", str(model), "--temperature", "0",
@@ -531,8 +524,6 @@ def test_a_handmade_gguf_file_is_one_clear_error_never_a_crash(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
-
     from batchgen.tools.tiny.gguf import check_gguf
 
     assert check_gguf(_valid_gguf(tmp_path / "ok.gguf"))["general.architecture"] == "llama"
@@ -557,8 +548,6 @@ def test_make_real_model_help_is_help(tmp_path):
     import subprocess
     import sys
 
-    from conftest import ROOT
-
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_real_model.py"), "--help"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0 and "--gguf" in done.stdout and not (tmp_path / "--help").exists()
@@ -569,8 +558,6 @@ def test_make_real_model_help_is_help(tmp_path):
 
 @pytest.mark.parametrize("how", ["caption", "run"])
 def test_imagefolder_without_to_writes_beside_the_pictures_never_above_a_linked_folder(tmp_path, how):
-    from conftest import run_cli
-
     shapes, rng = _shapes(), random.Random(7)
     (tmp_path / "ds").mkdir()
     (tmp_path / "elsewhere").mkdir()
@@ -599,8 +586,6 @@ def test_imagefolder_without_to_writes_beside_the_pictures_never_above_a_linked_
 
 def _cron_line() -> str:
     """The command of the README's crontab line (after its five time fields)."""
-    from conftest import ROOT
-
     readme = (ROOT / "README.md").read_text()
     block = readme[readme.index("```cron\n") + len("```cron\n") :]
     return block[: block.index("\n```")].split(None, 5)[5]
@@ -649,8 +634,6 @@ def test_a_night_with_new_failures_logs_its_closing_line_at_warning_or_error(tmp
 
 
 def test_a_fifo_job_file_is_named_as_one(tmp_path):
-    from conftest import run_cli
-
     os.mkfifo(tmp_path / "job.jsonl")
     for command in (
         ("validate", str(tmp_path / "job.jsonl")),
@@ -674,8 +657,6 @@ def test_settings_out_of_bounds_say_their_bound(tmp_path, scripted, flags, said)
 
 
 def test_plan_without_calibrate_says_how_to_get_a_time(tmp_path):
-    from conftest import run_cli
-
     job = write_jsonl(tmp_path / "job.jsonl", [{"id": "a", "prompt": "Hello."}])
     code, text = run_cli(
         "plan", str(job), "-o", str(tmp_path / "out.parquet"), "--model", str(MODELS / "tiny-lm")
@@ -684,8 +665,6 @@ def test_plan_without_calibrate_says_how_to_get_a_time(tmp_path):
 
 
 def test_make_tiny_model_help_describes_the_thinking_kinds():
-    from conftest import run_cli
-
     code, text = run_cli("make-tiny-model", "--help")
     described = " ".join(text.split("Options:")[0].split())  # as one line, however click wraps it
     assert code == 0 and "thinking-lm: lm with Qwen3's <think> markers" in described, described
@@ -693,8 +672,6 @@ def test_make_tiny_model_help_describes_the_thinking_kinds():
 
 
 def test_inspect_names_a_broken_stats_file(tmp_path, scripted):
-    from conftest import run_cli
-
     out = _done(tmp_path, scripted)
     (tmp_path / "out.parquet.stats.json").write_text("{not json")
     code, text = run_cli("inspect", str(out))
@@ -702,14 +679,7 @@ def test_inspect_names_a_broken_stats_file(tmp_path, scripted):
 
 
 def test_the_gallery_says_which_pictures_changed_since_the_run(tmp_path):
-    from conftest import run_cli
-
-    shapes, rng = _shapes(), random.Random(9)
-    folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
-    folder.mkdir()
-    shapes.draw("circle", "red", rng).save(folder / "a.png")
-    shapes.draw("square", "blue", rng).save(folder / "b.png")
-    assert _caption(folder, out)[0] == 0
+    shapes, rng, folder, out = _captioned_pair(tmp_path, 9)
     page = tmp_path / "gallery.html"
     code, said = run_cli("report", str(out), "-o", str(page))
     assert code == 0 and "changed since the run" not in said
@@ -727,8 +697,6 @@ def test_the_gallery_says_which_pictures_changed_since_the_run(tmp_path):
 
 
 def test_caption_reruns_exit_0_for_an_old_broken_picture_so_caption_and_export_chain(tmp_path):
-    from conftest import run_cli
-
     shapes = _shapes()
     folder, out = tmp_path / "ds", tmp_path / "captions.parquet"
     folder.mkdir()
@@ -744,8 +712,6 @@ def test_caption_reruns_exit_0_for_an_old_broken_picture_so_caption_and_export_c
 
 def test_the_openai_batch_paragraph_names_only_fields_that_are_refused(tmp_path):
     """Every field the README says makes a line an error is refused; none it says is read is."""
-    from conftest import ROOT
-
     from batchgen.input.openai_batch import from_batch_request
 
     text = (ROOT / "README.md").read_text()

@@ -82,15 +82,11 @@ class Markers:
         token ids."""
         out, state, i = [], "reasoning" if opened else "answer", 0
         while i < len(tokens):
-            if (
-                state == "reasoning"
-                and self.tool_ids
-                and tuple(tokens[i : i + len(self.tool_ids)]) == self.tool_ids
-            ):
+            if state == "reasoning" and self.tool_ids and _at(tokens, i, self.tool_ids):
                 state = "answer"  # the call and what follows it are the answer's
                 continue
             marker = self.end_ids if state == "reasoning" else self.start_ids
-            if tuple(tokens[i : i + len(marker)]) == marker:
+            if _at(tokens, i, marker):
                 out += ["marker"] * len(marker)
                 i += len(marker)
                 state = "answer" if state == "reasoning" else "reasoning"
@@ -135,8 +131,12 @@ def segments(machine: TextStateMachine, initial: str, text: str) -> list[tuple[s
     return merged
 
 
+def _at(ids: list[int], i: int, marker: tuple[int, ...]) -> bool:
+    return tuple(ids[i : i + len(marker)]) == marker
+
+
 def _ends(ids: list[int], marker: tuple[int, ...]) -> bool:
-    return len(ids) >= len(marker) and tuple(ids[-len(marker) :]) == marker
+    return len(ids) >= len(marker) and _at(ids, len(ids) - len(marker), marker)
 
 
 def _rfind(ids: list[int], marker: tuple[int, ...]) -> int:

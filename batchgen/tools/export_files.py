@@ -201,7 +201,9 @@ def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportO
         except OSError as e:  # a name too long for the filesystem, no room, no permission
             summary.errors.append(f"{describe(str(target))} ({short(e)})")
     written.save(summary)
-    summary.where = [str(options.to or _common_root(list(targets)))] if targets else []
+    summary.where = (
+        [str(options.to or _common_root([_named(i) for i in targets.values()]))] if targets else []
+    )
     if summary.as_bytes and not targets:
         summary.note = (f"{summary.as_bytes} picture(s) are bytes inside the results or the job, not "
                         "files: no caption file can go beside them (--format imagefolder --to DIR writes "

@@ -28,7 +28,7 @@ from .adapters import Adapter, Cache, CacheLayer, Sequence, embedded
 from .arrays import Tokenizer, ints, scalar
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
-from .reasoning import Thinking, markers_of
+from .reasoning import markers_of, thinking_of
 from .sampling import HISTORY, Loops, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
 
 __all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
@@ -165,9 +165,7 @@ class DecodeBatch:
         # `tokenizer`: a constraint's mask needs it
         markers = markers_of(tokenizer) if tokenizer is not None else None
         self.processors = [logits_processors_for(s.params, tokenizer, eos, markers, s.part) for s in seqs]
-        self.thinking = [
-            next((p for p in procs if isinstance(p, Thinking)), None) for procs in self.processors
-        ]
+        self.thinking = [thinking_of(procs) for procs in self.processors]
         self.deadlines = [float("inf")] * len(seqs)
         for s in seqs:
             s.loops = Loops(s.params.stop_repetition) if s.params.stop_repetition else None

@@ -19,7 +19,7 @@ from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
 from .prompts import render, template_parts, text_only
-from .reasoning import Markers, Part, Thinking, budgeted, initial_part, markers_of, split_generation
+from .reasoning import Markers, Part, budgeted, initial_part, markers_of, split_generation, thinking_of
 from .sampling import (
     HISTORY,
     Loops,
@@ -65,12 +65,10 @@ def collect(
 ) -> Generation:  # fmt: skip
     """Drain an engine's stream of responses into a Generation: text decoded from the tokens
     it produced (as the batched decoder does), stop strings checked on a bounded tail, the
-    prompt count from the engine, a thinking model's reasoning apart (`markers`, `part`:
-    where the row started); `length` when the token budget or the model's context ran out, or a
-    budgeted row's answer has its max_tokens (its Thinking among `processors`), `timeout` past
-    the row's deadline."""
-    watch = watch or Watch()
-    thinking = next((x for x in processors if isinstance(x, Thinking)), None)
+    prompt count from the engine, a thinking model's reasoning apart (`markers`, `part`: where
+    the row started); `length` when the token budget or the model's context ran out, or a
+    budgeted answer has its max_tokens (its Thinking in `processors`), `timeout` past the deadline."""
+    watch, thinking = watch or Watch(), thinking_of(processors)
     deadline = watch.deadline(time.monotonic())
     tokens: list[int] = []
     logprobs: list[tuple[float, list[tuple[int, float]]]] = []

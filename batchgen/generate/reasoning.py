@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -38,6 +39,7 @@ __all__ = [
     "budgeted",
     "split_generation",
     "segments",
+    "thinking_of",
 ]
 
 Part = Literal["reasoning", "answer", "open"]  # open: thinking is on and no block opened yet
@@ -272,6 +274,11 @@ class Thinking:
             return logits
         also = (self.markers.start_ids[0],) if self.part == "open" else ()
         return self.mask.masked(logits, also)
+
+
+def thinking_of(processors: Iterable[object]) -> Thinking | None:
+    """A row's Thinking among its logits processors (None: it has none)."""
+    return next((p for p in processors if isinstance(p, Thinking)), None)
 
 
 def split_generation(gen: Generation, tokens: list[int], markers: Markers | None, opened: bool) -> Generation:

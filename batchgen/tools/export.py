@@ -7,7 +7,8 @@ the run itself read (its `media_files`, never a carried data column), opened und
 recorded media policy as `report` does, and names each prompt by its order of first
 appearance: `text` when there is one, else `text_0`, `text_1`, …, or one of them (`prompt`)
 or all joined (`join`) as `text`. What it writes is decided and checked before the first
-file is written (export_items.py holds the records, export_files.py writes the files).
+file is written (export_items.py holds the records, export_files.py writes the caption
+files, export_imagefolder.py an imagefolder).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from ..output.resume import replaced
 from ..output.store import atomic_write, strict_json
 from ..output.tables import ANSWER_PREFIX
 from .caption import MEDIA_EXTENSIONS
-from .export_files import write_imagefolder, write_txt
+from .export_files import write_txt
+from .export_imagefolder import write_imagefolder
 from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
 from .results import MediaPolicy, asking, job_of, media_policy, read_results, results_schema
 

@@ -1,52 +1,35 @@
-"""What `export` puts on disk beside or into a dataset: caption files, pictures copied (or
-linked) or written out from bytes, an imagefolder's `metadata.jsonl`.
+"""What `export --format txt` puts on disk: a caption file beside each picture, or mirrored
+under `--to`, each written whole; and the helpers both file layouts share (the pictures'
+common folder, a target kept inside its folder, folders made once).
 
 Every target is checked before the first write: none may be a media file the results name,
-the results themselves or the job, two pictures may not share one caption file, and a
-`metadata.jsonl` is replaced only if batchgen wrote it. A file that cannot be written is
-counted and named; the export goes on.
+the results themselves or the job, and two pictures may not share one caption file. A caption
+file batchgen wrote (its digest in its folder's `.batchgen-captions.json`) is refreshed when its
+answer changed; any other is the user's. A file that cannot be written is counted and named;
+the export goes on.
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
-import io
 import json
 import os
-import secrets
-import shutil
 import stat
-from collections.abc import Callable
 from pathlib import Path
 
-from PIL import Image
-
 from ..core.errors import ConfigError, describe, short
-from ..core.records import file_digest
-from ..input.read import id_key
-from ..output.store import (
-    TEMP_PREFIX,
-    TEMP_SUFFIX,
-    atomic_write,
-    json_object,
-    read_small,
-    stale_temps,
-    strict_json,
-)
-from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
-from .results import MediaPolicy, cell_refs, job_pictures, media_columns
+from ..output.store import atomic_write, json_object, read_small, stale_temps
+from .export_items import ExportOptions, ExportSummary, Forbidden, Item, item_text
 
-__all__ = ["write_txt", "write_imagefolder"]
+__all__ = ["write_txt", "left_out", "common_root", "inside", "Folders", "named", "sha256"]
 
 _CAPTION_BYTES = 1 << 20  # an existing caption file read for append/prepend: more is no caption file
-_MANIFEST = ".batchgen-export.json"  # in an imagefolder: the digest of the metadata.jsonl batchgen wrote
 _CAPTIONS = ".batchgen-captions.json"  # in a folder of caption files: the digest of each batchgen wrote
 _CAPTIONS_BYTES = 1 << 28  # a manifest names each caption file of its folder in under 100 bytes
 _SHOWN = 3  # names a message lists
 
 
-def _left_out(item: Item, summary: ExportSummary) -> None:
+def left_out(item: Item, summary: ExportSummary) -> None:
     """An item without a local file to write for, counted by what it is."""
     if item.source == "url":
         summary.remote += 1
@@ -58,11 +41,11 @@ def _left_out(item: Item, summary: ExportSummary) -> None:
         summary.missing += 1
 
 
-def _common_root(paths: list[Path]) -> Path:
+def common_root(paths: list[Path]) -> Path:
     return Path(os.path.commonpath([str(p.parent) for p in paths])) if paths else Path(".")
 
 
-def _inside(root: Path, rel: Path) -> Path:
+def inside(root: Path, rel: Path) -> Path:
     target = (root / rel).resolve()
     if not target.is_relative_to(root.resolve()):  # a results file naming `../..`: never outside
         raise ConfigError(f"{describe(str(rel))}: would be written outside {root}")
@@ -78,7 +61,7 @@ def _caption_targets(items: list[Item], options: ExportOptions) -> dict[Path, It
     """Each picture's caption file; two pictures sharing one (`a.png`, `a.jpg` → `a.txt`) are
     refused, naming them."""
     files = [i for i in items if i.path is not None]
-    root = _common_root([_named(i) for i in files])
+    root = common_root([named(i) for i in files])
     targets: dict[Path, Item] = {}
     clashes: list[str] = []
     ext = options.caption_extension
@@ -86,7 +69,7 @@ def _caption_targets(items: list[Item], options: ExportOptions) -> dict[Path, It
         path: Path = item.path  # type: ignore[assignment]
         beside = path  # the picture itself (a caption file goes beside the file, wherever a link led)
         if options.to is not None:  # mirrored as the job named the picture
-            beside = _inside(options.to, _named(item).relative_to(root))
+            beside = inside(options.to, named(item).relative_to(root))
         with_extension = options.caption_name == "with-extension"
         target = beside.with_name(beside.name + ext) if with_extension else beside.with_suffix(ext)
         if target in targets:
@@ -130,13 +113,13 @@ class _Written:
         return self.folders[folder]
 
     def ours(self, target: Path, data: bytes) -> bool:
-        return self._names(target.parent).get(target.name) == _sha(data)
+        return self._names(target.parent).get(target.name) == sha256(data)
 
     def record(self, target: Path, data: bytes | None) -> None:
         """`data` written at `target` by batchgen (None: what is there now is not only batchgen's)."""
         names = self._names(target.parent)
         if data is not None:
-            names[target.name] = _sha(data)
+            names[target.name] = sha256(data)
         elif names.pop(target.name, None) is None:
             return
         self.touched.add(target.parent)
@@ -150,7 +133,7 @@ class _Written:
                 summary.errors.append(f"{describe(str(folder / _CAPTIONS))} ({short(e)})")
 
 
-class _Folders:
+class Folders:
     """Folders written into: each made once, and cleared of temporary files a killed export
     left there."""
 
@@ -180,8 +163,8 @@ def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportO
         forbidden.check(folder / _CAPTIONS, "caption manifest")
     for item in items:
         if item.path is None:
-            _left_out(item, summary)
-    folders, written = _Folders(), _Written()
+            left_out(item, summary)
+    folders, written = Folders(), _Written()
     for target, item in targets.items():
         text = item_text(item, ks, options)
         if not text:
@@ -201,9 +184,7 @@ def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportO
         except OSError as e:  # a name too long for the filesystem, no room, no permission
             summary.errors.append(f"{describe(str(target))} ({short(e)})")
     written.save(summary)
-    summary.where = (
-        [str(options.to or _common_root([_named(i) for i in targets.values()]))] if targets else []
-    )
+    summary.where = [str(options.to or common_root([named(i) for i in targets.values()]))] if targets else []
     if summary.as_bytes and not targets:
         summary.note = (f"{summary.as_bytes} picture(s) are bytes inside the results or the job, not "
                         "files: no caption file can go beside them (--format imagefolder --to DIR writes "
@@ -235,216 +216,10 @@ def _caption(target: Path, text: str, options: ExportOptions, summary: ExportSum
     return new
 
 
-def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: dict[str, tuple[int, str]],
-                      options: ExportOptions, summary: ExportSummary, forbidden: Forbidden,
-                      origin: Origin) -> None:  # fmt: skip
-    """`metadata.jsonl` beside the pictures, or in `--to` with the pictures copied (or linked)
-    into it and those held as bytes written out, so `datasets` loads them."""
-    held = sum(i.source == "bytes" for i in items)
-    if options.to is None and held:
-        raise ConfigError(f"{held} picture(s) are bytes inside the results or the job: give --to DIR to "
-                          "write them out with metadata.jsonl")  # fmt: skip
-    chosen = []
-    for item in items:
-        if item.path is not None or item.source == "bytes":
-            chosen.append(item)
-        else:
-            _left_out(item, summary)
-    root = _common_root([_named(i) for i in chosen if i.path is not None])
-    folder = options.to or root
-    if options.to is None:
-        _check_root(root, origin.policy)
-    _find_bytes(chosen, origin)
-    places = _places(chosen, root, options.to, forbidden)
-    metadata = folder / "metadata.jsonl"
-    forbidden.check(metadata, "metadata")
-    _check_ours(metadata)
-    folders = _Folders()
-    lines = []
-    for item, (target, name) in zip(chosen, places, strict=True):
-        texts = {column: item_text(item, ks, options) for column, ks in columns.items()}
-        if any(t is None for t in texts.values()):  # a failed row (a broken image): left out
-            summary.failed += 1
-            continue
-        if not all(texts.values()):
-            summary.empty += 1
-            continue
-        if item.path is None and item.data is None:
-            summary.missing += 1  # bytes neither the results nor the job (as the run read it) hold
-            continue
-        try:
-            if options.to is not None:
-                folders.ready(target.parent)
-                _place(item.path, item.data, target, options.link)
-                summary.pictures += 1
-        except OSError as e:
-            summary.errors.append(f"{describe(str(target))} ({short(e)})")
-            continue
-        record = {"file_name": name, **texts, **item_fields(item, fields)}
-        lines.append(strict_json(record, ensure_ascii=False) + "\n")
-        summary.written += 1
-    folders.ready(folder)
-    text = "".join(lines)
-    atomic_write(metadata, lambda p: p.write_text(text, encoding="utf-8"))
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    atomic_write(folder / _MANIFEST, lambda p: p.write_text(json.dumps({"metadata.jsonl": digest}) + "\n"))
-    summary.where = [str(metadata)]
-
-
-def _check_root(root: Path, policy: MediaPolicy) -> None:
-    """Without --to, metadata.jsonl goes into the folder the pictures share: inside the folder
-    the job's paths start from, or a folder of pictures elsewhere (`caption ~/photos` from
-    another folder), never a filesystem root or a folder above the job's (`/` or the home
-    folder for unrelated trees)."""
-    within = policy.root or policy.base
-    shared = root.resolve()
-    inside = within is not None and shared.is_relative_to(within.resolve())
-    above = within is None or within.resolve().is_relative_to(shared)
-    if shared == Path(shared.anchor) or not inside and above:
-        raise ConfigError(f"the pictures share no folder of their own (their common folder is {root}, "
-                          f"above the job's): give --to DIR for a new dataset folder")  # fmt: skip
-
-
-def _check_ours(metadata: Path) -> None:
-    """A metadata.jsonl already there is replaced only if batchgen wrote it, as it is."""
-    if not os.path.lexists(metadata):
-        return
-    try:
-        recorded = json.loads((metadata.parent / _MANIFEST).read_text()).get("metadata.jsonl")
-        ours = stat.S_ISREG(metadata.lstat().st_mode) and file_digest(metadata) == recorded
-    except (OSError, ValueError, AttributeError):
-        ours = False
-    if not ours:
-        raise ConfigError(f"{metadata}: already there and not written by batchgen (or edited since); move "
-                          "it away or give --to DIR for a new dataset folder")  # fmt: skip
-
-
-def _places(items: list[Item], root: Path, to: Path | None, forbidden: Forbidden) -> list[tuple[Path, str]]:
-    """Each picture's place in the dataset folder and its `file_name` there: local pictures
-    keep their path as the job named it under the pictures' shared folder (without --to, the
-    place is the picture itself, reached as the job named it); pictures from bytes are named
-    by their row (and their digest, where two rows' names meet), with their format's extension."""
-    places: list[tuple[Path, str]] = []
-    taken: set[Path] = set()
-    folder = to or root
-    for item in items:
-        if item.path is not None:
-            rel = _named(item).relative_to(root)
-            target = _inside(folder, rel) if to is not None else item.path
-        else:
-            stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in item.key)[:80] or "image"
-            ext = _format_extension(item.data) if item.data is not None else ".png"
-            target = _inside(folder, Path(stem + ext))
-            if target in taken:
-                target = _inside(folder, Path(f"{stem}-{(item.digest or '')[:12]}{ext}"))
-        why = "another picture's place" if target in taken else forbidden.why(target, item.path)
-        if why:
-            raise ConfigError(f"{describe(str(target))}: is {why}; give --to another folder")
-        taken.add(target)
-        places.append((target, rel.as_posix() if item.path is not None else target.name))
-    return places
-
-
-def _named(item: Item) -> Path:
+def named(item: Item) -> Path:
     """A local picture as the job named it (a folder linked in stays where it was linked)."""
     return item.named or item.path  # type: ignore[return-value]
 
 
-def _find_bytes(items: list[Item], origin: Origin) -> None:
-    """The bytes of pictures held as bytes, matched by digest to what the run read: from the
-    results' media columns (a kept `jpg`), else from the job, whose rows must be as the run
-    read them."""
-    wanted = {i.digest: i for i in items if i.digest is not None}
-    if not wanted:
-        return
-    columns = media_columns(origin.about)
-    by_id = {id_key(r["id"]): r for r in origin.rows}
-    need: dict[str, str | None] = {}
-    for item in wanted.values():
-        for key, input_hash in zip(item.ids, item.hashes, strict=True):
-            cells = (ref for c, _ in columns for ref in cell_refs(by_id[key].get(c)))
-            item.data = next((r for r in cells if isinstance(r, bytes) and _sha(r) == item.digest), None)
-            if item.data is not None:
-                break
-            need[key] = input_hash
-    for pictures in job_pictures(origin.about, need, columns, origin.policy, len(need)).values():
-        for picture in pictures:
-            if (found := wanted.get(_sha(picture))) is not None:
-                found.data = picture
-
-
-def _sha(data: bytes) -> str:
+def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-_FORMAT_EXTENSIONS = {"JPEG": ".jpg", "PNG": ".png", "WEBP": ".webp", "GIF": ".gif", "BMP": ".bmp",
-                      "TIFF": ".tif"}  # fmt: skip
-
-
-def _format_extension(data: bytes) -> str:
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            return _FORMAT_EXTENSIONS.get(img.format or "", ".png")
-    except Exception:  # noqa: BLE001 - the run decoded it; a header Pillow now refuses keeps .png
-        return ".png"
-
-
-_FICLONE = 0x40049409  # Linux's ioctl that shares a file's blocks (btrfs, XFS): a copy in no time
-
-
-def _place(source: Path | None, data: bytes | None, target: Path, link: str) -> None:
-    """A picture into the dataset folder: a copy (a reflink where the filesystem can) that the
-    trainer may edit without touching the original, or a link when asked; bytes written out.
-    A target that already is the same picture is kept."""
-    if source is None:
-        data = data or b""
-        if not (_regular(target) and target.stat().st_size == len(data) and target.read_bytes() == data):
-            atomic_write(target, lambda p: p.write_bytes(data))
-    elif not _same(source, target, link):
-        if link == "copy":
-            atomic_write(target, lambda p: _copy(source, p))
-        elif link == "hard":
-            _link(target, lambda p: os.link(source, p))
-        else:
-            _link(target, lambda p: os.symlink(source.resolve(), p))
-
-
-def _regular(path: Path) -> bool:
-    return not path.is_symlink() and path.is_file()
-
-
-def _same(source: Path, target: Path, link: str) -> bool:
-    try:
-        if target.parent.resolve() / target.name == source.resolve():
-            return True  # --to the pictures' own folder: each picture is already in its place
-        if link == "symbolic":
-            return target.is_symlink() and Path(os.readlink(target)) == source.resolve()
-        if not _regular(target):
-            return False
-        if os.path.samefile(source, target):
-            return link == "hard"  # a hard link where a copy is asked for is replaced by a copy
-        a, b = source.stat(), target.stat()
-        return link == "copy" and (a.st_size, a.st_mtime_ns) == (b.st_size, b.st_mtime_ns)
-    except OSError:
-        return False
-
-
-def _link(target: Path, make: Callable[[Path], None]) -> None:
-    """A link made under a temporary name, then renamed over the target (never written through)."""
-    tmp = target.with_name(f"{TEMP_PREFIX}{secrets.token_hex(6)}{TEMP_SUFFIX}")
-    try:
-        make(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.lexists(tmp):
-            tmp.unlink()
-
-
-def _copy(source: Path, target: Path) -> None:
-    """A reflink where the filesystem shares blocks, else a byte copy; the mtime kept."""
-    with open(source, "rb") as src, open(target, "wb") as dst:
-        try:
-            fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
-        except OSError:
-            shutil.copyfileobj(src, dst, 1 << 20)
-    shutil.copystat(source, target)

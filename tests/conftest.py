@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 import shutil
@@ -60,7 +61,38 @@ def unstamped(line: str) -> str:
 
 
 PUBLIC_IP = "93.184.216.34"  # a global address the fake network routes to the loopback server
-_real_connect, _real_getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+# Names a test may look up: loopback's, and the names RFC 6761 keeps out of the public DNS.
+_LOCAL_NAMES = ("localhost", ".localhost", ".test", ".invalid", ".example")
+
+
+class PublicNameRefused(socket.gaierror):
+    """The suite's own guard: no test resolves a public name (pytest-socket's guard under it
+    refuses any connection past loopback)."""
+
+
+@pytest.fixture(autouse=True)
+def _no_public_names(monkeypatch):
+    """Every test resolves IP literals, loopback's names and reserved names only: a test that
+    reaches for a public host (a hub, a URL the policy should have refused) fails here, before
+    a DNS query leaves the machine."""
+    resolve = socket.getaddrinfo
+
+    def guarded(host, port, *args, **kwargs):
+        name = host.decode() if isinstance(host, bytes) else host
+        if name is None or _literal(name) or name.lower().rstrip(".").endswith(_LOCAL_NAMES) or name == "":
+            return resolve(host, port, *args, **kwargs)
+        raise PublicNameRefused(socket.EAI_NONAME, f"the test suite resolves no public name: {name!r}")
+
+    monkeypatch.setattr(socket, "getaddrinfo", guarded)
+
+
+def _literal(name: str) -> bool:
+    try:
+        ipaddress.ip_address(name.strip("[]").split("%")[0])
+        return True
+    except ValueError:
+        return False
 
 
 class FakeNetwork:
@@ -73,6 +105,8 @@ class FakeNetwork:
     another is caught, while an attempt retried after a timeout resolves public again."""
 
     def __init__(self):
+        # what it answers from and connects through: the guards in place when the test began
+        self._resolve, self._connect = socket.getaddrinfo, socket.socket.connect
         self.dns = {"public.test": [PUBLIC_IP], "private.test": ["10.1.2.3"]}
         self.lookups: dict[str, int] = {}
         self.connects: list[str] = []
@@ -88,7 +122,7 @@ class FakeNetwork:
             return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port or 0))]
         answer = self.dns.get(name)
         if answer is None:
-            return _real_getaddrinfo(host, port, *args, **kwargs)
+            return self._resolve(host, port, *args, **kwargs)
         address = answer[min(self.lookups[name], len(answer)) - 1]  # later lookups: later answers
         if address is None:  # a resolver that fails this time
             raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
@@ -103,7 +137,7 @@ class FakeNetwork:
             assert address[0] in ("::1",) or address[0].startswith("127."), (
                 f"test tried to reach {address[0]}"
             )
-        return _real_connect(sock, address)
+        return self._connect(sock, address)
 
 
 @pytest.fixture

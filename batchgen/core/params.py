@@ -23,6 +23,8 @@ __all__ = [
     "tool_problems",
     "is_int",
     "is_number",
+    "SEEDED_SAMPLER",
+    "seeded",
 ]
 
 Problem = tuple[str, str]  # (field, message)
@@ -64,6 +66,19 @@ def _answers(v: object) -> tuple[object, str | None]:
 
 
 LOOP_SPAN = 64  # `stop_repetition: true`: a cycle repeated over this many tokens ends the row
+
+# How a seeded sampled row draws (generate/sampling.Seeded): each token keyed by the row's seed
+# and its position. Part of the fingerprints of seeded rows and runs, so results drawn another
+# way (before version 2: the global random state, one row at a time) are never mixed with these.
+SEEDED_SAMPLER = 2
+
+
+def seeded(value: object) -> bool:
+    """Whether a job row's raw value gives a seed (a column, or an OpenAI Batch body's)."""
+    if not isinstance(value, dict):
+        return False
+    body = value.get("body")
+    return value.get("seed") is not None or isinstance(body, dict) and body.get("seed") is not None
 
 
 def _loop_span(v: object) -> tuple[object, str | None]:

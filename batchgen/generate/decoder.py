@@ -29,7 +29,16 @@ from .arrays import Tokenizer, ints, scalar
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of, thinking_of
-from .sampling import HISTORY, Loops, final_text, hit_stop, logits_processors_for, sampler_for, token_logprobs
+from .sampling import (
+    HISTORY,
+    Loops,
+    Seeded,
+    final_text,
+    hit_stop,
+    logits_processors_for,
+    sampler_for,
+    token_logprobs,
+)
 
 __all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
 
@@ -126,8 +135,8 @@ def decode_stream(
     `memory`: the run's budget and the model's row footprint; rows then join only while the
     batch fits it (a row alone always runs), so long rows run narrow and short ones wide.
 
-    A row with a seed and temperature > 0 must come alone: its draws then depend on nothing
-    but its seed (the scheduler sees to that). Rows past the watch's timeout (from their own
+    A seeded sampled row draws with its own key per position (sampling.Seeded), so it batches
+    with any rows and its tokens do not depend on them. Rows past the watch's timeout (from their own
     prefill) end with finish reason "timeout"; a stop request raises StopRequested between
     steps, whatever is running.
     """
@@ -159,8 +168,6 @@ class DecodeBatch:
         self.memory = memory
         self.watch = watch or Watch()
         self.width = width or len(seqs)
-        if len(seqs) == 1 and seqs[0].params.seed is not None:
-            mx.random.seed(seqs[0].params.seed)
         self.samplers = [sampler_for(s.params) for s in seqs]
         # `tokenizer`: a constraint's mask needs it
         markers = markers_of(tokenizer) if tokenizer is not None else None
@@ -338,11 +345,19 @@ class DecodeBatch:
             best = ints(mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1))
             for j, token in zip(greedy, best, strict=True):
                 picked[j] = token
+        recipes: dict[tuple, list[tuple[int, Seeded]]] = {}  # seeded rows of one recipe draw together
         for j, i in enumerate(rows):
             sampler = self.samplers[i]
-            if sampler is not None:
+            if isinstance(sampler, Seeded):
+                recipes.setdefault(sampler.recipe, []).append((j, sampler))
+            elif sampler is not None:
                 row = shaped[j]
                 picked[j] = scalar(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)))
+        for group in recipes.values():
+            both = mx.concatenate([shaped[j] for j, _ in group])
+            drawn = Seeded.draw([s for _, s in group], both - mx.logsumexp(both, axis=-1, keepdims=True))
+            for (j, _), token in zip(group, ints(drawn), strict=True):
+                picked[j] = token
         return picked, shaped
 
 

@@ -59,9 +59,8 @@ class Plan:
 
     @property
     def solo(self) -> bool:
-        """Seeded sampling must not share a batch: its draws would depend on the others."""
-        p = self.job.params
-        return self.lane.solo or (p.seed is not None and p.temperature > 0)
+        """The row's lane runs one row at a time (a seeded row batches: its draws are its own)."""
+        return self.lane.solo
 
     @property
     def span(self) -> int:

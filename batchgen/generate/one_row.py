@@ -255,6 +255,7 @@ def generate_vlm(
         top_k=p.top_k,
         min_p=p.min_p,
         logits_processors=processors or None,
+        sampler=sampler_for(p) if p.seed is not None else None,  # a seeded row's keyed draws; else mlx-vlm's
         seed=p.seed,
         **draft,
         **(kv.engine_kwargs() if kv else {}),

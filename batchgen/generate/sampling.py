@@ -4,6 +4,7 @@ strings and its final text."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 
@@ -17,6 +18,7 @@ from .reasoning import Markers, Part, Thinking
 __all__ = [
     "HISTORY",
     "sampler_for",
+    "Seeded",
     "logits_processors_for",
     "hit_stop",
     "Loops",
@@ -34,11 +36,60 @@ HISTORY = 256
 
 
 def sampler_for(p: GenParams) -> Callable[[mx.array], mx.array] | None:
+    """None for greedy rows; a seeded row's own Seeded sampler; else mlx-lm's sampler, which
+    draws from the global random state."""
     if p.temperature == 0:
         return None
+    if p.seed is not None:
+        return Seeded(p)
     from mlx_lm.sample_utils import make_sampler
 
     return make_sampler(p.temperature, p.top_p if p.top_p < 1 else 0.0, p.min_p, top_k=p.top_k)
+
+
+class Seeded:
+    """A seeded row's sampler: mlx-lm's filters in make_sampler's order (top-p, min-p, top-k),
+    then a draw whose key comes from the row's seed and the token's position alone, never the
+    global random state. Its tokens depend on its seed and its logits only: the same at any
+    batch width, beside any batch mates, in any row order, batched or one at a time. It is
+    called once per generated token (position 0 first), as the decoder and the engines'
+    one-row loops call a sampler; the decoder draws for every row of one recipe at once."""
+
+    def __init__(self, p: GenParams):
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+        self.seed, self.scale, self.position = p.seed or 0, 1.0 / p.temperature, 0
+        top_p = p.top_p if 0 < p.top_p < 1 else None
+        self.recipe = (p.temperature, top_p, p.min_p, p.top_k)  # rows of one recipe draw together
+        self.filters: list[Callable[[mx.array], mx.array]] = []
+        if top_p is not None:
+            self.filters.append(lambda x: apply_top_p(x, top_p))
+        if p.min_p:
+            self.filters.append(lambda x: apply_min_p(x, p.min_p))
+        if p.top_k > 0:
+            self.filters.append(lambda x: apply_top_k(x, p.top_k))
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        return Seeded.draw([self], logprobs.reshape(1, -1))
+
+    @staticmethod
+    def draw(samplers: list[Seeded], logprobs: mx.array) -> mx.array:
+        """A token for each row of `logprobs` (rows of one recipe), each drawn with its own
+        sampler's key for its next position: one evaluation for all of them."""
+        for keep in samplers[0].filters:
+            logprobs = keep(logprobs)
+        keys = []
+        for s in samplers:
+            keys.append(mx.random.key(_position_key(s.seed, s.position)))
+            s.position += 1
+        scaled = logprobs * samplers[0].scale
+        return mx.vmap(lambda row, key: mx.random.categorical(row, key=key))(scaled, mx.stack(keys))
+
+
+def _position_key(seed: int, position: int) -> int:
+    """A 64-bit key seed for one draw: the row's seed and the token's position, mixed."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8, person=b"batchgen-draw").digest()
+    return int.from_bytes(digest, "little")
 
 
 def logits_processors_for(

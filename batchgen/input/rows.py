@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
+from ..core.params import SEEDED_SAMPLER, seeded
 from ..core.records import MEDIA_COLUMNS, ByteCaps, RowId
 from .openai_batch import row_id
 
@@ -53,6 +54,8 @@ class RawRow:
         body = (
             self.error if self.value is None else json.dumps(self.value, sort_keys=True, default=_digest_of)
         )
+        if seeded(self.value):  # its draws are the sampler's as much as the row's
+            body = f"{body}|sampler {SEEDED_SAMPLER}"
         return hashlib.sha256(str(body).encode()).hexdigest()[:32]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, describe
+from ..core.params import SEEDED_SAMPLER
 from ..core.records import GenParams, file_digest, local_path
 from ..core.settings import Fingerprint, RunConfig
 from ..input.read import JobIndex, id_key
@@ -45,15 +46,26 @@ def settings_of(config: RunConfig) -> Fingerprint:
     """What decides the content of the output: resuming under other settings is refused."""
     m = config.media
     kv = [config.kv_bits, config.kv_group_size, config.quantized_kv_start]
-    return {
-        "model": _canonical(config.model),
-        "text_model": _canonical(config.text_model),
-        "draft_model": _canonical(config.draft_model),
-        "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
-        "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
-        "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
-        "shard": list(config.shard) if config.shard else None,
-    } | ({"kv_cache": kv} if config.kv_bits else {})  # absent when off: earlier outputs resume
+    return (
+        {
+            "model": _canonical(config.model),
+            "text_model": _canonical(config.text_model),
+            "draft_model": _canonical(config.draft_model),
+            "draft": [config.num_draft_tokens, config.draft_kind, config.draft_block_size],
+            "generation": json.loads(json.dumps(asdict(config.defaults), default=list)),
+            "video": [m.video_fps, m.video_min_frames, m.video_max_frames],
+            "shard": list(config.shard) if config.shard else None,
+        }
+        | ({"kv_cache": kv} if config.kv_bits else {})
+        | _sampler(config)
+    )  # absent when off: earlier outputs resume
+
+
+def _sampler(config: RunConfig) -> Fingerprint:
+    """A run whose default is seeded sampling records how its rows draw (rows with their own
+    seed record it in their fingerprints)."""
+    d = config.defaults
+    return {"sampler": SEEDED_SAMPLER} if d.seed is not None and d.temperature > 0 else {}
 
 
 def check_settings(where: str, previous: Fingerprint | None, settings: Fingerprint) -> None:

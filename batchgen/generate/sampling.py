@@ -70,7 +70,10 @@ class Seeded:
             self.filters.append(lambda x: apply_top_k(x, p.top_k))
 
     def __call__(self, logprobs: mx.array) -> mx.array:
-        return Seeded.draw([self], logprobs.reshape(1, -1))
+        """Tokens for `logprobs`' rows, one position each: one row in a plain loop; in
+        mlx-lm's speculative loop, a draft block's positions in turn."""
+        rows = logprobs.reshape(-1, logprobs.shape[-1])
+        return Seeded.draw([self] * rows.shape[0], rows)
 
     @staticmethod
     def draw(samplers: list[Seeded], logprobs: mx.array) -> mx.array:

@@ -125,3 +125,39 @@ def test_results_drawn_by_another_recipe_are_never_resumed_silently(tmp_path, lm
         "run", str(plain), "-o", str(run_seeded), *flags, "--seed", "5", "--temperature", "0.9"
     )
     assert code == 2 and "sampler: 2 then, 99 now" in said, said
+
+
+def test_a_seeded_row_with_a_drafter_draws_as_mlx_lms_speculative_loop_with_its_sampler(tmp_path, lm):
+    """mlx-lm's speculative loop hands the sampler a draft block's rows at once: each is a
+    position of its own, so the row is mlx-lm's own speculative generate with the same sampler."""
+    import mlx_lm
+
+    draft = make_tiny_model(tmp_path / "draft", "text-draft")
+    rows = [
+        {
+            "id": f"s{s}",
+            "prompt": "Tell me a story.",
+            "seed": s,
+            "temperature": TEMPERATURE,
+            "max_tokens": MAX_TOKENS,
+        }
+        for s in range(3)
+    ]  # fmt: skip (no logprobs: drafters report none)
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    flags = ("--model", str(lm), "--draft-model", str(draft), "--num-draft-tokens", "3", "-q")
+    assert run_cli("run", str(job), "-o", str(tmp_path / "out.parquet"), *flags)[0] == 0
+    got = {r["id"]: r for r in read(tmp_path / "out.parquet")}
+    assert all(r["mtp_drafts"] > 0 for r in got.values())  # the speculative loop ran
+    model, tokenizer = mlx_lm.load(str(lm))
+    drafter, _ = mlx_lm.load(str(draft))
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Tell me a story."}], add_generation_prompt=True
+    )
+    for row in rows:
+        sampler = Seeded(GenParams(temperature=TEMPERATURE, seed=row["seed"]))
+        tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=MAX_TOKENS,
+                                                          sampler=sampler, draft_model=drafter,
+                                                          num_draft_tokens=3)]  # fmt: skip
+        said = tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens
+        assert got[row["id"]]["generated_text"] == tokenizer.decode(said), row["id"]
+        assert got[row["id"]]["completion_tokens"] == len(tokens), row["id"]

@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache as LMBatchKVCache
-from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 
 from ..core.errors import StopRequested
-from .adapters import Adapter, Cache, CacheLayer, Sequence, embedded
+from .adapters import Adapter, Cache, Sequence, embedded
 from .arrays import Tokenizer, ints, scalar
+from .batch_cache import SLOT_CACHES, in_place, merge_caches, trim_layer, write_slots
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of, thinking_of
@@ -40,7 +39,7 @@ from .sampling import (
     token_logprobs,
 )
 
-__all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "merge_caches"]
+__all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill"]
 
 _SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
 
@@ -222,7 +221,7 @@ class DecodeBatch:
         """Joining rows' caches into the batch: into idle slots in place where the caches allow,
         appended after the others where no slot is idle."""
         free = [s for s, i in enumerate(self.slots) if i is None]
-        if free and not all(_in_place(c, more) for c, more in zip(self.merged, batch, strict=True)):  # type: ignore[arg-type]
+        if free and not all(in_place(c, more) for c, more in zip(self.merged, batch, strict=True)):  # type: ignore[arg-type]
             self._compact()
             free = []
         if self.merged is None:
@@ -231,7 +230,7 @@ class DecodeBatch:
         into = free[: len(rows)]
         if into:
             for layer, more in zip(self.merged, batch, strict=True):
-                _write_slots(layer, more, list(range(len(into))), into)
+                write_slots(layer, more, list(range(len(into))), into)
             for s, i in zip(into, rows, strict=False):
                 self.slots[s] = i
         if len(rows) > len(into):
@@ -285,7 +284,7 @@ class DecodeBatch:
         live = self.live
         for layer in self.merged or []:
             if isinstance(layer, SLOT_CACHES):
-                _trim_layer(layer, live)
+                trim_layer(layer, live)
 
     def pick(self, rows: list[int], logits: mx.array) -> list[int]:
         """Sample each row's next token and return the rows still running."""
@@ -359,43 +358,3 @@ class DecodeBatch:
             for (j, _), token in zip(group, ints(drawn), strict=True):
                 picked[j] = token
         return picked, shaped
-
-
-def merge_caches(caches: list[Cache]) -> Cache:
-    """Per-row KV caches → one left-padded batch cache per layer."""
-    return [type(layer[0]).merge(list(layer)) for layer in zip(*caches, strict=True)]
-
-
-SLOT_CACHES = (LMBatchKVCache, VLMBatchKVCache)  # batch caches a row can be written into in place
-
-
-def _in_place(layer: CacheLayer, more: CacheLayer) -> bool:
-    return all(isinstance(c, SLOT_CACHES) and c.keys is not None for c in (layer, more))
-
-
-def _write_slots(layer: CacheLayer, more: CacheLayer, rows: list[int], slots: list[int]) -> None:
-    """Rows `rows` of the batch cache `more` written over rows `slots` of `layer`, right-aligned
-    with its write position; the others are not copied, unless the joiner is the longer one
-    (then every row gets room on the left)."""
-    if more._idx > layer._idx:
-        grow = more._idx - layer._idx
-        pad = [(0, 0), (0, 0), (grow, 0), (0, 0)]
-        layer.keys, layer.values = mx.pad(layer.keys, pad), mx.pad(layer.values, pad)
-        layer.left_padding = layer.left_padding + grow
-        layer._idx += grow
-    shift, end = layer._idx - more._idx, layer._idx
-    for j, s in zip(rows, slots, strict=True):
-        layer.keys[s : s + 1, :, shift:end, :] = more.keys[j : j + 1, :, : more._idx, :]
-        layer.values[s : s + 1, :, shift:end, :] = more.values[j : j + 1, :, : more._idx, :]
-    at, of = mx.array(slots), mx.array(rows)
-    layer.left_padding[at] = more.left_padding[of] + shift
-    layer.offset[at] = more.offset[of]
-
-
-def _trim_layer(layer: CacheLayer, live: list[int]) -> None:
-    padding = layer.left_padding.tolist()
-    cut = min(min(padding[s] for s in live), layer._idx) if live else 0
-    if cut > 0:
-        layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
-        layer._idx -= cut
-        layer.left_padding = layer.left_padding - cut

@@ -18,7 +18,8 @@ import mlx.core as mx
 from ..core.records import ChoiceScore, Scoring
 from .adapters import Adapter, Sequence
 from .arrays import Tokenizer, floats
-from .decoder import Watch, merge_caches, prefill
+from .batch_cache import merge_caches
+from .decoder import Watch, prefill
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
 from .sampling import log_softmax

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "looped",
     "Pending",
     "replaced",
+    "Replaced",
 ]
 
 
@@ -158,19 +159,31 @@ def replaced_media(sources: Iterable[Path | str], store: Store, base: str | None
         for row_id, files in zip(t["id"], t["media_files"], strict=True):
             if files and (key := id_key(row_id)) in keys:
                 latest[key] = files
-    seen: dict[tuple[str, int, int, str | None], bool] = {}
-    out = {}
-    for key, files in latest.items():
+    check = Replaced(lambda ref: local_path(ref, Path(base)))
+    return {key: refs[0] for key, files in latest.items() if (refs := check.refs(files))}
+
+
+class Replaced:
+    """Which of a row's recorded media files (`media_files`) were replaced since the run read
+    them, each distinct file checked once however many rows name it. `locate` gives a
+    reference's local file (None: none the caller may open, which is not checked)."""
+
+    def __init__(self, locate: Callable[[str], Path | None]):
+        self.locate = locate
+        self.seen: dict[tuple[object, ...], bool] = {}
+
+    def refs(self, files: Iterable[dict[str, Any]]) -> list[str]:
+        out = []
         for f in files:
-            if f["mtime_ns"] is None or f["ref"] is None:
+            if f["ref"] is None or f["mtime_ns"] is None:  # bytes, a URL, or an earlier version's record
                 continue
             mark = (f["ref"], f["size"], f["mtime_ns"], f["sha256"])
-            if mark not in seen:
-                seen[mark] = replaced(local_path(f["ref"], Path(base)), f)
-            if seen[mark]:
-                out[key] = f["ref"]
-                break
-    return out
+            if mark not in self.seen:
+                path = self.locate(f["ref"])
+                self.seen[mark] = path is not None and replaced(path, f)
+            if self.seen[mark]:
+                out.append(f["ref"])
+        return out
 
 
 def replaced(path: Path, recorded: dict[str, Any]) -> bool:

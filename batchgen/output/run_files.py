@@ -26,7 +26,7 @@ from ..core.uris import is_uri
 from .store import Store, json_object, read_small, strict_json
 
 __all__ = ["OutputLock", "Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records",
-           "read_stats", "errors_owned", "write_errors", "read_lock", "lock_held", "STATS_BYTES",
+           "read_stats", "errors_owned", "write_errors", "read_lock", "lock_held", "is_count", "STATS_BYTES",
            "stamp"]  # fmt: skip
 
 ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
@@ -91,6 +91,11 @@ _TEXT = 4096  # a heartbeat's longest text (its message is an error's, cut short
 _COUNT = 1 << 53  # counts and times past this are forged, not counted
 
 
+def is_count(value: object) -> bool:
+    """A count as a run writes one: an integer (not a bool) from 0 to 2**53."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT
+
+
 def _fits(value: object, hint: object) -> bool:
     """A heartbeat field's value is of its type: an int a count, a float finite, a str short."""
     if value is None:
@@ -99,7 +104,7 @@ def _fits(value: object, hint: object) -> bool:
     if isinstance(value, bool):
         return False
     if kind == "int":
-        return isinstance(value, int) and 0 <= value < _COUNT
+        return is_count(value)
     if kind == "float":
         return isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value < _COUNT
     return kind == "str" and isinstance(value, str) and len(value) <= _TEXT

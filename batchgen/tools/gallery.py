@@ -16,7 +16,7 @@ import jinja2
 from ..core.records import ResultRow
 from ..input.read import id_key
 from ..media.images import IMAGE_FORMATS
-from ..output.resume import replaced
+from ..output.resume import Replaced
 from .results import (
     MediaPolicy,
     Ref,
@@ -170,28 +170,6 @@ def _entry(r: ResultRow, question: str) -> dict[str, Any]:
     }
 
 
-class _Changed:
-    """The local pictures a row's run read that were replaced since (a re-crop): its card then
-    shows the new picture beside the old picture's answers, and says so. Each file checked once."""
-
-    def __init__(self, policy: MediaPolicy):
-        self.policy = policy
-        self.seen: dict[tuple[object, ...], bool] = {}
-
-    def of(self, r: ResultRow) -> list[str]:
-        out = []
-        for f in r.get("media_files") or []:
-            if f["ref"] is None or f["mtime_ns"] is None:
-                continue
-            mark = (f["ref"], f["size"], f["mtime_ns"], f["sha256"])
-            if mark not in self.seen:
-                path = self.policy.path(f["ref"])
-                self.seen[mark] = path is not None and replaced(path, f)
-            if self.seen[mark]:
-                out.append(f["ref"])
-        return out
-
-
 def _card_id(row_id: object) -> str:
     """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
     text = str(row_id)
@@ -221,7 +199,7 @@ def write_gallery(
     media = [[(m.source, m.kind) for m in refs if m.kind != "audio"] for _, refs in asked]
     wanted = {id_key(r["id"]): r["input_hash"] for r, m in zip(rows, media, strict=True) if not m}
     from_job = _from_job(about, wanted, columns, policy)
-    thumbs, changed = _Thumbs(policy, out.parent), _Changed(policy)
+    thumbs, changed = _Thumbs(policy, out.parent), Replaced(policy.path)
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}
     for r, refs, (question, _) in zip(rows, media, asked, strict=True):
@@ -240,7 +218,7 @@ def write_gallery(
             if keys:
                 by_media[tuple(keys)] = card
         card["entries"].append(_entry(r, question))
-        for ref in changed.of(r):
+        for ref in changed.refs(r.get("media_files") or []):
             if ref not in card.setdefault("changed", []):
                 card["changed"].append(ref)
         if card.get("score") is None:

@@ -22,6 +22,7 @@ from ..output.run_files import (
     Heartbeat,
     OutputLock,
     heartbeat_path,
+    is_count,
     lock_held,
     read_heartbeat,
     read_lock,
@@ -129,15 +130,11 @@ def _figures(store: Store, path: str) -> dict | None:
         return None
     counts = {k: data.get(k) or 0 for k in _COUNTS}
     stages = data.get("errors_by_stage") or {}
-    if not all(map(_count, counts.values())) or not isinstance(stages, dict) or len(stages) > 64:
+    if not all(map(is_count, counts.values())) or not isinstance(stages, dict) or len(stages) > 64:
         return None
-    if not all(isinstance(k, str) and len(k) <= 64 and _count(v) for k, v in stages.items()):
+    if not all(isinstance(k, str) and len(k) <= 64 and is_count(v) for k, v in stages.items()):
         return None
     return {**counts, "errors_by_stage": stages, "complete": data.get("complete") is True}
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 53
 
 
 def _running(output: str, beat: Heartbeat | None) -> bool:

@@ -263,15 +263,20 @@ class RayExecutor(Executor):
             started = _start_ray(c, temp_dir)
             ray.data.DataContext.get_current().enable_progress_bars = False  # batchgen's bar counts rows
             logging.getLogger("ray.data").setLevel(logging.WARNING)
-            ds = ray.data.from_items(items).repartition(min(max(c.workers * 2, 1), len(items)))
+            # A block a batch: an actor task's results come back when its block is done, so a
+            # block of a quarter of the job would commit nothing until a quarter had run.
+            # No more actors than blocks: each loads the model.
+            per_batch = max(1, batch_rows // per_item)
+            blocks = min(len(items), max(-(-len(items) // per_batch), c.workers))
+            ds = ray.data.from_items(items, override_num_blocks=blocks)
             local = started and not c.ray_address  # actors' temp folders inside ours, removed with it
             source = _absolute(todo.index.source)  # type: ignore[arg-type]
             results = ds.map_batches(
                 RowWorker,
                 fn_constructor_kwargs=dict(config=c, source=source, tmp_root=temp_dir if local else None,
                                            generator=self.make_generator),
-                compute=ActorPoolStrategy(size=c.workers),
-                batch_size=max(1, batch_rows // per_item),
+                compute=ActorPoolStrategy(size=min(c.workers, blocks)),
+                batch_size=per_batch,
                 batch_format="pyarrow",
                 num_cpus=0.5,  # fractional: leaves room for Ray's own tasks
             )  # fmt: skip

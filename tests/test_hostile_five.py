@@ -369,7 +369,9 @@ def test_thinking_unset_renders_as_mlx_lm_generate_renders_it(tmp_path, thinkers
 
 
 @pytest.mark.parametrize(
-    "lane", [(), ("--kv-bits", "8", "--kv-group-size", "32")], ids=["batched", "one-row"]
+    "lane",
+    [(), ("--kv-bits", "8", "--kv-group-size", "32", "--quantized-kv-start", "20")],
+    ids=["batched", "one-row"],
 )
 def test_a_budgeted_answer_gets_max_tokens_after_its_end_marker_however_early_it_closed(
     tmp_path, thinkers, lane

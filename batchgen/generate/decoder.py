@@ -24,7 +24,7 @@ import mlx.core as mx
 from ..core.errors import StopRequested
 from .adapters import Adapter, Cache, Sequence, embedded
 from .arrays import Tokenizer, ints, scalar
-from .batch_cache import SLOT_CACHES, in_place, merge_caches, trim_layer, write_slots
+from .batch_cache import SLOT_CACHES, KVQuant, in_place, merge_caches, trim_layer, write_slots
 from .memory import PREFILL_STEP, Footprint, Memory
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of, thinking_of
@@ -61,10 +61,13 @@ class Watch:
             raise StopRequested
 
 
-def prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch) -> tuple[Cache, int]:
+def prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch,
+            kv: KVQuant | None = None) -> tuple[Cache, int]:  # fmt: skip
     """Resume from the longest cached prefix and fill the row's cache up to its tail, storing
     the row's boundaries on the way; return the cache and where the tail starts. The tail,
     whose logits are wanted, is left for `_finish`, which feeds rows' tails together."""
+    if kv is not None:
+        return _prefill_quantized(adapter, seq, watch, kv), len(seq.ids) - 1
     n = len(seq.ids)
     cache, start = None, 0
     if prefixes is not None and seq.boundaries:
@@ -87,6 +90,22 @@ def prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch
         if key is not None and prefixes is not None:  # keys come from the prefix cache's boundaries
             prefixes.put(key, copy.deepcopy(cache))
     return cache, start
+
+
+def _prefill_quantized(adapter: Adapter, seq: Sequence, watch: Watch, kv: KVQuant) -> Cache:
+    """A --kv-bits row filled as mlx-lm's generate fills it: every token but the last, in its
+    chunks, the cache quantized after each chunk that leaves it `kv.start` tokens or more
+    (where a later token attends to full-precision keys or quantized ones depends on these
+    chunks, so no prefix snapshot splits them)."""
+    cache, start, end = adapter.make_cache(), 0, len(seq.ids) - 1
+    while start < end:
+        watch.check_stop()
+        step_end = min(end, start + PREFILL_STEP)
+        adapter.forward(seq, cache, start, step_end)
+        kv.quantize(cache)
+        mx.eval([c.state for c in cache])
+        start = step_end
+    return cache
 
 
 def _finish(
@@ -125,6 +144,7 @@ def decode_stream(
     width: int | None = None,
     tokenizer: Tokenizer = None,
     memory: tuple[Memory, Footprint | None] | None = None,
+    kv: KVQuant | None = None,
 ) -> Iterator[int]:
     """Generate every sequence, at most `width` at a time (continuous batching): when a row
     finishes, the next waiting one is prefilled from its longest cached prefix and joins the
@@ -133,13 +153,15 @@ def decode_stream(
 
     `memory`: the run's budget and the model's row footprint; rows then join only while the
     batch fits it (a row alone always runs), so long rows run narrow and short ones wide.
+    `kv`: every row's cache quantized as mlx-lm's generate quantizes it (rows whose `fate`
+    is `quantized`), decoding in one quantized batch cache.
 
     A seeded sampled row draws with its own key per position (sampling.Seeded), so it batches
     with any rows and its tokens do not depend on them. Rows past the watch's timeout (from their own
     prefill) end with finish reason "timeout"; a stop request raises StopRequested between
     steps, whatever is running.
     """
-    batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, tokenizer, memory)
+    batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, tokenizer, memory, kv)
     while batch.active or batch.waiting:
         yield from batch.join()
         if batch.active:
@@ -161,10 +183,10 @@ class DecodeBatch:
     def __init__(
         self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
         prefixes: PrefixCache | None, watch: Watch | None, width: int | None, tokenizer: Tokenizer,
-        memory: tuple[Memory, Footprint | None] | None = None,
+        memory: tuple[Memory, Footprint | None] | None = None, kv: KVQuant | None = None,
     ):  # fmt: skip
         self.adapter, self.seqs, self.eos, self.decode, self.prefixes = adapter, seqs, eos, decode, prefixes
-        self.memory = memory
+        self.memory, self.kv = memory, kv
         self.watch = watch or Watch()
         self.width = width or len(seqs)
         self.samplers = [sampler_for(s.params) for s in seqs]
@@ -196,7 +218,8 @@ class DecodeBatch:
             while self.waiting and len(self.active) + len(prefilled) < self.width and self._room(prefilled):
                 i = self.waiting.pop()
                 self.deadlines[i] = self.watch.deadline(time.monotonic())
-                prefilled.append((i, *prefill(self.adapter, self.seqs[i], self.prefixes, self.watch)))
+                filled = prefill(self.adapter, self.seqs[i], self.prefixes, self.watch, self.kv)
+                prefilled.append((i, *filled))
             for rows, logits, batch in _finish(self.adapter, self.seqs, prefilled):
                 joined = self.pick(rows, logits)
                 yield from (i for i in rows if i not in joined)

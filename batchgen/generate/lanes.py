@@ -2,13 +2,14 @@
 
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
-- `TextLane`: mlx-lm models, batched, with prefix reuse;
+- `TextLane`: mlx-lm models, batched, with prefix reuse (or on quantized caches, --kv-bits);
 - `VisionLane`, `OffsetVisionLane` (vision_lanes.py): media rows of the Qwen-VL families
   (mRoPE positions) and of the families positioned by their cache offsets, batched;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
-  other families, vision drafters, quantized KV caches);
+  other families, vision drafters, media rows on quantized KV caches);
 - `LMSingleLane`: mlx-lm's own generate, one row at a time: its speculative loop with a text
-  draft model, or its quantized KV cache.
+  draft model, or its quantized KV cache for a row that crosses --quantized-kv-start while
+  it decodes.
 `Router.route` (router.py) chooses the lane of each row.
 """
 
@@ -23,11 +24,12 @@ from ..core.errors import BatchgenError, RowError, short
 from ..core.records import Generation, Job, Media
 from .adapters import Adapter, LMAdapter, Sequence
 from .arrays import TemplateOwner, Tokenizer
+from .batch_cache import KVQuant
 from .decoder import Watch, decode_stream
 from .loading import Models
 from .memory import Footprint, Memory, out_of_memory
 from .models import ModelInfo
-from .one_row import KVQuant, generate_lm, generate_vlm, vlm_prompt_ids
+from .one_row import generate_lm, generate_vlm, vlm_prompt_ids
 from .prefix_cache import PrefixCache
 from .prompts import check_length, message_bounds, render, template_kwargs, text_only
 from .reasoning import budgeted, initial_part, markers_of, split_generation
@@ -132,7 +134,10 @@ class Lane:
 class BatchedLane(Lane):
     """Lanes whose rows decode together through decoder.decode_stream. An out-of-memory while
     a batch runs sends its unfinished rows back in halves (the budget lowered for the rest of
-    the run); a row that fails alone is that row's error."""
+    the run); a row that fails alone is that row's error. `kv`: the rows' caches quantized
+    (--kv-bits) as mlx-lm's generate quantizes them."""
+
+    kv: KVQuant | None = None
 
     def _decoding(self) -> tuple[Adapter, set[int], Callable[[list[int]], str], Tokenizer]:
         """(adapter, end tokens, detokenizer, tokenizer)."""
@@ -146,7 +151,9 @@ class BatchedLane(Lane):
         if self._measured is None:
             adapter = self._decoding()[0]
             model = getattr(adapter, "lm", adapter.model)
-            self._measured = (self.memory.footprint(model, adapter.make_cache),)
+            kv = self.kv
+            make = adapter.make_cache if kv is None else lambda: kv.quantized(adapter.make_cache())
+            self._measured = (self.memory.footprint(model, make, kv),)
         return self._measured[0]
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
@@ -159,7 +166,7 @@ class BatchedLane(Lane):
             seq = _seq(_fresh(plan))
             try:
                 found = score_row(
-                    adapter, seq, scoring, tokenizer, eos, self.prefixes, watch, self.info.context
+                    adapter, seq, scoring, tokenizer, eos, self.prefixes, watch, self.info.context, self.kv
                 )
             except Exception as e:  # noqa: BLE001 - a row's error (a stop request is no Exception)
                 scores[i] = None
@@ -180,7 +187,9 @@ class BatchedLane(Lane):
         finished: set[int] = set()
         memory = (self.memory, self.footprint()) if self.memory is not None else None
         try:
-            stream = decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer, memory)
+            stream = decode_stream(
+                adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer, memory, self.kv
+            )
             for j in stream:
                 finished.add(j)
                 s = seqs[j]
@@ -220,6 +229,11 @@ class BatchedLane(Lane):
 
 class TextLane(BatchedLane):
     name = "lm"
+
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
+                 memory: Memory | None = None, kv: KVQuant | None = None):  # fmt: skip
+        super().__init__(models, info, None if kv else prefixes, memory)
+        self.kv = kv
 
     def plan(self, job: Job, media: Media) -> Plan:
         model, tokenizer = self.models.text()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +171,7 @@ class Memory:
     def __init__(self, spec: BudgetSpec | None, models: Models, prefixes: PrefixCache | None = None):
         self.models, self.prefixes = models, prefixes
         self.stats = MemoryStats()
-        self._footprints: dict[int, Footprint | None] = {}
+        self._footprints: dict[tuple[int, Hashable], Footprint | None] = {}
         self._weights: dict[int, int] = {}
         self._largest = 0  # the most KV bytes a batch was let hold since the last lowering
         if spec is not None:
@@ -187,11 +187,14 @@ class Memory:
     def budget(self) -> int | None:
         return self.stats.budget
 
-    def footprint(self, model: Model, make_cache: Callable[[], Cache]) -> Footprint | None:
-        """The model's KV per row (measured once), its weights counted once."""
+    def footprint(
+        self, model: Model, make_cache: Callable[[], Cache], kind: Hashable = None
+    ) -> Footprint | None:
+        """The model's KV per row (measured once per `kind` of cache: full precision, or a
+        quantization), its weights counted once."""
         if self.budget is None:
             return None
-        key = id(model)
+        key = (id(model), kind)
         if key not in self._footprints:
             self._footprints[key] = footprint(model, make_cache())
         return self._footprints[key]

@@ -1,20 +1,19 @@
 """One row at a time through the engines' own generate: mlx-vlm for video, audio and model
-families the batched decoder does not know, both engines' speculative loops, and quantized
-KV caches (mlx-lm's QuantizedKVCache, which no batch cache merges)."""
+families the batched decoder does not know, both engines' speculative loops, and quantized KV
+caches where batchgen's batch cache cannot follow the engine's quantization (mlx-vlm's layer
+policy; a row quantized in the middle of its decoding)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
-from ..core.errors import ConfigError
 from ..core.records import Generation, GenParams, Job, Media
-from ..core.settings import KV_GROUPS
 from .arrays import Model, Processor, Tokenizer
+from .batch_cache import KVQuant
 from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
@@ -33,30 +32,6 @@ from .sampling import (
 from .tool_calls import check_tools, with_tool_calls
 
 __all__ = ["KVQuant", "collect", "generate_vlm", "generate_lm", "vlm_prompt_ids"]
-
-
-@dataclass(frozen=True, slots=True)
-class KVQuant:
-    """--kv-bits: the KV cache quantized by the engines' own generate, as their `kv_bits`,
-    `kv_group_size` and `quantized_kv_start` do it."""
-
-    bits: int
-    group_size: int = 64
-    start: int = 0  # tokens kept in full precision before the cache is quantized
-
-    def engine_kwargs(self) -> dict[str, int]:
-        return {"kv_bits": self.bits, "kv_group_size": self.group_size, "quantized_kv_start": self.start}
-
-    def check(self, name: str, head_dim: int | None) -> None:
-        """A group size that does not divide the model's head dim fails every row: said once."""
-        if not head_dim or head_dim % self.group_size == 0:
-            return
-        fits = [str(g) for g in KV_GROUPS if head_dim % g == 0]
-        hint = f"--kv-group-size {' or '.join(fits)} does" if fits else "no MLX group size does: no --kv-bits"
-        raise ConfigError(
-            f"--kv-group-size {self.group_size}: model {name!r} has {head_dim}-dim attention heads, "
-            f"which the groups must divide ({hint})"
-        )
 
 
 def collect(

@@ -14,13 +14,14 @@ from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, family
 from ..core.records import Generation, Job, Media
 from ..core.settings import GenerationSettings
+from .adapters import Sequence
+from .batch_cache import KVQuant
 from .decoder import Watch
 from .drafts import Drafter, inspect_drafter
 from .lanes import Lane, LMSingleLane, Plan, SingleLane, TextLane, row_error
 from .loading import Models
 from .memory import Memory
 from .models import inspect_model
-from .one_row import KVQuant
 from .prefix_cache import PrefixCache
 from .vision_lanes import OffsetVisionLane, VisionLane
 
@@ -54,11 +55,14 @@ class Router:
         spec = budget_spec(memory_budget) if not lazy else None
         self.memory = Memory(spec, self.models, prefix_cache) if spec is not None else None
         self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
+        # --kv-bits text rows batch on caches quantized as mlx-lm quantizes them (the budget
+        # measures a row on the quantized cache).
+        self.text_kv = TextLane(self.models, self.text_info, None, self.memory, kv) if kv else None
         self.vision = VisionLane(self.models, self.vision_info, prefix_cache, self.memory)
         self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache, self.memory)
         self.single = SingleLane(self.models, self.vision_info, kv)
         self.draft = LMSingleLane(self.models, self.text_info, self.text, draft=True, kv=kv)
-        # With a quantized cache, text rows run alone too; the budget's check assumes a full one.
+        # Rows whose cache is quantized while they decode run alone (unbudgeted).
         unbudgeted = TextLane(self.models, self.text_info)
         self.text_alone = LMSingleLane(self.models, self.text_info, unbudgeted, draft=False, kv=kv)
         self.row_timeout = row_timeout  # seconds a row may generate, counted from its batch's start
@@ -106,10 +110,11 @@ class Router:
 
     # -- planning --------------------------------------------------------------
     def route(self, job: Job, media: Media) -> Lane:
-        """The lane of a row: text rows on mlx-lm (speculative with a text drafter), media rows
-        (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
-        else one at a time through mlx-vlm; with --kv-bits, every row one at a time through its
-        engine's own generate (mlx-lm's quantized caches do not merge into a batch)."""
+        """The lane of a row: text rows on mlx-lm (speculative with a text drafter; with
+        --kv-bits on quantized caches, see `plan`), media rows (and text rows mlx-lm cannot
+        serve) batched on the vision lane where the family allows, else one at a time through
+        mlx-vlm; with --kv-bits, media rows one at a time through mlx-vlm's own quantized
+        generate, whose quantization (its layer policy, its schemes) no batch cache follows."""
         # A drafter's guesses would skip the mask, and mlx-vlm's drafters report no logprobs.
         # A reasoning budget forces tokens through a logits processor, which the drafters skip too.
         p = job.params
@@ -119,13 +124,12 @@ class Router:
             or job.scoring is not None
             or p.reasoning_budget is not None
         )
-        quantized = f"--kv-bits {self.kv.bits}: quantized KV caches do not batch" if self.kv else None
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             if self.models.drafter_lane == "lm" and not constrained:
                 return self.draft
-            return self._alone(quantized, self.text_alone) if quantized else self.text
-        if quantized:
-            return self._alone(quantized)
+            return self.text_kv or self.text
+        if self.kv is not None:
+            return self._alone(f"--kv-bits {self.kv.bits}: rows on mlx-vlm's quantized KV cache")
         model = self.models.vlm()[0]
         fam = family(model.config.model_type)
         name = fam.model_type
@@ -158,11 +162,26 @@ class Router:
         if media:
             self._check_supported(media)
         try:
-            return self.route(job, media).plan(job, media)
+            plan = self.route(job, media).plan(job, media)
         except (RowError, BatchgenError):
             raise
         except Exception as e:  # a template or processor that rejects this row
             raise row_error(e) from e
+        if self.kv is not None and plan.lane is self.text_kv and plan.seq is not None:
+            plan.lane = self._quantized(plan.seq)
+        return plan
+
+    def _quantized(self, seq: Sequence) -> Lane:
+        """A --kv-bits text row's lane, by where mlx-lm's generate would quantize its cache."""
+        kv = self.kv
+        assert kv is not None and self.text_kv is not None
+        fate = kv.fate(len(seq.ids), seq.params.max_tokens)
+        if fate == "full":  # never quantized before its last token: the full-precision lane
+            return self.text
+        if fate == "crosses":
+            why = f"--kv-bits {kv.bits}: rows whose cache is quantized while they decode"
+            return self._alone(f"{why} (--quantized-kv-start {kv.start})", self.text_alone)
+        return self.text_kv
 
     def prompt_tokens(self, plan: Plan) -> int:
         """The prompt's tokens as the row's generation will count them (media slots expanded)."""

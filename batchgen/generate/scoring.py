@@ -18,7 +18,7 @@ import mlx.core as mx
 from ..core.records import ChoiceScore, Scoring
 from .adapters import Adapter, Sequence
 from .arrays import Tokenizer, floats
-from .batch_cache import merge_caches
+from .batch_cache import KVQuant, merge_caches
 from .decoder import Watch, prefill
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
@@ -62,13 +62,15 @@ class Scores:
 
 def score(
     adapter: Adapter, seq: Sequence, answers: list[list[int]], prefixes: PrefixCache | None, watch: Watch,
-    lead: list[int] | None = None,
+    lead: list[int] | None = None, kv: KVQuant | None = None,
 ) -> list[float]:  # fmt: skip
     """Each answer's total log-probability after the row's prompt and `lead` (tokens every
-    answer follows without being scored: a thinking model's closed block)."""
+    answer follows without being scored: a thinking model's closed block). With `kv`, on the
+    row's quantized cache: a quantized cache quantizes a pass's own keys before they are
+    attended to, so an answer fed at once reads what it would read generated token by token."""
     lead = lead or []
     answers = [[*lead, *ans] for ans in answers]
-    cache, a = prefill(adapter, seq, prefixes, watch)
+    cache, a = prefill(adapter, seq, prefixes, watch, kv)
     last = adapter.forward(seq, cache, a, len(seq.ids))  # the prompt's last logits
     first = log_softmax(last)[0]
     totals = [0.0] * len(answers)
@@ -93,7 +95,7 @@ def score(
 
 def score_row(
     adapter: Adapter, seq: Sequence, scoring: Scoring, tokenizer: Tokenizer, eos: set[int],
-    prefixes: PrefixCache | None, watch: Watch, context: int | None,
+    prefixes: PrefixCache | None, watch: Watch, context: int | None, kv: KVQuant | None = None,
 ) -> Scores:  # fmt: skip
     """A row's choices and text scored; an answer past the model's context is the row's error.
     A thinking model's row that would reason first scores its answers after its prompt with
@@ -116,4 +118,5 @@ def score_row(
         raise ValueError(
             f"prompt and answer ({len(seq.ids)} + {longest} tokens) exceed the context of {context}"
         )
-    return Scores(scoring, score(adapter, seq, answers, prefixes, watch, lead), [len(a) for a in answers])
+    totals = score(adapter, seq, answers, prefixes, watch, lead, kv)
+    return Scores(scoring, totals, [len(a) for a in answers])

@@ -1,6 +1,7 @@
-"""--kv-bits: the engines' own quantized KV cache, token for token what mlx-lm's and mlx-vlm's
-one-row generate make with the same setting, on checkpoints whose output the quantization
-changes; refused by name where a lane or a model cannot take it."""
+"""--kv-bits: text rows batch on caches quantized where mlx-lm's generate quantizes them, token
+for token what mlx-lm's one-row quantized generate makes, at any width; their scores are the
+engine's own quantized logprobs; media rows go through mlx-vlm's own quantized generate. On
+checkpoints whose output the quantization changes; refused by name where a model cannot take it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,16 @@ import pytest
 from conftest import MEDIA, MODELS, read, run_cli, write_jsonl
 from PIL import Image
 
+from batchgen.generate.scoring import answer_ids
 from batchgen.tools.tiny.builder import make_tiny_model
 
-PROMPTS = ["Describe a red circle on a white background in detail.", "Count to ten: one two three"]
+LONG = "Tell me a long story about " + "a dragon and a knight " * 8  # 117 prompt tokens
+PROMPTS = ["Describe a red circle on a white background in detail.", "Count to ten: one two three", "Hi",
+           LONG, "Name three colours of the rainbow, then three more."]  # fmt: skip
 QUESTION = "Describe the image."
 KV = {"kv_bits": 8, "kv_group_size": 32, "quantized_kv_start": 0}
 MAX_TOKENS = 32  # within which the 8-bit cache parts from the full one on t0 and img
+CHOICES = ["yes", "no", "perhaps not"]
 
 
 @pytest.fixture(scope="module")
@@ -27,14 +32,34 @@ def models(tmp_path_factory):
     }
 
 
-def _lm_reference(model_dir, prompt, **kv):
+def _prompt(tokenizer, prompt):
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
+
+
+def _lm_reference(model_dir, prompt, max_tokens=MAX_TOKENS, **kv):
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(str(model_dir))
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=MAX_TOKENS, **kv)]
+    ids = _prompt(tokenizer, prompt)
+    tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=max_tokens, **kv)]
     said = tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens
     return tokenizer.decode(said), len(tokens)
+
+
+def _forced(model_dir, prompt, answer, **kv):
+    """An answer's total log-probability through mlx-lm's own generate loop, its sampler made
+    to pick the answer's tokens: the engine's quantized cache, token by token."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.generate import generate_step
+
+    model, tokenizer = mlx_lm.load(str(model_dir))
+    tokenizer.add_eos_token("<|im_end|>")
+    ids = answer_ids(tokenizer, answer, set(tokenizer.eos_token_ids))
+    picks = iter(ids)
+    steps = generate_step(mx.array(_prompt(tokenizer, prompt)), model, max_tokens=len(ids),
+                          sampler=lambda lp: mx.array([next(picks, 0)]), **kv)  # fmt: skip
+    return sum(logprobs[token].item() for (token, logprobs), _ in zip(steps, ids, strict=False)), len(ids)
 
 
 def _vlm_reference(model_dir, image, **kv):
@@ -49,11 +74,12 @@ def _vlm_reference(model_dir, image, **kv):
     return processor.tokenizer.decode(tokens), len(ref.token_ids)
 
 
-def _run(tmp_path, models, name, *flags):
-    rows = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(PROMPTS)]
-    rows.append({"id": "img", "image": str(MEDIA / "red_circle.png"), "prompt": QUESTION})
-    rows.append({"id": "score", "prompt": "Yes or no?", "choices_to_score": ["yes", "no"]})
-    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+def _run(tmp_path, models, name, *flags, rows=None):
+    if rows is None:
+        rows = [{"id": f"t{i}", "prompt": p} for i, p in enumerate(PROMPTS)]
+        rows.append({"id": "img", "image": str(MEDIA / "red_circle.png"), "prompt": QUESTION})
+        rows.append({"id": "score", "prompt": "Yes or no?", "choices_to_score": CHOICES})
+    job = write_jsonl(tmp_path / f"{name}.jsonl", rows)
     out = tmp_path / f"{name}.parquet"
     code, output = run_cli("run", str(job), "-o", str(out), "--model", str(models["vlm"]),
                            "--text-model", str(models["lm"]), "--temperature", "0",
@@ -61,25 +87,56 @@ def _run(tmp_path, models, name, *flags):
     return code, output, {r["id"]: r for r in read(out)} if out.exists() else {}
 
 
-def test_kv_bits_8_is_the_engines_own_quantized_generate(tmp_path, models):
+def test_kv_bits_8_batches_text_rows_as_the_engines_own_quantized_generate(tmp_path, models):
     flags = ("--kv-bits", "8", "--kv-group-size", "32")
     code, output, rows = _run(tmp_path, models, "kv8", *flags)
-    assert code == 1, output  # the score row: scores need a batched lane
-    got = {i: (rows[i]["generated_text"], rows[i]["completion_tokens"]) for i in ("t0", "t1", "img")}
+    assert code == 0, output
+    texts = [f"t{i}" for i in range(len(PROMPTS))]
     want = {f"t{i}": _lm_reference(models["lm"], p, **KV) for i, p in enumerate(PROMPTS)}
     want["img"] = _vlm_reference(models["vlm"], Image.open(MEDIA / "red_circle.png").convert("RGB"), **KV)
+    got = {i: (rows[i]["generated_text"], rows[i]["completion_tokens"]) for i in want}
     assert got == want
-    assert all(rows[i]["status"] == "ok" for i in ("t0", "t1", "img"))
+    # The text rows batched (five, and the score row scored on the same lane): only the picture ran alone.
+    assert "1 row one at a time (--kv-bits 8: rows on mlx-vlm's quantized KV cache)" in output
+    # One at a time on the batched lane, the same tokens: what a row draws does not depend on its batch.
+    code, alone, single = _run(tmp_path, models, "kv8-1", *flags, "--batch-size", "1")
+    assert code == 0 and all(single[i]["generated_text"] == rows[i]["generated_text"] for i in texts)
     # The setting reached the engines: their full-precision cache says something else.
     plain = {f"t{i}": _lm_reference(models["lm"], p) for i, p in enumerate(PROMPTS)}
     plain["img"] = _vlm_reference(models["vlm"], Image.open(MEDIA / "red_circle.png").convert("RGB"))
-    assert plain["t0"] != want["t0"] and plain["img"] != want["img"]
-    assert rows["score"]["status"] == "error"
-    assert "scores need a batched lane; this row runs one at a time (--kv-bits 8)" in rows["score"]["error"]
-    assert "4 rows one at a time (--kv-bits 8: quantized KV caches do not batch)" in output
+    assert plain["t0"] != want["t0"] and plain["t3"] != want["t3"] and plain["img"] != want["img"]
+    # Scores on the quantized cache: mlx-lm's own logprobs, its sampler made to pick each answer.
+    scores = rows["score"]["choice_scores"]
+    assert rows["score"]["status"] == "ok" and [c["choice"] for c in scores] == CHOICES
+    for c in scores:
+        total, n = _forced(models["lm"], "Yes or no?", c["choice"], **KV)
+        full, _ = _forced(models["lm"], "Yes or no?", c["choice"])
+        assert abs(c["logprob"] - total) < 1e-3 and c["tokens"] == n, (c, total)
+        assert abs(full - total) > 1e-3  # the quantization shows in the scores too
     # A rerun under another cache quantization would mix outputs: refused, naming it.
     code, again, _ = _run(tmp_path, models, "kv8", "--kv-bits", "4", "--kv-group-size", "32")
     assert code == 2 and "kv_cache: [8, 32, 0] then, [4, 32, 0] now" in again
+
+
+def test_quantized_kv_start_sends_each_row_where_mlx_lm_quantizes_its_cache(tmp_path, models):
+    """--quantized-kv-start 40: a 117-token prompt is quantized before its last token (batched,
+    quantized), a short row that ends before 40 tokens never is (the full-precision lane), one
+    that reaches 40 while it decodes runs alone through mlx-lm's own generate; each is what that
+    generate makes."""
+    start = {**KV, "quantized_kv_start": 40}
+    rows = [{"id": "long", "prompt": LONG}, {"id": "long2", "prompt": LONG + " Again."},
+            {"id": "short", "prompt": "Hi", "max_tokens": 8},
+            {"id": "crosses", "prompt": PROMPTS[0]}]  # fmt: skip
+    code, output, got = _run(tmp_path, models, "start", "--kv-bits", "8", "--kv-group-size", "32",
+                             "--quantized-kv-start", "40", rows=rows)  # fmt: skip
+    assert code == 0, output
+    for row in rows:
+        want = _lm_reference(models["lm"], row["prompt"], row.get("max_tokens", MAX_TOKENS), **start)
+        assert (got[row["id"]]["generated_text"], got[row["id"]]["completion_tokens"]) == want, row["id"]
+    why = "--kv-bits 8: rows whose cache is quantized while they decode (--quantized-kv-start 40)"
+    assert f"1 row one at a time ({why})" in output
+    plain = _lm_reference(models["lm"], PROMPTS[0])  # its cache quantized at 40 tokens changes its answer
+    assert plain != (got["crosses"]["generated_text"], got["crosses"]["completion_tokens"])
 
 
 def test_a_group_size_the_heads_cannot_take_stops_the_run_before_work(tmp_path, models):
@@ -96,3 +153,15 @@ def test_a_group_size_the_heads_cannot_take_stops_the_run_before_work(tmp_path, 
     for flags, message in bad.items():
         code, output, _ = _run(tmp_path, models, "bad", *flags)
         assert code == 2 and message in output
+
+
+def test_the_memory_budget_measures_a_quantized_row_on_the_quantized_cache():
+    """An 8-bit cache in groups of 32 on tiny-lm (float32, 32-wide heads) holds a value in one
+    byte and a float32 scale and bias per 32: 1.25 bytes against 4, so 5/16 of a row."""
+    from batchgen.generate.batch_cache import KVQuant
+    from batchgen.generate.router import Router
+
+    router = Router(str(MODELS / "tiny-lm"), memory_budget="4GB", kv=KVQuant(8, 32, 0))
+    full, quantized = router.text.footprint(), router.text_kv.footprint()
+    assert full is not None and quantized is not None
+    assert quantized.per_token * 16 == full.per_token * 5

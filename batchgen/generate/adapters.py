@@ -75,9 +75,10 @@ class Adapter:
     def forward(self, seq: Sequence, cache: Cache, a: int, b: int) -> mx.array:
         raise NotImplementedError
 
-    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None], ahead: int = 0) -> mx.array:
         """Logits after each row's last token, one row per slot (None: an idle slot, any
-        position will do)."""
+        position will do); `ahead`: the tokens fed were drawn but are not yet in `seq.tokens`
+        (a pipelined step's), so each sits that much further on."""
         raise NotImplementedError
 
     def forward_batch(
@@ -105,7 +106,7 @@ class LMAdapter(Adapter):
     def forward(self, seq: Sequence, cache: Cache, a: int, b: int) -> mx.array:
         return self.model(mx.array(seq.ids[a:b])[None], cache=cache)[:, -1]
 
-    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None], ahead: int = 0) -> mx.array:
         return self.model(tokens[:, None], cache=cache)[:, -1]
 
     def forward_batch(
@@ -146,9 +147,9 @@ class VLMAdapter(Adapter):
         out = self.lm(ids, inputs_embeds=embeds, cache=cache, position_ids=positions, **extra)
         return out.logits[:, -1]
 
-    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None], ahead: int = 0) -> mx.array:
         # the token fed is the row's last one: generated token n sits at len(ids) + n + delta
-        at = [len(s.ids) + len(s.tokens) - 1 + s.delta if s is not None else 0 for s in seqs]
+        at = [len(s.ids) + len(s.tokens) - 1 + ahead + s.delta if s is not None else 0 for s in seqs]
         positions = mx.broadcast_to(mx.array(at, dtype=mx.int32).reshape(1, -1, 1), (3, len(seqs), 1))
         return self.lm(tokens[:, None], cache=cache, position_ids=positions).logits[:, -1]
 
@@ -190,7 +191,7 @@ class OffsetVLMAdapter(VLMAdapter):
         embeds, extra = embedded(seq, a, b)
         return self.lm(mx.array(seq.ids[a:b])[None], inputs_embeds=embeds, cache=cache, **extra).logits[:, -1]
 
-    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None]) -> mx.array:
+    def decode(self, tokens: mx.array, cache: Cache, seqs: list[Sequence | None], ahead: int = 0) -> mx.array:
         return self.lm(tokens[:, None], cache=cache).logits[:, -1]
 
     def forward_batch(

@@ -25,7 +25,7 @@ from ..core.errors import StopRequested
 from .adapters import Adapter, Cache, Sequence, embedded
 from .arrays import Tokenizer, ints, scalar
 from .batch_cache import SLOT_CACHES, KVQuant, in_place, merge_caches, trim_layer, write_slots
-from .memory import PREFILL_STEP, Footprint, Memory
+from .memory import PREFILL_STEP, Footprint, Memory, wired
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of, thinking_of
 from .sampling import (
@@ -162,10 +162,11 @@ def decode_stream(
     steps, whatever is running.
     """
     batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, tokenizer, memory, kv)
-    while batch.active or batch.waiting:
-        yield from batch.join()
-        if batch.active:
-            yield from batch.step()
+    with wired():
+        while batch.active or batch.waiting:
+            yield from batch.join()
+            if batch.active:
+                yield from batch.step()
 
 
 class DecodeBatch:
@@ -200,6 +201,9 @@ class DecodeBatch:
         self.waiting = list(range(len(seqs)))[::-1]  # popped from the end: in the order given
         self.slots: list[int | None] = []  # the row in each row of `merged`; None: finished, free
         self.merged: Cache | None = None  # one left-padded batch cache per layer
+        # A pipelined step's tokens, one per slot: drawn on the device, not yet read or taken
+        # into `seq.tokens` (their keys and values not yet in the cache).
+        self.ahead: mx.array | None = None
 
     @property
     def active(self) -> list[int]:
@@ -212,7 +216,10 @@ class DecodeBatch:
 
     def join(self) -> Iterator[int]:
         """Prefill waiting rows into the free slots (again if rows ended at their first token);
-        yields the rows that finished there."""
+        yields the rows that finished there. Tokens drawn ahead are taken first: a joining row
+        needs every row's cache as its tokens say."""
+        if self.ahead is not None and self.waiting and len(self.active) < self.width and self._room([]):
+            yield from self._drain()
         while self.waiting and len(self.active) < self.width and self._room([]):
             prefilled: list[tuple[int, Cache, int]] = []
             while self.waiting and len(self.active) + len(prefilled) < self.width and self._room(prefilled):
@@ -267,23 +274,81 @@ class DecodeBatch:
             self._trim()
 
     def step(self) -> Iterator[int]:
-        """One decode step for every running row; yields the rows that finished."""
+        """One decode step for every running row; yields the rows that finished. Where every
+        running row draws on the device alone (no logits processor, no logprobs), the step is
+        pipelined as mlx-lm's generate pipelines it: the next step is queued (`mx.async_eval`)
+        before the host reads this one's tokens, so the host's checks and the next graph's
+        building overlap the device's work; a finished row's queued step is dropped."""
         self.watch.check_stop()
         live = self.live
-        tokens = mx.array([self.seqs[i].tokens[-1] if i is not None else 0 for i in self.slots])
+        rows = [i for i in (self.slots[s] for s in live) if i is not None]  # live slots hold rows
+        ahead = self.ahead
+        pipelined = ahead is not None or all(self._on_device(i) for i in rows)
+        if ahead is None:
+            tokens = mx.array([self.seqs[i].tokens[-1] if i is not None else 0 for i in self.slots])
         seqs = [self.seqs[i] if i is not None else None for i in self.slots]
-        logits = self.adapter.decode(tokens, self.merged, seqs)  # type: ignore[arg-type]
+        fed = ahead if ahead is not None else tokens
+        logits = self.adapter.decode(fed, self.merged, seqs, int(ahead is not None))  # type: ignore[arg-type]
         if len(live) < len(self.slots):
             logits = logits[mx.array(live)]
-        mx.eval(logits)
-        rows = [i for i in (self.slots[s] for s in live) if i is not None]  # live slots hold rows
         if self.memory is not None:
             self.memory[0].step(len(live))
-        running = set(self.pick(rows, logits))
+        if pipelined:
+            drawn = self._draw(rows, logits)
+            if len(live) < len(self.slots):
+                drawn = mx.zeros((len(self.slots),), dtype=drawn.dtype).at[mx.array(live)].add(drawn)
+            self.ahead = drawn
+            mx.async_eval(drawn)
+            if ahead is None:
+                return
+            picked = ints(ahead)
+            running = set(self._take(rows, [picked[s] for s in live]))
+        else:
+            mx.eval(logits)
+            running = set(self.pick(rows, logits))
         if len(running) < len(rows):
             yield from (i for i in rows if i not in running)
             self.slots = [i if i in running else None for i in self.slots]
             self._tidy()
+
+    def _on_device(self, i: int) -> bool:
+        """Whether row `i` draws its tokens without the host: no processor, no logprobs."""
+        return not self.processors[i] and not self.seqs[i].params.wants_logprobs
+
+    def _draw(self, rows: list[int], logits: mx.array) -> mx.array:
+        """Each row's next token, drawn on the device as `pick` draws it (no host read)."""
+        if all(self.samplers[i] is None for i in rows):
+            return mx.argmax(logits, axis=-1)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        groups: dict[object, list[int]] = {}  # greedy rows, each seeded recipe, each other sampler
+        for j, i in enumerate(rows):
+            sampler = self.samplers[i]
+            key = None if sampler is None else sampler.recipe if isinstance(sampler, Seeded) else id(sampler)
+            groups.setdefault(key, []).append(j)
+        drawn = mx.zeros((len(rows),), dtype=mx.uint32)
+        for js in groups.values():
+            at = mx.array(js)
+            sampler = self.samplers[rows[js[0]]]
+            if sampler is None:
+                values = mx.argmax(logits[at], axis=-1)
+            elif isinstance(sampler, Seeded):
+                values = Seeded.draw([self.samplers[rows[j]] for j in js], logprobs[at])  # type: ignore[misc]
+            else:
+                values = sampler(logprobs[at])
+            drawn = drawn.at[at].add(values.astype(mx.uint32).reshape(-1))
+        return drawn
+
+    def _drain(self) -> Iterator[int]:
+        """The tokens drawn ahead, read and taken: every row's tokens on the host again."""
+        ahead, self.ahead = self.ahead, None
+        assert ahead is not None
+        live = self.live
+        rows = [i for i in (self.slots[s] for s in live) if i is not None]
+        picked = ints(ahead)
+        running = set(self._take(rows, [picked[s] for s in live]))
+        if len(running) < len(rows):
+            yield from (i for i in rows if i not in running)
+            self.slots = [i if i in running else None for i in self.slots]
 
     def _tidy(self) -> None:
         """Idle slots with no row left to fill them are dropped at once (a copy of the running
@@ -295,10 +360,12 @@ class DecodeBatch:
         """Drop the idle slots (every running row's cache copied once)."""
         keep = self.live
         if not keep:
-            self.merged, self.slots = None, []
+            self.merged, self.slots, self.ahead = None, [], None
             return
         for c in self.merged:  # type: ignore[union-attr]
             c.filter(keep)
+        if self.ahead is not None:
+            self.ahead = self.ahead[mx.array(keep)]
         self.slots = [self.slots[s] for s in keep]
 
     def _trim(self) -> None:
@@ -322,6 +389,11 @@ class DecodeBatch:
             ks = [seqs[rows[j]].params.top_logprobs for j in want]
             for j, record in zip(want, token_logprobs(rows_lp, [picked[j] for j in want], ks), strict=True):
                 seqs[rows[j]].logprobs.append(record)
+        return self._take(rows, picked)
+
+    def _take(self, rows: list[int], picked: list[int]) -> list[int]:
+        """Each row's next token taken: appended, its stop rules checked; the rows still running."""
+        seqs = self.seqs
         now = time.monotonic()
         running = []
         for i, token in zip(rows, picked, strict=True):

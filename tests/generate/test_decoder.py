@@ -77,9 +77,9 @@ class _Counting(LMAdapter):
         super().__init__(model)
         self.widths: list[int] = []
 
-    def decode(self, tokens, cache, seqs):
+    def decode(self, tokens, cache, seqs, ahead=0):
         self.widths.append(sum(s is not None for s in seqs))
-        return super().decode(tokens, cache, seqs)
+        return super().decode(tokens, cache, seqs, ahead)
 
 
 def test_finished_rows_slots_go_to_waiting_rows_with_the_tokens_of_one_row_at_a_time(lm):
@@ -114,3 +114,80 @@ def test_finished_rows_slots_go_to_waiting_rows_with_the_tokens_of_one_row_at_a_
     assert [s.tokens for s in rows] == alone
     assert sum(static.widths) == sum(adapter.widths)  # the same tokens decoded, ...
     assert len(static.widths) > len(adapter.widths)  # ... in more (emptier) steps when static
+
+
+class _Ahead(LMAdapter):
+    """Records whether each decode step fed tokens drawn ahead (a pipelined step)."""
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.ahead: list[int] = []
+
+    def decode(self, tokens, cache, seqs, ahead=0):
+        self.ahead.append(ahead)
+        return super().decode(tokens, cache, seqs, ahead)
+
+
+def test_pipelined_steps_take_the_tokens_of_steps_read_at_once(lm, monkeypatch):
+    """Greedy and seeded rows of mixed budgets, three slots, rows waiting: the next step is
+    queued before the host reads this one (joins take the tokens drawn ahead first, finished
+    rows' queued steps are dropped), and every row's tokens and finish reason are those of the
+    same batch read step by step."""
+    from batchgen.generate.decoder import DecodeBatch
+
+    model, tokenizer = lm
+    eos = set(tokenizer.eos_token_ids)
+    budgets = [1, 30, 3, 17, 8, 25, 2, 12, 40]
+
+    def seqs():
+        return [
+            Sequence(ids=tokenizer.encode(f"{SYSTEM} {QUESTIONS[k % 3]} {k}", add_special_tokens=False),
+                     params=GenParams(max_tokens=m, temperature=0.8 if k % 2 else 0.0,
+                                      seed=k if k % 2 else None))
+            for k, m in enumerate(budgets)
+        ]  # fmt: skip
+
+    def run(adapter, width):
+        rows = seqs()
+        order = list(decode_stream(adapter, rows, eos, tokenizer.decode, PrefixCache(), width=width))
+        return order, [(s.tokens, s.finish_reason, s.text) for s in rows]
+
+    # three slots with rows waiting (joins); every row at once (finished rows' slots cut)
+    for width in (3, len(budgets)):
+        pipelined = _Ahead(model)
+        order, got = run(pipelined, width)
+        with monkeypatch.context() as m:
+            m.setattr(DecodeBatch, "_on_device", lambda self, i: False)
+            stepwise = _Ahead(model)
+            want_order, want = run(stepwise, width)
+        assert got == want and sorted(order) == sorted(want_order) == list(range(len(budgets)))
+        assert set(stepwise.ahead) == {0} and pipelined.ahead.count(1) > len(pipelined.ahead) // 2
+        assert len({tuple(t) for t, *_ in want}) == len(budgets)  # the rows differ: a shift would show
+
+
+def test_the_wired_limit_is_raised_while_a_batch_decodes_and_put_back_on_every_way_out(lm, monkeypatch):
+    import mlx.core as mx
+
+    model, tokenizer = lm
+    limits: list[int] = []
+    current = [777]
+
+    def set_wired_limit(n):
+        limits.append(n)
+        current[0], old = n, current[0]
+        return old
+
+    monkeypatch.setattr(mx, "device_info", lambda: {"max_recommended_working_set_size": 12345})
+    monkeypatch.setattr(mx, "set_wired_limit", set_wired_limit)
+    eos = set(tokenizer.eos_token_ids)
+    list(decode_stream(LMAdapter(model), _seqs(tokenizer), eos, tokenizer.decode))
+    assert limits == [12345, 777] and current == [777]
+    # a stop request mid-batch, and a consumer that stops reading: put back all the same
+    watch = Watch(stop=threading.Event())
+    watch.stop.set()
+    with pytest.raises(StopRequested):
+        list(decode_stream(LMAdapter(model), _seqs(tokenizer, 500), eos, tokenizer.decode, watch=watch))
+    stream = decode_stream(LMAdapter(model), _seqs(tokenizer, 500), eos, tokenizer.decode)
+    next(stream)
+    stream.close()
+    assert limits == [12345, 777] * 3 and current == [777]

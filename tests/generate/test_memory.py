@@ -107,11 +107,11 @@ def test_an_out_of_memory_mid_batch_retries_the_batch_in_halves(tmp_path, monkey
 
     decode, calls = LMAdapter.decode, []
 
-    def failing(self, tokens, cache, seqs):
+    def failing(self, tokens, cache, seqs, ahead=0):
         calls.append(tokens.shape[0])
         if len(calls) == 5 and tokens.shape[0] == 8:  # the fifth decode step of the batch of 8
             raise RuntimeError(OOM)
-        return decode(self, tokens, cache, seqs)
+        return decode(self, tokens, cache, seqs, ahead)
 
     monkeypatch.setattr(LMAdapter, "decode", failing)
     code, text, again, stats, _ = _run(job, tmp_path / "again.parquet", "--batch-size", "8")
@@ -130,10 +130,10 @@ def test_an_out_of_memory_with_a_row_alone_is_that_rows_error(tmp_path, monkeypa
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)
     decode = LMAdapter.decode
 
-    def failing(self, tokens, cache, seqs):
+    def failing(self, tokens, cache, seqs, ahead=0):
         if any(s is not None and len(s.tokens) == 3 for s in seqs):  # every try fails at its third token
             raise RuntimeError(OOM)
-        return decode(self, tokens, cache, seqs)
+        return decode(self, tokens, cache, seqs, ahead)
 
     monkeypatch.setattr(LMAdapter, "decode", failing)
     code, text, rows, stats, _ = _run(job, tmp_path / "o.parquet", "--batch-size", "2")

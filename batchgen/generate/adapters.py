@@ -54,6 +54,8 @@ class Sequence:
     loops: Loops | None = None  # with params.stop_repetition
     part: Part = "answer"  # a thinking model's part when decoding starts
     scored_after: list[int] | None = None  # a thinking row's prompt with thinking off: scores follow it
+    drafted: int = 0  # a speculative row's tokens proposed by its drafter, and those accepted
+    accepted: int = 0
     # outputs
     tokens: list[int] = field(default_factory=list)
     finish_reason: str = "length"

@@ -18,7 +18,7 @@ from ..core.errors import ConfigError
 from ..core.settings import KV_GROUPS
 from .adapters import Cache, CacheLayer
 
-__all__ = ["KVQuant", "SLOT_CACHES", "merge_caches", "in_place", "write_slots", "trim_layer"]
+__all__ = ["KVQuant", "SLOT_CACHES", "merge_caches", "in_place", "write_slots", "trim_layer", "drop_tails"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,3 +139,20 @@ def trim_layer(layer: CacheLayer, live: list[int]) -> None:
         layer.keys, layer.values = layer.keys[..., cut:, :], layer.values[..., cut:, :]
         layer._idx -= cut
         layer.left_padding = layer.left_padding - cut
+
+
+def drop_tails(layer: CacheLayer, drop: list[int]) -> None:
+    """Each row's last `drop[r]` entries cut (a speculative round's rejected drafts, as many as
+    the row rejected): the row's entries rolled right by that much within the written columns,
+    the cut ones now left of its padding, where no query attends."""
+    if not any(drop):
+        return
+    if len(set(drop)) == 1:  # every row rejected as many: the write position moves back, no copy
+        layer.trim(drop[0])
+        return
+    n, shift = layer._idx, mx.array(drop)
+    source = ((mx.arange(n)[None, :] - shift[:, None]) % n)[:, None, :, None]
+    layer.keys[..., :n, :] = mx.take_along_axis(layer.keys[..., :n, :], source, axis=2)
+    layer.values[..., :n, :] = mx.take_along_axis(layer.values[..., :n, :], source, axis=2)
+    layer.left_padding = layer.left_padding + shift
+    layer.offset = layer.offset - shift

@@ -39,7 +39,7 @@ from .sampling import (
     token_logprobs,
 )
 
-__all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill"]
+__all__ = ["Watch", "decode_stream", "DecodeBatch", "prefill", "prefill_but_last"]
 
 _SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
 
@@ -67,7 +67,7 @@ def prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch
     the row's boundaries on the way; return the cache and where the tail starts. The tail,
     whose logits are wanted, is left for `_finish`, which feeds rows' tails together."""
     if kv is not None:
-        return _prefill_quantized(adapter, seq, watch, kv), len(seq.ids) - 1
+        return prefill_but_last(adapter, seq, watch, kv), len(seq.ids) - 1
     n = len(seq.ids)
     cache, start = None, 0
     if prefixes is not None and seq.boundaries:
@@ -92,17 +92,18 @@ def prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch
     return cache, start
 
 
-def _prefill_quantized(adapter: Adapter, seq: Sequence, watch: Watch, kv: KVQuant) -> Cache:
-    """A --kv-bits row filled as mlx-lm's generate fills it: every token but the last, in its
-    chunks, the cache quantized after each chunk that leaves it `kv.start` tokens or more
-    (where a later token attends to full-precision keys or quantized ones depends on these
+def prefill_but_last(adapter: Adapter, seq: Sequence, watch: Watch, kv: KVQuant | None = None) -> Cache:
+    """A row filled as mlx-lm's generate fills it: every token but the last, in its chunks; with
+    `kv` (--kv-bits), the cache quantized after each chunk that leaves it `kv.start` tokens or
+    more (where a later token attends to full-precision keys or quantized ones depends on these
     chunks, so no prefix snapshot splits them)."""
     cache, start, end = adapter.make_cache(), 0, len(seq.ids) - 1
     while start < end:
         watch.check_stop()
         step_end = min(end, start + PREFILL_STEP)
         adapter.forward(seq, cache, start, step_end)
-        kv.quantize(cache)
+        if kv is not None:
+            kv.quantize(cache)
         mx.eval([c.state for c in cache])
         start = step_end
     return cache

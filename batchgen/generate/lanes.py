@@ -3,6 +3,7 @@
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse (or on quantized caches, --kv-bits);
+  `SpeculativeLane`: greedy rows with a text draft model, speculating batched;
 - `VisionLane`, `OffsetVisionLane` (vision_lanes.py): media rows of the Qwen-VL families
   (mRoPE positions) and of the families positioned by their cache offsets, batched;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
@@ -35,6 +36,7 @@ from .prompts import check_length, message_bounds, render, template_kwargs, text
 from .reasoning import budgeted, initial_part, markers_of, split_generation
 from .sampling import logprob_records
 from .scoring import Scores, score_row
+from .speculative import speculate_stream
 from .tool_calls import check_tools, with_tool_calls
 
 __all__ = [
@@ -187,15 +189,13 @@ class BatchedLane(Lane):
         finished: set[int] = set()
         memory = (self.memory, self.footprint()) if self.memory is not None else None
         try:
-            stream = decode_stream(
-                adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer, memory, self.kv
-            )
-            for j in stream:
+            for j in self._stream(adapter, seqs, eos, decode, watch, width, tokenizer, memory):
                 finished.add(j)
                 s = seqs[j]
                 tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
                 logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
-                gen = Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs)
+                gen = Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs,
+                                 mtp_drafts=s.drafted, mtp_accepted=s.accepted)  # fmt: skip
                 gen = split_generation(gen, s.tokens, markers_of(tokenizer), s.part == "reasoning")
                 gen = with_tool_calls(gen, s.params, tokenizer)
                 yield todo[j], _scored(gen, scores.get(todo[j]))
@@ -209,6 +209,15 @@ class BatchedLane(Lane):
                 for i in rest:  # find the culprit
                     for _, outcome in self.run([_fresh(plans[i])], watch, 1):
                         yield i, outcome
+
+    def _stream(
+        self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
+        watch: Watch, width: int, tokenizer: Tokenizer, memory: tuple[Memory, Footprint | None] | None,
+    ) -> Iterator[int]:  # fmt: skip
+        """The rows decoded together; each row's index as it finishes."""
+        return decode_stream(
+            adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer, memory, self.kv
+        )
 
     def _halves(self, plans: list[Plan], rest: list[int], watch: Watch, width: int, e: Exception
                 ) -> Iterator[tuple[int, Generation | RowError]]:  # fmt: skip
@@ -256,6 +265,22 @@ class TextLane(BatchedLane):
     def _decoding(self):
         model, tokenizer = self.models.text()
         return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
+
+
+class SpeculativeLane(TextLane):
+    """Greedy text rows with the run's text draft model, speculating batched (speculative.py):
+    the target's greedy tokens, the drafter's proposals and acceptances counted per row."""
+
+    name = "lm-draft"
+
+    def _stream(self, adapter, seqs, eos, decode, watch, width, tokenizer, memory):
+        self.models.load_drafter()
+        drafter = self.models.drafter
+        assert drafter is not None
+        draft = LMAdapter(drafter.model)
+        return speculate_stream(
+            adapter, draft, drafter.num_draft_tokens, seqs, eos, decode, watch, width, tokenizer
+        )
 
 
 class _OneByOne(Lane):

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 from ..core.budget import budget_spec
 from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, family
-from ..core.records import Generation, Job, Media
+from ..core.records import Generation, GenParams, Job, Media
 from ..core.settings import GenerationSettings
 from .adapters import Sequence
 from .batch_cache import KVQuant
 from .decoder import Watch
 from .drafts import Drafter, inspect_drafter
-from .lanes import Lane, LMSingleLane, Plan, SingleLane, TextLane, row_error
+from .lanes import Lane, LMSingleLane, Plan, SingleLane, SpeculativeLane, TextLane, row_error
 from .loading import Models
 from .memory import Memory
 from .models import inspect_model
@@ -62,6 +62,7 @@ class Router:
         self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache, self.memory)
         self.single = SingleLane(self.models, self.vision_info, kv)
         self.draft = LMSingleLane(self.models, self.text_info, self.text, draft=True, kv=kv)
+        self.speculative = SpeculativeLane(self.models, self.text_info)
         # Rows whose cache is quantized while they decode run alone (unbudgeted).
         unbudgeted = TextLane(self.models, self.text_info)
         self.text_alone = LMSingleLane(self.models, self.text_info, unbudgeted, draft=False, kv=kv)
@@ -126,7 +127,7 @@ class Router:
         )
         if not media and not self._text_via_vlm() and self.models.lm() is not None:
             if self.models.drafter_lane == "lm" and not constrained:
-                return self.draft
+                return self._drafting(p)
             return self.text_kv or self.text
         if self.kv is not None:
             return self._alone(f"--kv-bits {self.kv.bits}: rows on mlx-vlm's quantized KV cache")
@@ -150,6 +151,16 @@ class Router:
                 return self._alone(f"{name}: rows with several images (mlx-vlm merges the first only)")
             return self.offset
         return self._alone(f"{name}: {fam.why_unbatched}")
+
+    def _drafting(self, p: GenParams) -> Lane:
+        """A text drafter's row: greedy rows speculate batched; a row that samples or carries a
+        logits processor (penalties, biases) or a quantized cache goes through mlx-lm's own
+        speculative loop, one at a time (its acceptance depends on those, round by round)."""
+        processors = p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+        if p.temperature == 0 and not processors and self.kv is None:
+            return self.speculative
+        why = "--kv-bits" if self.kv is not None else "sampling or penalties"
+        return self._alone(f"text drafter rows with {why}: mlx-lm's speculative loop", self.draft)
 
     def _alone(self, reason: str, lane: Lane | None = None) -> Lane:
         """A one-row lane (mlx-vlm's by default), with the reason counted for the run summary."""

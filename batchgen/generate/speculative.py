@@ -1,0 +1,122 @@
+"""Speculative decoding on the batched text lane: a text draft model proposes tokens for every
+row of a batch at once, the target checks them in one pass, and each row keeps what it accepted.
+
+A round mirrors mlx-lm's speculative loop for each row (`speculative_generate_step`): the
+drafter proposes min(k, tokens left) tokens from the row's last one, the target reads the last
+one and all k proposals in one forward pass, the row takes the proposals the target's greedy
+choice agrees with and then the target's own next token. Rows accept different counts, so each
+row's caches (the target's and the drafter's) drop their own rejected tail (`drop_tails`), and
+the next round starts every row from its newest token. The drafter is also fed its last
+proposal each round, so a row that accepted all of them goes on from there as mlx-lm's does.
+Greedy rows only: the tokens are the target's greedy tokens, the same as without a drafter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import mlx.core as mx
+
+from .adapters import Adapter, Sequence
+from .arrays import Tokenizer, int_rows
+from .batch_cache import drop_tails, merge_caches, trim_layer
+from .decoder import DecodeBatch, Watch, prefill_but_last
+from .memory import wired
+
+__all__ = ["speculate_stream"]
+
+
+def speculate_stream(
+    adapter: Adapter, drafter: Adapter, k: int, seqs: list[Sequence], eos: set[int],
+    decode: Callable[[list[int]], str], watch: Watch | None = None, width: int | None = None,
+    tokenizer: Tokenizer = None,
+) -> Iterator[int]:  # fmt: skip
+    """Generate every (greedy) sequence with `drafter` proposing `k` tokens a round, at most
+    `width` rows at a time; yields each row's index as it finishes, with its tokens, text,
+    finish_reason and its drafted and accepted counts filled in."""
+    batch = SpeculativeBatch(adapter, drafter, k, seqs, eos, decode, watch, width, tokenizer)
+    with wired():
+        while batch.active or batch.waiting:
+            batch.join()
+            yield from batch.step()
+
+
+class SpeculativeBatch(DecodeBatch):
+    """A batch of rows speculating together: the decoder's rows, stop rules and slots, two
+    batch caches (the target's in `merged`, the drafter's in `drafts`). Rows join a batch
+    together and leave it as they finish; the next rows start once it is empty."""
+
+    def __init__(
+        self, adapter: Adapter, drafter: Adapter, k: int, seqs: list[Sequence], eos: set[int],
+        decode: Callable[[list[int]], str], watch: Watch | None, width: int | None, tokenizer: Tokenizer,
+    ):  # fmt: skip
+        super().__init__(adapter, seqs, eos, decode, None, watch, width, tokenizer)
+        self.drafter, self.k = drafter, k
+        self.drafts: list | None = None  # the drafter's batch cache
+
+    def join(self) -> None:  # type: ignore[override]
+        """The next rows, filled but for their last prompt token in both models' caches."""
+        if self.active or not self.waiting:
+            return
+        rows: list[int] = []
+        targets, drafts = [], []
+        while self.waiting and len(rows) < self.width:
+            i = self.waiting.pop()
+            self.deadlines[i] = self.watch.deadline(time.monotonic())
+            targets.append(prefill_but_last(self.adapter, self.seqs[i], self.watch))
+            drafts.append(prefill_but_last(self.drafter, self.seqs[i], self.watch))
+            rows.append(i)
+        self.merged, self.drafts, self.slots = merge_caches(targets), merge_caches(drafts), [*rows]
+
+    def step(self) -> Iterator[int]:
+        """One round for every row; yields the rows that finished."""
+        self.watch.check_stop()
+        rows = self.active
+        seqs = [self.seqs[i] for i in rows]
+        last = mx.array([(s.tokens or s.ids)[-1] for s in seqs])
+        token, proposals = last, []
+        for _ in range(self.k):
+            token = mx.argmax(self.drafter.decode(token, self.drafts, seqs), axis=-1)  # type: ignore[arg-type]
+            proposals.append(token)
+        self.drafter.decode(token, self.drafts, seqs)  # type: ignore[arg-type]  # its keys and values only
+        drafted = mx.stack(proposals, axis=1)
+        fed = mx.concatenate([last[:, None], drafted], axis=1)
+        chosen = mx.argmax(self.adapter.continue_all(seqs[0], self.merged, fed), axis=-1)  # type: ignore[arg-type]
+        mx.eval(chosen, drafted)
+        running: list[int] = []
+        rejected: list[int] = []
+        for i, said, proposed in zip(rows, int_rows(chosen), int_rows(drafted), strict=True):
+            n = self._round(i, said, proposed)
+            if n is not None:
+                running.append(i)
+                rejected.append(self.k - n)
+        yield from (i for i in rows if i not in running)
+        keep = [rows.index(i) for i in running]
+        if not running:
+            self.merged, self.drafts, self.slots = None, None, []
+            return
+        for cache in (self.merged, self.drafts):
+            for layer in cache:  # type: ignore[union-attr]
+                if len(keep) < len(rows):
+                    layer.filter(keep)
+                drop_tails(layer, rejected)
+                trim_layer(layer, list(range(len(keep))))
+        self.slots = [*running]
+
+    def _round(self, i: int, said: list[int], proposed: list[int]) -> int | None:
+        """Row `i`'s round as mlx-lm's loop runs it: of min(k, tokens left) proposals, those the
+        target agrees with, then the target's own token while tokens are left; the accepted
+        count, or None once the row finished (its counts then those of the tokens it took)."""
+        seq = self.seqs[i]
+        left = seq.params.max_tokens - len(seq.tokens)
+        offered = min(self.k, left)
+        n = 0
+        while n < offered and said[n] == proposed[n]:
+            n += 1
+        seq.drafted += offered
+        for j, token in enumerate(said[: n + 1] if n < left else said[:n]):
+            seq.accepted += j < n
+            if not self._take([i], [token]):
+                return None
+        return n

@@ -205,6 +205,7 @@ class DecodeBatch:
         # A pipelined step's tokens, one per slot: drawn on the device, not yet read or taken
         # into `seq.tokens` (their keys and values not yet in the cache).
         self.ahead: mx.array | None = None
+        self.ahead_logits: mx.array | None = None  # ... and the logits they were drawn from (logprobs rows)
 
     @property
     def active(self) -> list[int]:
@@ -276,22 +277,22 @@ class DecodeBatch:
 
     def step(self) -> Iterator[int]:
         """One decode step for every running row; yields the rows that finished. Where every
-        running row draws on the device alone (no logits processor, no logprobs), the step is
-        pipelined as mlx-lm's generate pipelines it: the next step is queued (`mx.async_eval`)
-        before the host reads this one's tokens, so the host's checks and the next graph's
-        building overlap the device's work; a finished row's queued step is dropped."""
+        running row draws on the device alone (no logits processor), the step is pipelined as
+        mlx-lm's generate pipelines it: the next step is queued (`mx.async_eval`) before the
+        host reads this one's tokens (and a logprobs row's records), so the host's checks and
+        the next graph's building overlap the device's work; a finished row's queued step is
+        dropped."""
         self.watch.check_stop()
         live = self.live
         rows = [i for i in (self.slots[s] for s in live) if i is not None]  # live slots hold rows
-        ahead = self.ahead
+        ahead, ahead_logits = self.ahead, self.ahead_logits
         pipelined = ahead is not None or all(self._on_device(i) for i in rows)
         if ahead is None:
             tokens = mx.array([self.seqs[i].tokens[-1] if i is not None else 0 for i in self.slots])
         seqs = [self.seqs[i] if i is not None else None for i in self.slots]
         fed = ahead if ahead is not None else tokens
-        logits = self.adapter.decode(fed, self.merged, seqs, int(ahead is not None))  # type: ignore[arg-type]
-        if len(live) < len(self.slots):
-            logits = logits[mx.array(live)]
+        every = self.adapter.decode(fed, self.merged, seqs, int(ahead is not None))  # type: ignore[arg-type]
+        logits = every[mx.array(live)] if len(live) < len(self.slots) else every
         if self.memory is not None:
             self.memory[0].step(len(live))
         if pipelined:
@@ -299,11 +300,11 @@ class DecodeBatch:
             if len(live) < len(self.slots):
                 drawn = mx.zeros((len(self.slots),), dtype=drawn.dtype).at[mx.array(live)].add(drawn)
             self.ahead = drawn
-            mx.async_eval(drawn)
+            self.ahead_logits = every if any(self.seqs[i].params.wants_logprobs for i in rows) else None
+            mx.async_eval(drawn, *([every] if self.ahead_logits is not None else []))
             if ahead is None:
                 return
-            picked = ints(ahead)
-            running = set(self._take(rows, [picked[s] for s in live]))
+            running = set(self._take_ahead(rows, live, ahead, ahead_logits))
         else:
             mx.eval(logits)
             running = set(self.pick(rows, logits))
@@ -313,8 +314,23 @@ class DecodeBatch:
             self._tidy()
 
     def _on_device(self, i: int) -> bool:
-        """Whether row `i` draws its tokens without the host: no processor, no logprobs."""
-        return not self.processors[i] and not self.seqs[i].params.wants_logprobs
+        """Whether row `i` draws its tokens without the host: no logits processor."""
+        return not self.processors[i]
+
+    def _take_ahead(
+        self, rows: list[int], live: list[int], ahead: mx.array, logits: mx.array | None
+    ) -> list[int]:
+        """The tokens drawn ahead for the live slots taken (a logprobs row's records first, from
+        the logits they were drawn from); the rows still running."""
+        every = ints(ahead)
+        picked = [every[s] for s in live]
+        want = [j for j, i in enumerate(rows) if self.seqs[i].params.wants_logprobs]
+        if want and logits is not None:
+            ks = [self.seqs[rows[j]].params.top_logprobs for j in want]
+            records = token_logprobs(logits[mx.array([live[j] for j in want])], [picked[j] for j in want], ks)
+            for j, record in zip(want, records, strict=True):
+                self.seqs[rows[j]].logprobs.append(record)
+        return self._take(rows, picked)
 
     def _draw(self, rows: list[int], logits: mx.array) -> mx.array:
         """Each row's next token, drawn on the device as `pick` draws it (no host read)."""
@@ -341,12 +357,11 @@ class DecodeBatch:
 
     def _drain(self) -> Iterator[int]:
         """The tokens drawn ahead, read and taken: every row's tokens on the host again."""
-        ahead, self.ahead = self.ahead, None
+        ahead, logits, self.ahead, self.ahead_logits = self.ahead, self.ahead_logits, None, None
         assert ahead is not None
         live = self.live
         rows = [i for i in (self.slots[s] for s in live) if i is not None]
-        picked = ints(ahead)
-        running = set(self._take(rows, [picked[s] for s in live]))
+        running = set(self._take_ahead(rows, live, ahead, logits))
         if len(running) < len(rows):
             yield from (i for i in rows if i not in running)
             self.slots = [i if i in running else None for i in self.slots]
@@ -361,12 +376,14 @@ class DecodeBatch:
         """Drop the idle slots (every running row's cache copied once)."""
         keep = self.live
         if not keep:
-            self.merged, self.slots, self.ahead = None, [], None
+            self.merged, self.slots, self.ahead, self.ahead_logits = None, [], None, None
             return
         for c in self.merged:  # type: ignore[union-attr]
             c.filter(keep)
         if self.ahead is not None:
             self.ahead = self.ahead[mx.array(keep)]
+        if self.ahead_logits is not None:
+            self.ahead_logits = self.ahead_logits[mx.array(keep)]
         self.slots = [self.slots[s] for s in keep]
 
     def _trim(self) -> None:

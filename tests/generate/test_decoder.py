@@ -129,10 +129,10 @@ class _Ahead(LMAdapter):
 
 
 def test_pipelined_steps_take_the_tokens_of_steps_read_at_once(lm, monkeypatch):
-    """Greedy and seeded rows of mixed budgets, three slots, rows waiting: the next step is
-    queued before the host reads this one (joins take the tokens drawn ahead first, finished
-    rows' queued steps are dropped), and every row's tokens and finish reason are those of the
-    same batch read step by step."""
+    """Greedy and seeded rows of mixed budgets, some with logprobs, three slots, rows waiting:
+    the next step is queued before the host reads this one (joins take the tokens drawn ahead
+    first, finished rows' queued steps are dropped), and every row's tokens, logprobs and finish
+    reason are those of the same batch read step by step."""
     from batchgen.generate.decoder import DecodeBatch
 
     model, tokenizer = lm
@@ -143,14 +143,14 @@ def test_pipelined_steps_take_the_tokens_of_steps_read_at_once(lm, monkeypatch):
         return [
             Sequence(ids=tokenizer.encode(f"{SYSTEM} {QUESTIONS[k % 3]} {k}", add_special_tokens=False),
                      params=GenParams(max_tokens=m, temperature=0.8 if k % 2 else 0.0,
-                                      seed=k if k % 2 else None))
+                                      seed=k if k % 2 else None, top_logprobs=2 * (k % 3 == 0)))
             for k, m in enumerate(budgets)
         ]  # fmt: skip
 
     def run(adapter, width):
         rows = seqs()
         order = list(decode_stream(adapter, rows, eos, tokenizer.decode, PrefixCache(), width=width))
-        return order, [(s.tokens, s.finish_reason, s.text) for s in rows]
+        return order, [(s.tokens, s.finish_reason, s.text, s.logprobs) for s in rows]
 
     # three slots with rows waiting (joins); every row at once (finished rows' slots cut)
     for width in (3, len(budgets)):

@@ -1,8 +1,10 @@
 """--kv-bits batched: 64 text rows (16 prompts × 4 lengths of max_tokens, greedy) on the tiny
 qwen2 model (32-wide heads) with an 8-bit cache in groups of 32, run one at a time through
 mlx-lm's own quantized generate (the path every --kv-bits row took before) and by batchgen at
-widths 8 and 32 in one process, every row's token ids compared; then the KV bytes per token of
-the quantized formats against a float16 cache, measured on the arrays `mx.quantize` makes.
+widths 8 and 32 in one process, every row's token ids compared; the same for 32 image rows (8
+pictures × 4 questions) on a tiny qwen2_vl with 32-wide heads against mlx-vlm's own quantized
+generate; then the KV bytes per token of the quantized formats against a float16 cache,
+measured on the arrays `mx.quantize` makes.
 
     python bench/kv_bits.py     # last lines: widths' speed-ups, and bytes per token per format
 """
@@ -67,6 +69,57 @@ def _batchgen(rows: list[dict], width: int) -> tuple[float, dict[str, list[int]]
     return wall, {r["id"]: [t["id"] for t in r["logprobs"]] for r in out}
 
 
+def _images(tmp: Path) -> None:
+    import mlx_vlm
+    import numpy as np
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    from batchgen.tools.tiny.builder import make_tiny_model
+
+    model_dir = make_tiny_model(tmp / "vlm", "vlm", sensitive=True, hidden=128)
+    rng = np.random.default_rng(0)
+    for k in range(8):
+        Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(tmp / f"p{k}.png")
+    questions = ["Describe the image.", "What colours are there?", "Is there text?", "Name one shape."]
+    rows = [{"id": f"p{k}-q{q}", "image": str(tmp / f"p{k}.png"), "prompt": question, "max_tokens": 48}
+            for q, question in enumerate(questions) for k in range(8)]  # fmt: skip
+    model, processor = mlx_vlm.load(str(model_dir))
+    slot = "<|vision_start|><|image_pad|><|vision_end|>"
+    t0 = time.perf_counter()
+    want = {}
+    for r in rows:
+        prompt = f"<|im_start|>user\n{slot}{r['prompt']}<|im_end|>\n<|im_start|>assistant\n"
+        picture = Image.open(r["image"]).convert("RGB")
+        out = mlx_vlm.generate(
+            model, processor, prompt, image=[picture], max_tokens=48, temperature=0.0, **KV
+        )
+        want[r["id"]] = list(out.token_ids)
+    times = {1: time.perf_counter() - t0}
+    made = sum(len(t) for t in want.values())
+    print(
+        f"{len(rows)} image rows, one at a time (mlx-vlm's quantized generate): {made / times[1]:7.1f} tok/s"
+    )
+    same = True
+    job = tmp / "images.jsonl"
+    job.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for width in (8, 32):
+        out_path = tmp / f"images-{width}.parquet"
+        config = batchgen.build_config(
+            job, out_path, None, {"temperature": 0.0, "logprobs": True}, model=str(model_dir),
+            batch_size=width, quiet=True, kv_bits=KV["kv_bits"], kv_group_size=KV["kv_group_size"],
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        batchgen.run(config)
+        times[width] = time.perf_counter() - t0
+        got = {r["id"]: [t["id"] for t in r["logprobs"]] for r in pq.read_table(out_path).to_pylist()}
+        same = same and all(got[i] == want[i] for i in want)
+        print(f"image rows, batchgen width {width:>2}: {made / times[width]:7.1f} tok/s")
+    print(f"identical image token ids one at a time and at widths 8 and 32: {same}")
+    print(f"--kv-bits image rows at width 8: {times[1] / times[8]:.2f}× one at a time; "
+          f"at width 32: {times[1] / times[32]:.2f}×")  # fmt: skip
+
+
 def _bytes_per_token() -> None:
     """A layer's keys and values for 1,024 tokens of 8 heads × 128 dims, as a float16 cache
     holds them and as `mx.quantize` packs them (values, then a scale and a bias per group)."""
@@ -98,6 +151,8 @@ def main() -> None:
     print(f"identical token ids one at a time and at widths 8 and 32: {same}")
     print(f"--kv-bits rows at width 8: {times[1] / times[8]:.2f}× one at a time; "
           f"at width 32: {times[1] / times[32]:.2f}×")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        _images(Path(tmp))
     _bytes_per_token()
 
 

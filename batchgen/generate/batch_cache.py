@@ -10,9 +10,10 @@ from typing import Any, Literal
 
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache as LMBatchKVCache
-from mlx_lm.models.cache import QuantizedKVCache
+from mlx_lm.models.cache import QuantizedKVCache as LMQuantizedKVCache
 from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 from mlx_vlm.models.cache import BatchQuantizedKVCache
+from mlx_vlm.models.cache import QuantizedKVCache as VLMQuantizedKVCache
 
 from ..core.errors import ConfigError
 from ..core.settings import KV_GROUPS
@@ -45,6 +46,17 @@ class KVQuant:
             f"which the groups must divide ({hint})"
         )
 
+    def check_cache(self, name: str, cache: Cache) -> None:
+        """A model whose cache mlx cannot quantize (sliding-window layers: its RotatingKVCache
+        has no quantized form) would fail every row: said once, at its first row."""
+        try:
+            self.quantized(cache)
+        except NotImplementedError as e:
+            raise ConfigError(
+                f"--kv-bits {self.bits}: model {name!r} keeps a cache MLX cannot quantize ({e}: "
+                "sliding-window attention layers); run it without --kv-bits"
+            ) from e
+
     def fate(self, prompt: int, max_tokens: int) -> Literal["quantized", "full", "crosses"]:
         """Where a row's cache is quantized: `quantized` before its last prompt token goes in
         (the prefill's last chunk ends at `start` or later), so it decodes quantized from its
@@ -72,12 +84,15 @@ def merge_caches(caches: list[Cache]) -> Cache:
     """Per-row KV caches → one left-padded batch cache per layer."""
     out = []
     for layer in zip(*caches, strict=True):
-        merge = _merge_quantized if isinstance(layer[0], QuantizedKVCache) else type(layer[0]).merge
+        merge = _merge_quantized if isinstance(layer[0], QUANTIZED) else type(layer[0]).merge
         out.append(merge(list(layer)))
     return out
 
 
-def _merge_quantized(caches: list[QuantizedKVCache]) -> BatchQuantizedKVCache:
+QUANTIZED = (LMQuantizedKVCache, VLMQuantizedKVCache)  # one row's quantized cache, either engine's
+
+
+def _merge_quantized(caches: list[Any]) -> BatchQuantizedKVCache:
     """Rows' quantized caches → mlx-vlm's batch form, left-padded as mlx-lm's BatchKVCache.merge
     pads full ones: the packed values, scales and biases copied as they are."""
     lengths = [c.offset for c in caches]

@@ -14,7 +14,8 @@ from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, family
 from ..core.records import Generation, GenParams, Job, Media
 from ..core.settings import GenerationSettings
-from .adapters import Sequence
+from .adapters import LMAdapter, Sequence, VLMAdapter
+from .arrays import Model
 from .batch_cache import KVQuant
 from .decoder import Watch
 from .drafts import Drafter, inspect_drafter
@@ -60,6 +61,10 @@ class Router:
         self.text_kv = TextLane(self.models, self.text_info, None, self.memory, kv) if kv else None
         self.vision = VisionLane(self.models, self.vision_info, prefix_cache, self.memory)
         self.offset = OffsetVisionLane(self.models, self.vision_info, prefix_cache, self.memory)
+        self.vision_kv = VisionLane(self.models, self.vision_info, None, self.memory, kv) if kv else None
+        self.offset_kv = (
+            OffsetVisionLane(self.models, self.vision_info, None, self.memory, kv) if kv else None
+        )
         self.single = SingleLane(self.models, self.vision_info, kv)
         self.draft = LMSingleLane(self.models, self.text_info, self.text, draft=True, kv=kv)
         self.speculative = SpeculativeLane(self.models, self.text_info)
@@ -70,6 +75,7 @@ class Router:
         self.stop = stop if stop is not None else threading.Event()  # checked between decode steps
         self.capped = 0  # rows whose max_tokens was lowered to fit the model's context
         self.one_at_a_time: dict[str, int] = {}  # rows that could not batch, by reason
+        self._quantizable: set[str] = set()  # models whose caches --kv-bits was checked on
 
     @classmethod
     def from_settings(cls, config: GenerationSettings, stop: threading.Event | None = None,
@@ -111,11 +117,10 @@ class Router:
 
     # -- planning --------------------------------------------------------------
     def route(self, job: Job, media: Media) -> Lane:
-        """The lane of a row: text rows on mlx-lm (speculative with a text drafter; with
-        --kv-bits on quantized caches, see `plan`), media rows (and text rows mlx-lm cannot
-        serve) batched on the vision lane where the family allows, else one at a time through
-        mlx-vlm; with --kv-bits, media rows one at a time through mlx-vlm's own quantized
-        generate, whose quantization (its layer policy, its schemes) no batch cache follows."""
+        """The lane of a row: text rows on mlx-lm (speculative with a text drafter), media rows
+        (and text rows mlx-lm cannot serve) batched on the vision lane where the family allows,
+        else one at a time through mlx-vlm; with --kv-bits, the batched lanes' quantized forms
+        (see `plan`)."""
         # A drafter's guesses would skip the mask, and mlx-vlm's drafters report no logprobs.
         # A reasoning budget forces tokens through a logits processor, which the drafters skip too.
         p = job.params
@@ -129,8 +134,6 @@ class Router:
             if self.models.drafter_lane == "lm" and not constrained:
                 return self._drafting(p)
             return self.text_kv or self.text
-        if self.kv is not None:
-            return self._alone(f"--kv-bits {self.kv.bits}: rows on mlx-vlm's quantized KV cache")
         model = self.models.vlm()[0]
         fam = family(model.config.model_type)
         name = fam.model_type
@@ -141,7 +144,7 @@ class Router:
         if fam.lane == "mrope":
             if media.images and media.videos:  # mlx-vlm's Qwen-VL embeds one kind per prompt
                 return self._alone(f"{name}: rows with images beside a video")
-            return self.vision
+            return self._vision_kv(model, self.vision_kv) if self.kv else self.vision
         if fam.lane == "offset":
             if media.videos:
                 return self._alone(f"{name}: video rows")
@@ -149,8 +152,21 @@ class Router:
                 return self._alone(f"{name}: {BIDIRECTIONAL}")
             if fam.first_image_only and len(media.images) > 1:
                 return self._alone(f"{name}: rows with several images (mlx-vlm merges the first only)")
-            return self.offset
+            return self._vision_kv(model, self.offset_kv) if self.kv else self.offset
         return self._alone(f"{name}: {fam.why_unbatched}")
+
+    def _vision_kv(self, model: Model, lane: Lane | None) -> Lane:
+        """A media row's quantized lane: batched where mlx-vlm's generate fills the prompt in
+        chunks and quantizes after each (its uniform scheme), one at a time through it where
+        the model sets its own prefill policy (then where it quantizes is the model's)."""
+        assert self.kv is not None and lane is not None
+        owners = (model, getattr(model, "language_model", model))
+        if any(
+            hasattr(m, "chunked_prefill_policy") or getattr(m, "no_chunked_prefill", False) for m in owners
+        ):
+            why = f"--kv-bits {self.kv.bits}: {model.config.model_type}'s own prefill policy"
+            return self._alone(f"{why} (mlx-vlm's quantized generate)")
+        return lane
 
     def _drafting(self, p: GenParams) -> Lane:
         """A text drafter's row: greedy rows speculate batched; a row that samples or carries a
@@ -172,27 +188,48 @@ class Router:
         that cannot load stops the run (ConfigError), wherever its first row is."""
         if media:
             self._check_supported(media)
+        if self.kv is not None:
+            self._check_quantizable(job)
         try:
             plan = self.route(job, media).plan(job, media)
         except (RowError, BatchgenError):
             raise
         except Exception as e:  # a template or processor that rejects this row
             raise row_error(e) from e
-        if self.kv is not None and plan.lane is self.text_kv and plan.seq is not None:
-            plan.lane = self._quantized(plan.seq)
+        if self.kv is not None and plan.seq is not None:
+            quantized = {self.text_kv: (self.text, self.text_alone),
+                         self.vision_kv: (self.vision, self.single),
+                         self.offset_kv: (self.offset, self.single)}  # fmt: skip
+            if plan.lane in quantized:
+                plan.lane = self._quantized(plan.seq, plan.lane, *quantized[plan.lane])
         return plan
 
-    def _quantized(self, seq: Sequence) -> Lane:
-        """A --kv-bits text row's lane, by where mlx-lm's generate would quantize its cache."""
+    def _quantized(self, seq: Sequence, lane: Lane, full: Lane, alone: Lane) -> Lane:
+        """A --kv-bits row's lane, by where the engine's generate would quantize its cache: its
+        quantized batched lane, the `full`-precision one if never before its last token, or
+        one at a time through the engine (`alone`) if while it decodes."""
         kv = self.kv
-        assert kv is not None and self.text_kv is not None
+        assert kv is not None
         fate = kv.fate(len(seq.ids), seq.params.max_tokens)
-        if fate == "full":  # never quantized before its last token: the full-precision lane
-            return self.text
+        if fate == "full":
+            return full
         if fate == "crosses":
             why = f"--kv-bits {kv.bits}: rows whose cache is quantized while they decode"
-            return self._alone(f"{why} (--quantized-kv-start {kv.start})", self.text_alone)
-        return self.text_kv
+            return self._alone(f"{why} (--quantized-kv-start {kv.start})", alone)
+        return lane
+
+    def _check_quantizable(self, job: Job) -> None:
+        """--kv-bits on a model whose cache cannot be quantized stops the run (once per model)."""
+        assert self.kv is not None
+        name = self.model_for(job)
+        if name in self._quantizable:
+            return
+        if name == self.vision_info.name and (job.media or self.models.lm() is None or self._text_via_vlm()):
+            cache = VLMAdapter(self.models.vlm()[0]).make_cache()
+        else:
+            cache = LMAdapter(self.models.text()[0]).make_cache()
+        self.kv.check_cache(name, cache)
+        self._quantizable.add(name)
 
     def prompt_tokens(self, plan: Plan) -> int:
         """The prompt's tokens as the row's generation will count them (media slots expanded)."""

@@ -19,6 +19,7 @@ from ..core.memo import Memo
 from ..core.records import Job, Media
 from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
 from .arrays import Model, Processor, Tokenizer, int_rows
+from .batch_cache import KVQuant
 from .lanes import BatchedLane, Plan
 from .loading import Models
 from .memory import Memory
@@ -34,6 +35,11 @@ class _MediaLane(BatchedLane):
     expands it, decoded by the lane's adapter."""
 
     adapter: type[VLMAdapter] = VLMAdapter
+
+    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
+                 memory: Memory | None = None, kv: KVQuant | None = None):  # fmt: skip
+        super().__init__(models, info, None if kv else prefixes, memory)
+        self.kv = kv
 
     def _inputs(self, job: Job, media: Media) -> tuple[Model, Processor, dict, list[int]]:
         """(model, processor, the processor's inputs, the prompt's token ids)."""
@@ -71,8 +77,8 @@ class VisionLane(_MediaLane):
     name = "vlm"
 
     def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
-                 memory: Memory | None = None):  # fmt: skip
-        super().__init__(models, info, prefixes, memory)
+                 memory: Memory | None = None, kv: KVQuant | None = None):  # fmt: skip
+        super().__init__(models, info, prefixes, memory, kv)
         self._features: Memo[mx.array] = Memo(64)  # vision-tower outputs by image digests
         self._layouts: Memo[tuple[mx.array, int]] = Memo(64)  # mRoPE positions up to the last media
 

@@ -85,7 +85,7 @@ def make_tiny_model(
     if kind == "mtp-pair":
         return families.make_mtp_pair(out, seed, sensitive)
     if kind in families.VISION_KINDS:
-        return families.make_vision_family(out, kind, seed, sensitive)
+        return families.make_vision_family(out, kind, seed, sensitive, hidden or 64)
     extra, template, words = _MARKED.get(kind, ((), CHAT_TEMPLATE, ()))
     vocab = build_tokenizer(out, extra=extra, template=template, words=words)  # drafts pair with "lm" targets
     ids = token_ids(out)

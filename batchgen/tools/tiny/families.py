@@ -148,8 +148,10 @@ _NAMED = {  # the special tokens a family's processor reads as tokenizer attribu
 }  # fmt: skip
 
 
-def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path:
-    """A small language model under a family's vision tower, saved with the family's processor."""
+def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool, hidden: int = 64) -> Path:
+    """A small language model under a family's vision tower, saved with the family's processor;
+    four heads of `hidden` / 4 dims (16 by default; 128 makes the 32-dim heads a quantized KV
+    cache needs, for the families whose config does not set its own)."""
     import mlx.core as mx
 
     specials, vision, top, image_processor, processor = _VISION[kind]
@@ -160,7 +162,11 @@ def make_vision_family(out: Path, kind: str, seed: int, sensitive: bool) -> Path
     named = dict(zip(attributes, specials, strict=False)) if attributes else None
     vocab = build_tokenizer(out, extra=specials, template=template, named=named)
     ids = token_ids(out)
-    text = {**text_config(vocab, ids, hidden=64, layers=2, heads=4), "head_dim": 16, **_TEXT[kind]}
+    text = {
+        **text_config(vocab, ids, hidden=hidden, layers=2, heads=4),
+        "head_dim": hidden // 4,
+        **_TEXT[kind],
+    }
     if "hidden_size_per_layer_input" in text:  # Gemma 4's per-layer token embeddings
         text["vocab_size_per_layer_input"] = vocab
     config = {

@@ -11,7 +11,6 @@ measured on the arrays `mx.quantize` makes.
 
 from __future__ import annotations
 
-import json
 import sys
 import tempfile
 import time
@@ -21,8 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
-
-import batchgen  # noqa: E402
+from timed import timed_run  # noqa: E402
 
 MODEL = ROOT / "sample_data" / "models" / "tiny-lm"
 TOPICS = ["a red circle", "the sea at night", "a kitchen", "winter", "a train station", "an old map",
@@ -52,27 +50,15 @@ def _one_at_a_time(rows: list[dict]) -> tuple[float, dict[str, list[int]]]:
 
 
 def _batchgen(rows: list[dict], width: int) -> tuple[float, dict[str, list[int]]]:
-    import pyarrow.parquet as pq
-
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "jobs.jsonl"
-        job.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        config = batchgen.build_config(
-            job, Path(tmp) / "out.parquet", None, {"temperature": 0.0, "logprobs": True},
-            model=str(MODEL), batch_size=width, quiet=True, kv_bits=KV["kv_bits"],
-            kv_group_size=KV["kv_group_size"], quantized_kv_start=KV["quantized_kv_start"],
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        batchgen.run(config)
-        wall = time.perf_counter() - t0
-        out = pq.read_table(Path(tmp) / "out.parquet").to_pylist()
+    wall, out = timed_run(rows, {"temperature": 0.0, "logprobs": True}, model=str(MODEL), batch_size=width,
+                          kv_bits=KV["kv_bits"], kv_group_size=KV["kv_group_size"],
+                          quantized_kv_start=KV["quantized_kv_start"])  # fmt: skip
     return wall, {r["id"]: [t["id"] for t in r["logprobs"]] for r in out}
 
 
 def _images(tmp: Path) -> None:
     import mlx_vlm
     import numpy as np
-    import pyarrow.parquet as pq
     from PIL import Image
 
     from batchgen.tools.tiny.builder import make_tiny_model
@@ -101,18 +87,11 @@ def _images(tmp: Path) -> None:
         f"{len(rows)} image rows, one at a time (mlx-vlm's quantized generate): {made / times[1]:7.1f} tok/s"
     )
     same = True
-    job = tmp / "images.jsonl"
-    job.write_text("".join(json.dumps(r) + "\n" for r in rows))
     for width in (8, 32):
-        out_path = tmp / f"images-{width}.parquet"
-        config = batchgen.build_config(
-            job, out_path, None, {"temperature": 0.0, "logprobs": True}, model=str(model_dir),
-            batch_size=width, quiet=True, kv_bits=KV["kv_bits"], kv_group_size=KV["kv_group_size"],
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        batchgen.run(config)
-        times[width] = time.perf_counter() - t0
-        got = {r["id"]: [t["id"] for t in r["logprobs"]] for r in pq.read_table(out_path).to_pylist()}
+        times[width], out = timed_run(rows, {"temperature": 0.0, "logprobs": True}, model=str(model_dir),
+                                      batch_size=width, kv_bits=KV["kv_bits"],
+                                      kv_group_size=KV["kv_group_size"])  # fmt: skip
+        got = {r["id"]: [t["id"] for t in r["logprobs"]] for r in out}
         same = same and all(got[i] == want[i] for i in want)
         print(f"image rows, batchgen width {width:>2}: {made / times[width]:7.1f} tok/s")
     print(f"identical image token ids one at a time and at widths 8 and 32: {same}")

@@ -9,18 +9,15 @@ tokens before the next is queued, as before) and pipelined (the next step queued
 
 from __future__ import annotations
 
-import json
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
+from timed import timed_run  # noqa: E402
 
-import batchgen  # noqa: E402
 from batchgen.generate.decoder import DecodeBatch  # noqa: E402
 
 MODEL = ROOT / "sample_data" / "models" / "tiny-lm"
@@ -36,17 +33,7 @@ def _rows() -> list[dict]:
 
 
 def _run(rows: list[dict], width: int) -> tuple[float, dict[str, tuple[str, int]]]:
-    import pyarrow.parquet as pq
-
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "jobs.jsonl"
-        job.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        config = batchgen.build_config(job, Path(tmp) / "out.parquet", None, {"temperature": 0.0},
-                                       model=str(MODEL), batch_size=width, quiet=True)  # fmt: skip
-        t0 = time.perf_counter()
-        batchgen.run(config)
-        wall = time.perf_counter() - t0
-        out = pq.read_table(Path(tmp) / "out.parquet").to_pylist()
+    wall, out = timed_run(rows, {"temperature": 0.0}, model=str(MODEL), batch_size=width)
     return wall, {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in out}
 
 

@@ -8,19 +8,15 @@ with every row's token ids compared across the three runs.
 
 from __future__ import annotations
 
-import json
 import random
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
-
-import batchgen  # noqa: E402
+from timed import timed_run  # noqa: E402
 
 MODEL = ROOT / "sample_data" / "models" / "tiny-lm"
 PROMPTS = ["Tell me a story about a red circle.", "Describe the sea at night.",
@@ -29,20 +25,8 @@ SEEDS, MAX_TOKENS, TEMPERATURE = 50, 64, 0.8
 
 
 def _run(rows: list[dict], width: int) -> tuple[float, dict[str, list[int]]]:
-    import pyarrow.parquet as pq
-
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Path(tmp) / "jobs.jsonl"
-        job.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        config = batchgen.build_config(
-            job, Path(tmp) / "out.parquet", None,
-            {"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS, "logprobs": True},
-            model=str(MODEL), batch_size=width, quiet=True,
-        )  # fmt: skip
-        t0 = time.perf_counter()
-        batchgen.run(config)
-        wall = time.perf_counter() - t0
-        out = pq.read_table(Path(tmp) / "out.parquet").to_pylist()
+    generation = {"temperature": TEMPERATURE, "max_tokens": MAX_TOKENS, "logprobs": True}
+    wall, out = timed_run(rows, generation, model=str(MODEL), batch_size=width)
     return wall, {r["id"]: [t["id"] for t in r["logprobs"]] for r in out}
 
 

@@ -309,9 +309,13 @@ class DecodeBatch:
             mx.eval(logits)
             running = set(self.pick(rows, logits))
         if len(running) < len(rows):
-            yield from (i for i in rows if i not in running)
-            self.slots = [i if i in running else None for i in self.slots]
+            yield from self._leave(rows, running)
             self._tidy()
+
+    def _leave(self, rows: list[int], running: set[int]) -> Iterator[int]:
+        """The rows of `rows` no longer running, yielded, their slots freed."""
+        yield from (i for i in rows if i not in running)
+        self.slots = [i if i in running else None for i in self.slots]
 
     def _on_device(self, i: int) -> bool:
         """Whether row `i` draws its tokens without the host: no logits processor."""
@@ -324,12 +328,8 @@ class DecodeBatch:
         the logits they were drawn from); the rows still running."""
         every = ints(ahead)
         picked = [every[s] for s in live]
-        want = [j for j, i in enumerate(rows) if self.seqs[i].params.wants_logprobs]
-        if want and logits is not None:
-            ks = [self.seqs[rows[j]].params.top_logprobs for j in want]
-            records = token_logprobs(logits[mx.array([live[j] for j in want])], [picked[j] for j in want], ks)
-            for j, record in zip(want, records, strict=True):
-                self.seqs[rows[j]].logprobs.append(record)
+        if logits is not None:
+            self._logprobs(rows, picked, lambda want: logits[mx.array([live[j] for j in want])])
         return self._take(rows, picked)
 
     def _draw(self, rows: list[int], logits: mx.array) -> mx.array:
@@ -363,8 +363,7 @@ class DecodeBatch:
         rows = [i for i in (self.slots[s] for s in live) if i is not None]
         running = set(self._take_ahead(rows, live, ahead, logits))
         if len(running) < len(rows):
-            yield from (i for i in rows if i not in running)
-            self.slots = [i if i in running else None for i in self.slots]
+            yield from self._leave(rows, running)
 
     def _tidy(self) -> None:
         """Idle slots with no row left to fill them are dropped at once (a copy of the running
@@ -396,18 +395,29 @@ class DecodeBatch:
 
     def pick(self, rows: list[int], logits: mx.array) -> list[int]:
         """Sample each row's next token and return the rows still running."""
-        seqs = self.seqs
         if all(self.samplers[i] is None and not self.processors[i] for i in rows):
             picked, shaped = ints(mx.argmax(logits, axis=-1)), None
         else:
             picked, shaped = self._sampled(rows, logits)
-        want = [j for j, i in enumerate(rows) if seqs[i].params.wants_logprobs]
-        if want:
-            rows_lp = logits[mx.array(want)] if shaped is None else mx.concatenate([shaped[j] for j in want])
-            ks = [seqs[rows[j]].params.top_logprobs for j in want]
-            for j, record in zip(want, token_logprobs(rows_lp, [picked[j] for j in want], ks), strict=True):
-                seqs[rows[j]].logprobs.append(record)
+
+        def drawn_from(want: list[int]) -> mx.array:
+            return logits[mx.array(want)] if shaped is None else mx.concatenate([shaped[j] for j in want])
+
+        self._logprobs(rows, picked, drawn_from)
         return self._take(rows, picked)
+
+    def _logprobs(
+        self, rows: list[int], picked: list[int], logits_of: Callable[[list[int]], mx.array]
+    ) -> None:
+        """The logprobs records of the rows that ask for them: `logits_of` gives the logits those
+        rows' tokens were drawn from, by their places in `rows`."""
+        want = [j for j, i in enumerate(rows) if self.seqs[i].params.wants_logprobs]
+        if not want:
+            return
+        ks = [self.seqs[rows[j]].params.top_logprobs for j in want]
+        records = token_logprobs(logits_of(want), [picked[j] for j in want], ks)
+        for j, record in zip(want, records, strict=True):
+            self.seqs[rows[j]].logprobs.append(record)
 
     def _take(self, rows: list[int], picked: list[int]) -> list[int]:
         """Each row's next token taken: appended, its stop rules checked; the rows still running."""

@@ -26,7 +26,7 @@ from ..core.records import Generation, Job, Media
 from .adapters import Adapter, LMAdapter, Sequence
 from .arrays import TemplateOwner, Tokenizer
 from .batch_cache import KVQuant
-from .decoder import Watch, decode_stream
+from .decoder import decode_stream
 from .loading import Models
 from .memory import Footprint, Memory, out_of_memory
 from .models import ModelInfo
@@ -38,6 +38,7 @@ from .sampling import logprob_records
 from .scoring import Scores, score_row
 from .speculative import speculate_stream
 from .tool_calls import check_tools, with_tool_calls
+from .watch import Watch
 
 __all__ = [
     "Plan",

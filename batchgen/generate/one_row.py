@@ -14,7 +14,6 @@ import mlx.core as mx
 from ..core.records import Generation, GenParams, Job, Media
 from .arrays import Model, Processor, Tokenizer
 from .batch_cache import KVQuant
-from .decoder import Watch
 from .drafts import Drafter, drafted_from_flags
 from .models import ModelInfo
 from .prompts import render, template_parts, text_only
@@ -30,6 +29,7 @@ from .sampling import (
     token_logprobs,
 )
 from .tool_calls import check_tools, with_tool_calls
+from .watch import Watch
 
 __all__ = ["KVQuant", "collect", "generate_vlm", "generate_lm", "vlm_prompt_ids"]
 

@@ -17,7 +17,6 @@ from ..core.settings import GenerationSettings
 from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model
 from .batch_cache import KVQuant
-from .decoder import Watch
 from .drafts import Drafter, inspect_drafter
 from .lanes import Lane, LMSingleLane, Plan, SingleLane, SpeculativeLane, TextLane, row_error
 from .loading import Models
@@ -25,6 +24,7 @@ from .memory import Memory
 from .models import inspect_model
 from .prefix_cache import PrefixCache
 from .vision_lanes import OffsetVisionLane, VisionLane
+from .watch import Watch
 
 __all__ = ["Plan", "Router"]
 

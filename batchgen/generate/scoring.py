@@ -19,10 +19,11 @@ from ..core.records import ChoiceScore, Scoring
 from .adapters import Adapter, Sequence
 from .arrays import Tokenizer, floats
 from .batch_cache import KVQuant, merge_caches
-from .decoder import Watch, prefill
+from .prefill import prefill
 from .prefix_cache import PrefixCache
 from .reasoning import markers_of
 from .sampling import log_softmax
+from .watch import Watch
 
 __all__ = ["Scores", "score", "score_row", "answer_ids", "END_OF_TURN"]
 

@@ -21,8 +21,10 @@ import mlx.core as mx
 from .adapters import Adapter, Sequence
 from .arrays import Tokenizer, int_rows
 from .batch_cache import drop_tails, merge_caches, trim_layer
-from .decoder import DecodeBatch, Watch, prefill_but_last
+from .decoder import DecodeBatch
 from .memory import wired
+from .prefill import prefill_but_last
+from .watch import Watch
 
 __all__ = ["speculate_stream"]
 

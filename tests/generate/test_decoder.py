@@ -12,8 +12,9 @@ from conftest import MODELS
 from batchgen.core.errors import StopRequested
 from batchgen.core.records import GenParams
 from batchgen.generate.adapters import LMAdapter, Sequence
-from batchgen.generate.decoder import Watch, decode_stream
+from batchgen.generate.decoder import decode_stream
 from batchgen.generate.prefix_cache import PrefixCache
+from batchgen.generate.watch import Watch
 
 
 @pytest.fixture(scope="module")

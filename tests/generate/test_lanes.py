@@ -85,9 +85,9 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
     from mlx_lm.sample_utils import make_logits_processors
 
     from batchgen.core.records import GenParams, Media, MediaItem
-    from batchgen.generate.decoder import Watch
     from batchgen.generate.models import inspect_model
     from batchgen.generate.one_row import generate_vlm
+    from batchgen.generate.watch import Watch
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
 

@@ -12,9 +12,9 @@ from conftest import MODELS, read, run_cli, write_jsonl
 from PIL import Image
 
 from batchgen.core.records import GenParams, Media, MediaItem
-from batchgen.generate.decoder import Watch
 from batchgen.generate.models import inspect_model
 from batchgen.generate.one_row import generate_vlm
+from batchgen.generate.watch import Watch
 from batchgen.input.parse import parse_row
 from batchgen.input.read import RawRow
 

@@ -3,7 +3,7 @@
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse (or on quantized caches, --kv-bits);
-  `SpeculativeLane`: greedy rows with a text draft model, speculating batched;
+  `SpeculativeLane` (speculative.py): greedy rows with a text draft model, speculating batched;
 - `VisionLane`, `OffsetVisionLane` (vision_lanes.py): media rows of the Qwen-VL families
   (mRoPE positions) and of the families positioned by their cache offsets, batched;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,
@@ -36,7 +36,6 @@ from .prompts import check_length, message_bounds, render, template_kwargs, text
 from .reasoning import budgeted, initial_part, markers_of, split_generation
 from .sampling import logprob_records
 from .scoring import Scores, score_row
-from .speculative import speculate_stream
 from .tool_calls import check_tools, with_tool_calls
 from .watch import Watch
 
@@ -266,22 +265,6 @@ class TextLane(BatchedLane):
     def _decoding(self):
         model, tokenizer = self.models.text()
         return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
-
-
-class SpeculativeLane(TextLane):
-    """Greedy text rows with the run's text draft model, speculating batched (speculative.py):
-    the target's greedy tokens, the drafter's proposals and acceptances counted per row."""
-
-    name = "lm-draft"
-
-    def _stream(self, adapter, seqs, eos, decode, watch, width, tokenizer, memory):
-        self.models.load_drafter()
-        drafter = self.models.drafter
-        assert drafter is not None
-        draft = LMAdapter(drafter.model)
-        return speculate_stream(
-            adapter, draft, drafter.num_draft_tokens, seqs, eos, decode, watch, width, tokenizer
-        )
 
 
 class _OneByOne(Lane):

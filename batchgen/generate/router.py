@@ -18,11 +18,12 @@ from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model
 from .batch_cache import KVQuant
 from .drafts import Drafter, inspect_drafter
-from .lanes import Lane, LMSingleLane, Plan, SingleLane, SpeculativeLane, TextLane, row_error
+from .lanes import Lane, LMSingleLane, Plan, SingleLane, TextLane, row_error
 from .loading import Models
 from .memory import Memory
 from .models import inspect_model
 from .prefix_cache import PrefixCache
+from .speculative import SpeculativeLane
 from .vision_lanes import OffsetVisionLane, VisionLane
 from .watch import Watch
 

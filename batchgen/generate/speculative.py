@@ -18,15 +18,16 @@ from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
-from .adapters import Adapter, Sequence
+from .adapters import Adapter, LMAdapter, Sequence
 from .arrays import Tokenizer, int_rows
 from .batch_cache import drop_tails, merge_caches, trim_layer
 from .decoder import DecodeBatch
+from .lanes import TextLane
 from .memory import wired
 from .prefill import prefill_but_last
 from .watch import Watch
 
-__all__ = ["speculate_stream"]
+__all__ = ["SpeculativeLane", "speculate_stream"]
 
 
 def speculate_stream(
@@ -122,3 +123,19 @@ class SpeculativeBatch(DecodeBatch):
             if not self._take([i], [token]):
                 return None
         return n
+
+
+class SpeculativeLane(TextLane):
+    """Greedy text rows with the run's text draft model, speculating batched (speculative.py):
+    the target's greedy tokens, the drafter's proposals and acceptances counted per row."""
+
+    name = "lm-draft"
+
+    def _stream(self, adapter, seqs, eos, decode, watch, width, tokenizer, memory):
+        self.models.load_drafter()
+        drafter = self.models.drafter
+        assert drafter is not None
+        draft = LMAdapter(drafter.model)
+        return speculate_stream(
+            adapter, draft, drafter.num_draft_tokens, seqs, eos, decode, watch, width, tokenizer
+        )

@@ -47,8 +47,8 @@ def speculate_stream(
 
 class SpeculativeBatch(DecodeBatch):
     """A batch of rows speculating together: the decoder's rows, stop rules and slots, two
-    batch caches (the target's in `merged`, the drafter's in `drafts`). Rows join a batch
-    together and leave it as they finish; the next rows start once it is empty."""
+    batch caches (the target's in `merged`, the drafter's in `drafts`). Rows leave as they
+    finish and waiting rows join between rounds (continuous batching)."""
 
     def __init__(
         self, adapter: Adapter, drafter: Adapter, k: int, seqs: list[Sequence], eos: set[int],
@@ -59,18 +59,27 @@ class SpeculativeBatch(DecodeBatch):
         self.drafts: list | None = None  # the drafter's batch cache
 
     def join(self) -> None:  # type: ignore[override]
-        """The next rows, filled but for their last prompt token in both models' caches."""
-        if self.active or not self.waiting:
-            return
+        """Waiting rows into the free places, filled but for their last prompt token in both
+        models' caches and appended to the batch (a round starts every row from its newest
+        token, so a row joins between any two rounds)."""
         rows: list[int] = []
         targets, drafts = [], []
-        while self.waiting and len(rows) < self.width:
+        while self.waiting and len(self.active) + len(rows) < self.width:
             i = self.waiting.pop()
             self.deadlines[i] = self.watch.deadline(time.monotonic())
             targets.append(prefill_but_last(self.adapter, self.seqs[i], self.watch))
             drafts.append(prefill_but_last(self.drafter, self.seqs[i], self.watch))
             rows.append(i)
-        self.merged, self.drafts, self.slots = merge_caches(targets), merge_caches(drafts), [*rows]
+        if not rows:
+            return
+        joined = merge_caches(targets), merge_caches(drafts)
+        if self.merged is None or self.drafts is None:
+            self.merged, self.drafts = joined
+        else:
+            for cache, more in zip((self.merged, self.drafts), joined, strict=True):
+                for layer, extra in zip(cache, more, strict=True):
+                    layer.extend(extra)
+        self.slots += rows
 
     def step(self) -> Iterator[int]:
         """One round for every row; yields the rows that finished."""

@@ -5,8 +5,8 @@ Two kinds of drafter, told apart by the checkpoint's config:
   proposing `num_draft_tokens` per round;
 - an mlx-vlm drafter (`mtp`, `dflash`, `eagle3`) attached to the vision target, proposing
   blocks of `block_size`.
-Greedy rows with a text draft model speculate batched (speculative.py); other rows that can
-use a drafter run one at a time with it; the counts are the engines' own.
+Rows with a text draft model speculate batched (speculative.py); other rows that can use a
+drafter run one at a time with it; the counts are the engines' own.
 """
 
 from __future__ import annotations

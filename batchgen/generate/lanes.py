@@ -3,7 +3,7 @@
 A lane turns a row into a `Plan` (tokenized, grouped with the rows it shares work with) and
 runs a batch of its plans, each row getting its Generation or its RowError:
 - `TextLane`: mlx-lm models, batched, with prefix reuse (or on quantized caches, --kv-bits);
-  `SpeculativeLane` (speculative.py): greedy rows with a text draft model, speculating batched;
+  `SpeculativeLane` (speculative.py): rows with a text draft model, speculating batched;
 - `VisionLane`, `OffsetVisionLane` (vision_lanes.py): media rows of the Qwen-VL families
   (mRoPE positions) and of the families positioned by their cache offsets, batched;
 - `SingleLane`: mlx-vlm's own generate, one row at a time (audio, images beside a video,

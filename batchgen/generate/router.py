@@ -170,13 +170,13 @@ class Router:
         return lane
 
     def _drafting(self, p: GenParams) -> Lane:
-        """A text drafter's row: greedy rows speculate batched; a row that samples or carries a
-        logits processor (penalties, biases) or a quantized cache goes through mlx-lm's own
-        speculative loop, one at a time (its acceptance depends on those, round by round)."""
+        """A text drafter's row: rows speculate batched; a row that carries a logits processor
+        (penalties, biases) or a quantized cache goes through mlx-lm's own speculative loop, one
+        at a time (the processors see each draft block's history there, round by round)."""
         processors = p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-        if p.temperature == 0 and not processors and self.kv is None:
+        if not processors and self.kv is None:
             return self.speculative
-        why = "--kv-bits" if self.kv is not None else "sampling or penalties"
+        why = "--kv-bits" if self.kv is not None else "penalties or biases"
         return self._alone(f"text drafter rows with {why}: mlx-lm's speculative loop", self.draft)
 
     def _alone(self, reason: str, lane: Lane | None = None) -> Lane:

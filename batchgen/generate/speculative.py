@@ -8,7 +8,9 @@ choice agrees with and then the target's own next token. Rows accept different c
 row's caches (the target's and the drafter's) drop their own rejected tail (`drop_tails`), and
 the next round starts every row from its newest token. The drafter is also fed its last
 proposal each round, so a row that accepted all of them goes on from there as mlx-lm's does.
-Greedy rows only: the tokens are the target's greedy tokens, the same as without a drafter.
+Greedy rows get the target's greedy tokens, the same as without a drafter; a sampling row's
+sampler draws its proposals and the target's tokens as in mlx-lm's loop (a seeded row: the
+same tokens as mlx-lm's speculative generate with the same keyed sampler).
 """
 
 from __future__ import annotations
@@ -86,15 +88,18 @@ class SpeculativeBatch(DecodeBatch):
         self.watch.check_stop()
         rows = self.active
         seqs = [self.seqs[i] for i in rows]
+        offered = [min(self.k, s.params.max_tokens - len(s.tokens)) for s in seqs]
         last = mx.array([(s.tokens or s.ids)[-1] for s in seqs])
         token, proposals = last, []
-        for _ in range(self.k):
-            token = mx.argmax(self.drafter.decode(token, self.drafts, seqs), axis=-1)  # type: ignore[arg-type]
+        for step in range(self.k):
+            logits = self.drafter.decode(token, self.drafts, seqs)  # type: ignore[arg-type]
+            token = self._chosen(rows, logits[:, None], [int(step < n) for n in offered])[:, 0]
             proposals.append(token)
         self.drafter.decode(token, self.drafts, seqs)  # type: ignore[arg-type]  # its keys and values only
         drafted = mx.stack(proposals, axis=1)
         fed = mx.concatenate([last[:, None], drafted], axis=1)
-        chosen = mx.argmax(self.adapter.continue_all(seqs[0], self.merged, fed), axis=-1)  # type: ignore[arg-type]
+        logits = self.adapter.continue_all(seqs[0], self.merged, fed)  # type: ignore[arg-type]
+        chosen = self._chosen(rows, logits, [n + 1 for n in offered])
         mx.eval(chosen, drafted)
         running: list[int] = []
         rejected: list[int] = []
@@ -116,6 +121,23 @@ class SpeculativeBatch(DecodeBatch):
                 trim_layer(layer, list(range(len(keep))))
         self.slots = [*running]
 
+    def _chosen(self, rows: list[int], logits: mx.array, draws: list[int]) -> mx.array:
+        """Each row's tokens at the first `draws[j]` of its positions (logits (B, L, V)), drawn
+        as mlx-lm's loop draws them: greedy rows by argmax, a sampling row by its sampler over
+        those positions in one call (a seeded row's keys follow its positions on, as the one
+        sampler mlx-lm's loop shares between drafter and target does); argmax elsewhere."""
+        chosen = mx.argmax(logits, axis=-1)
+        sampled = [j for j, i in enumerate(rows) if self.samplers[i] is not None and draws[j]]
+        if not sampled:
+            return chosen
+        for j in sampled:  # rows' draws in row order: unseeded samplers share the global state
+            row = logits[j, : draws[j]]
+            sampler = self.samplers[rows[j]]
+            assert sampler is not None
+            drawn = sampler(row - mx.logsumexp(row, axis=-1, keepdims=True))
+            chosen[j, : draws[j]] = drawn.astype(chosen.dtype).reshape(-1)
+        return chosen
+
     def _round(self, i: int, said: list[int], proposed: list[int]) -> int | None:
         """Row `i`'s round as mlx-lm's loop runs it: of min(k, tokens left) proposals, those the
         target agrees with, then the target's own token while tokens are left; the accepted
@@ -135,8 +157,8 @@ class SpeculativeBatch(DecodeBatch):
 
 
 class SpeculativeLane(TextLane):
-    """Greedy text rows with the run's text draft model, speculating batched (speculative.py):
-    the target's greedy tokens, the drafter's proposals and acceptances counted per row."""
+    """Text rows with the run's text draft model (no logits processor), speculating batched:
+    the drafter's proposals and acceptances counted per row."""
 
     name = "lm-draft"
 

@@ -161,31 +161,40 @@ def test_invalid_drafter_settings_stop_the_run_before_any_row(tmp_path, mtp_pair
 
 
 def test_text_drafter_rows_speculate_batched_as_mlx_lms_own_loop(tmp_path, text_pair):
-    """Greedy rows of mixed lengths, eight at a time: each row's text, its drafted and accepted
-    counts are those of mlx-lm's one-row speculative generate with the same drafter; a sampled
-    row goes through that loop itself, named in the closing line."""
+    """Greedy rows of mixed lengths and seeded sampled rows, eight at a time: each row's text,
+    its drafted and accepted counts are those of mlx-lm's one-row speculative generate with the
+    same drafter (and the seeded row's own keyed sampler); a row with a repetition penalty goes
+    through that loop itself, named in the closing line."""
     import mlx_lm
+
+    from batchgen.core.records import GenParams
+    from batchgen.generate.sampling import Seeded
 
     k = 3
     prompts = ["Tell me about the sea.", "Name a colour.", "Hi!", "Count: one two three four",
                "Describe a red circle on a white background.", "Why?", "List some fruit.",
                "Write a line about winter.", "What is a map?", "Say yes."]  # fmt: skip
     rows = [{"id": f"r{i}", "prompt": p, "max_tokens": 6 + 5 * (i % 4)} for i, p in enumerate(prompts)]
-    rows.append({"id": "sampled", "prompt": "Hi!", "temperature": 0.7, "seed": 1, "max_tokens": 8})
+    rows += [{"id": f"s{s}", "prompt": prompts[s], "temperature": 0.9, "seed": s, "max_tokens": 10 + s}
+             for s in range(3)]  # fmt: skip
+    rows.append({"id": "penalty", "prompt": "Hi!", "repetition_penalty": 1.3, "max_tokens": 8})
     model = ("--model", str(MODELS / "tiny-lm"))
     got, output = _run(tmp_path, "batched", rows, *model, "--draft-model", str(text_pair["draft"]),
                        "--num-draft-tokens", str(k), "--batch-size", "8")  # fmt: skip
     got = {r["id"]: r for r in got}
-    why = "text drafter rows with sampling or penalties: mlx-lm's speculative loop"
+    why = "text drafter rows with penalties or biases: mlx-lm's speculative loop"
     assert f"1 row one at a time ({why})" in output
     target, tokenizer = mlx_lm.load(str(MODELS / "tiny-lm"))
     draft, _ = mlx_lm.load(str(text_pair["draft"]))
-    accepted = 0
+    accepted = sampled = 0
     for row in rows[:-1]:
         messages = [{"role": "user", "content": row["prompt"]}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        seeded = {}
+        if "seed" in row:
+            seeded = {"sampler": Seeded(GenParams(temperature=row["temperature"], seed=row["seed"]))}
         stream = list(mlx_lm.stream_generate(target, tokenizer, ids, max_tokens=row["max_tokens"],
-                                             draft_model=draft, num_draft_tokens=k))  # fmt: skip
+                                             draft_model=draft, num_draft_tokens=k, **seeded))  # fmt: skip
         flags = [bool(r.from_draft) for r in stream]
         tokens = [r.token for r in stream]
         said = tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens
@@ -195,4 +204,10 @@ def test_text_drafter_rows_speculate_batched_as_mlx_lms_own_loop(tmp_path, text_
         assert r["mtp_accepted"] == sum(flags), row["id"]
         assert r["mtp_drafts"] == drafted_from_flags(flags, row["max_tokens"], k), row["id"]
         accepted += r["mtp_accepted"]
+        if seeded:
+            greedy = [
+                t.token for t in mlx_lm.stream_generate(target, tokenizer, ids, max_tokens=row["max_tokens"])
+            ]
+            sampled += tokens != greedy
     assert accepted > 0  # the drafter is right at times: acceptance is exercised, not just rejection
+    assert sampled  # the seeded rows sample: their draws are checked, not a greedy row's

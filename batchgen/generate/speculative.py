@@ -37,7 +37,7 @@ def speculate_stream(
     decode: Callable[[list[int]], str], watch: Watch | None = None, width: int | None = None,
     tokenizer: Tokenizer = None,
 ) -> Iterator[int]:  # fmt: skip
-    """Generate every (greedy) sequence with `drafter` proposing `k` tokens a round, at most
+    """Generate every sequence with `drafter` proposing `k` tokens a round, at most
     `width` rows at a time; yields each row's index as it finishes, with its tokens, text,
     finish_reason and its drafted and accepted counts filled in."""
     batch = SpeculativeBatch(adapter, drafter, k, seqs, eos, decode, watch, width, tokenizer)
@@ -103,8 +103,10 @@ class SpeculativeBatch(DecodeBatch):
         mx.eval(chosen, drafted)
         running: list[int] = []
         rejected: list[int] = []
-        for i, said, proposed in zip(rows, int_rows(chosen), int_rows(drafted), strict=True):
-            n = self._round(i, said, proposed)
+        for i, said, proposed, n_offered in zip(
+            rows, int_rows(chosen), int_rows(drafted), offered, strict=True
+        ):
+            n = self._round(i, said, proposed, n_offered)
             if n is not None:
                 running.append(i)
                 rejected.append(self.k - n)
@@ -128,8 +130,6 @@ class SpeculativeBatch(DecodeBatch):
         sampler mlx-lm's loop shares between drafter and target does); argmax elsewhere."""
         chosen = mx.argmax(logits, axis=-1)
         sampled = [j for j, i in enumerate(rows) if self.samplers[i] is not None and draws[j]]
-        if not sampled:
-            return chosen
         for j in sampled:  # rows' draws in row order: unseeded samplers share the global state
             row = logits[j, : draws[j]]
             sampler = self.samplers[rows[j]]
@@ -138,13 +138,13 @@ class SpeculativeBatch(DecodeBatch):
             chosen[j, : draws[j]] = drawn.astype(chosen.dtype).reshape(-1)
         return chosen
 
-    def _round(self, i: int, said: list[int], proposed: list[int]) -> int | None:
-        """Row `i`'s round as mlx-lm's loop runs it: of min(k, tokens left) proposals, those the
-        target agrees with, then the target's own token while tokens are left; the accepted
-        count, or None once the row finished (its counts then those of the tokens it took)."""
+    def _round(self, i: int, said: list[int], proposed: list[int], offered: int) -> int | None:
+        """Row `i`'s round as mlx-lm's loop runs it: of its `offered` proposals (min(k, tokens
+        left)), those the target agrees with, then the target's own token while tokens are left;
+        the accepted count, or None once the row finished (its counts then those of the tokens
+        it took)."""
         seq = self.seqs[i]
         left = seq.params.max_tokens - len(seq.tokens)
-        offered = min(self.k, left)
         n = 0
         while n < offered and said[n] == proposed[n]:
             n += 1

@@ -308,7 +308,7 @@ class SingleLane(_OneByOne):
 
     def prompt_tokens(self, plan: Plan) -> int:
         model, processor = self.models.vlm()
-        return len(vlm_prompt_ids(model, processor, self.info, plan.job, plan.media))
+        return len(vlm_prompt_ids(model, processor, plan.job, plan.media))
 
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
         model, processor = self.models.vlm()
@@ -317,7 +317,7 @@ class SingleLane(_OneByOne):
         drafter = self.models.drafter if vision_drafter else None
         if drafter is not None:
             self.models.load_drafter()
-        return generate_vlm(model, processor, self.info, plan.job, plan.media, drafter, watch, self.kv)
+        return generate_vlm(model, processor, plan.job, plan.media, drafter, watch, self.kv)
 
 
 class LMSingleLane(_OneByOne):

@@ -15,7 +15,6 @@ from ..core.records import Generation, GenParams, Job, Media
 from .arrays import Model, Processor, Tokenizer
 from .batch_cache import KVQuant
 from .drafts import Drafter, drafted_from_flags
-from .models import ModelInfo
 from .prompts import render, template_parts, text_only
 from .reasoning import Markers, Part, budgeted, initial_part, markers_of, split_generation, thinking_of
 from .sampling import (
@@ -128,22 +127,17 @@ def generate_lm(
     return gen
 
 
-def _vlm_inputs(processor: Processor, info: ModelInfo, job: Job, media: Media) -> tuple[str, list, list]:
-    """(prompt, images, videos) as mlx-vlm's generate takes them for this row."""
+def _vlm_inputs(processor: Processor, job: Job, media: Media) -> tuple[str, list, list]:
+    """(prompt, images, videos) as mlx-vlm's generate takes them for this row (a model without
+    a video token has its frames as images already: prompts.frames_as_images)."""
     messages = template_parts(job.messages) if media else text_only(job.messages)
     prompt = render(processor, messages, job.params)
-    images, videos = list(media.images), list(media.videos)
-    if videos and not info.video:  # models without a video token see frames as images
-        from PIL import Image
-
-        images += [Image.fromarray(f) for v in videos for f in v]
-        videos = []
-    return prompt, images, videos
+    return prompt, list(media.images), list(media.videos)
 
 
-def vlm_prompt_ids(model: Model, processor: Processor, info: ModelInfo, job: Job, media: Media) -> list[int]:
+def vlm_prompt_ids(model: Model, processor: Processor, job: Job, media: Media) -> list[int]:
     """The row's prompt token ids as mlx-vlm's generate makes them (batchgen plan counts them)."""
-    return _prompt_ids(model, processor, *_vlm_inputs(processor, info, job, media))
+    return _prompt_ids(model, processor, *_vlm_inputs(processor, job, media))
 
 
 def _prompt_ids(model: Model, processor: Processor, prompt: str, images: list, videos: list) -> list[int]:
@@ -184,14 +178,14 @@ def _seeing_the_prompt(processors: list[Callable], prompt: list[int]) -> list[Ca
 
 
 def generate_vlm(
-    model: Model, processor: Processor, info: ModelInfo, job: Job, media: Media,
-    drafter: Drafter | None = None, watch: Watch | None = None, kv: KVQuant | None = None,
+    model: Model, processor: Processor, job: Job, media: Media, drafter: Drafter | None = None,
+    watch: Watch | None = None, kv: KVQuant | None = None,
 ) -> Generation:  # fmt: skip
     """mlx-vlm's own generate for one row; with an mlx-vlm drafter, its counts come from the
     drafter's lifetime counters, read before and after; its quantized KV cache with `kv`."""
     from mlx_vlm import stream_generate
 
-    prompt, images, videos = _vlm_inputs(processor, info, job, media)
+    prompt, images, videos = _vlm_inputs(processor, job, media)
     tokenizer: Tokenizer = getattr(processor, "tokenizer", processor)
     check_tools(job.params, tokenizer)
     tokenizer.stopping_criteria.reset(model.config.eos_token_id)

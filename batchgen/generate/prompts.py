@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from PIL import Image
+
 from ..core.errors import RowError
-from ..core.records import GenParams, Message
+from ..core.records import GenParams, Job, Media, MediaItem, Message
 from .arrays import ModelConfig, TemplateOwner, Tokenizer
 from .models import ModelInfo
 from .reasoning import markers_of
 
 __all__ = ["END_OF_TURN", "apply_template", "render", "template_of", "template_kwargs", "text_only",
-           "template_parts", "message_bounds", "after_media", "check_length"]  # fmt: skip
+           "template_parts", "frames_as_images", "message_bounds", "after_media", "check_length"]  # fmt: skip
 
 END_OF_TURN = "<|im_end|>"  # Qwen-style templates end a turn here even when eos differs
 
@@ -127,6 +130,39 @@ def template_parts(messages: list[Message]) -> list[dict[str, Any]]:
         ]  # fmt: skip
         out.append({"role": m["role"], "content": shown})
     return out
+
+
+def frames_as_images(job: Job, media: Media) -> tuple[Job, Media]:
+    """A row's videos as a model without a video token takes them: each video's sampled frames
+    as images in its place, its part in the messages one image part a frame, so the template
+    gives every frame its own image slot (mlx-vlm handed such a model the frames with no slot
+    for them: some processors refused the row, others answered without the video). A frame's
+    digest is its video's and its index, so questions on one clip still share its frames."""
+    if not media.videos:
+        return job, media
+    items: list[MediaItem] = []
+    counts: list[int] = []  # frames of each video, in order
+    for item in media.items:
+        if item.kind != "video":
+            items.append(item)
+            continue
+        counts.append(len(item.payload))
+        items += [
+            MediaItem("image", Image.fromarray(frame), f"{item.digest}:{k}")
+            for k, frame in enumerate(item.payload)
+        ]
+    frames = iter(counts)
+    messages: list[Message] = []
+    for m in job.messages:
+        content = m["content"]
+        if isinstance(content, str):
+            messages.append(m)
+            continue
+        parts: list[Any] = []
+        for part in content:
+            parts += [{**part, "type": "image"}] * next(frames) if part["type"] == "video" else [part]
+        messages.append({**m, "content": parts})
+    return dataclasses.replace(job, messages=messages), Media(items)
 
 
 def after_media(ids: list[int], config: ModelConfig) -> list[int]:

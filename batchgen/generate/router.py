@@ -23,6 +23,7 @@ from .loading import Models
 from .memory import Memory
 from .models import inspect_model
 from .prefix_cache import PrefixCache
+from .prompts import frames_as_images
 from .speculative import SpeculativeLane
 from .vision_lanes import OffsetVisionLane, VisionLane
 from .watch import Watch
@@ -189,6 +190,8 @@ class Router:
         that cannot load stops the run (ConfigError), wherever its first row is."""
         if media:
             self._check_supported(media)
+        if media.videos and not self.vision_info.video:  # the frames go in as images, each with its slot
+            job, media = frames_as_images(job, media)
         if self.kv is not None:
             self._check_quantizable(job)
         try:

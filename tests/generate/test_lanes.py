@@ -85,7 +85,6 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
     from mlx_lm.sample_utils import make_logits_processors
 
     from batchgen.core.records import GenParams, Media, MediaItem
-    from batchgen.generate.models import inspect_model
     from batchgen.generate.one_row import generate_vlm
     from batchgen.generate.watch import Watch
     from batchgen.input.parse import parse_row
@@ -111,8 +110,9 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
     differs = 0
     for k in range(3):
         parsed, _ = parse_row(RawRow(k, k + 1, rows[k]), GenParams(temperature=0.0), None)
-        single = generate_vlm(model, processor, inspect_model(str(sensitive_vlm)), parsed,
-                              Media([MediaItem("image", image, "a")]), watch=Watch())  # fmt: skip
+        single = generate_vlm(
+            model, processor, parsed, Media([MediaItem("image", image, "a")]), watch=Watch()
+        )
         assert got[f"i{k}"] == (single.text, single.completion_tokens)
         prompt = f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Question {k}: what is it?<|im_end|>\n<|im_start|>assistant\n"  # noqa: E501
         own = mlx_vlm.generate(model, processor, prompt, image=[image], max_tokens=12, temperature=0.0,
@@ -268,6 +268,54 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
         assert outputs["default"][row["id"]] == (_text(processor, ref), len(ref.token_ids))
         texts.add(_text(processor, ref))
     assert len(texts) >= 7  # outputs vary per row and per image: a position bug would show
+
+
+@pytest.mark.parametrize("family", ["smolvlm", "mistral3", "llava"])
+def test_video_rows_of_offset_families_batch_as_frames_and_match_mlx_vlm(workdir, offset_families, family):
+    """A family without a video token takes a clip's sampled frames as images, each in an image
+    slot of its own (mlx-vlm once got the frames with no slot: SmolVLM refused the row, Mistral 3
+    answered without the video). Questions on one clip batch on the offset lane beside an image
+    row, and each equals mlx-vlm's generate given the frames as images with their slots."""
+    import threading
+
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    from batchgen.core.records import GenParams
+    from batchgen.core.settings import MediaConfig
+    from batchgen.generate.loading import mend_processor
+    from batchgen.generate.models import inspect_model
+    from batchgen.input.parse import parse_row
+    from batchgen.input.read import RawRow
+    from batchgen.media.resolve import MediaStage
+
+    model_dir = offset_families[family]
+    questions = ["What moves?", "Which way does it go?", "Describe the clip."]
+    rows = [{"id": f"v{k}", "video": "media/moving_dot.mp4", "prompt": q, "max_tokens": 5 + 3 * k}
+            for k, q in enumerate(questions)]  # fmt: skip
+    rows.append({"id": "img", "image": "media/red_circle.png", "prompt": questions[0], "max_tokens": 5})
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir), "--temperature", "0")
+    assert code == 0 and "one at a time" not in output, output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    info = inspect_model(str(model_dir))
+    stage = MediaStage(MediaConfig(), workdir, workdir, False, info.max_pixels, threading.Event())
+    frames = stage.resolve(parse_row(RawRow(0, 1, rows[0]), GenParams(), None)[0]).media.videos[0]
+    assert len(frames) > 1
+    model, processor = mlx_vlm.load(str(model_dir))
+    mend_processor(processor)
+    pictures = [Image.fromarray(f) for f in frames]
+    texts = set()
+    for k, q in enumerate(questions):
+        turns = [{"role": "user", "content": [{"type": "image"}] * len(frames) + _parts(q)}]
+        prompt = get_chat_template(processor, turns, True)
+        ref = mlx_vlm.generate(
+            model, processor, prompt, image=pictures, max_tokens=5 + 3 * k, temperature=0.0
+        )
+        assert got[f"v{k}"] == (_text(processor, ref), len(ref.token_ids)), f"v{k}"
+        texts.add(got[f"v{k}"][0])
+    assert len(texts) > 1
 
 
 @pytest.mark.parametrize("kind", ["vlm", "llava", "smolvlm", "qwen3_5", "qwen2_5_vl", "qwen3_vl"])

@@ -12,7 +12,6 @@ from conftest import MODELS, read, run_cli, write_jsonl
 from PIL import Image
 
 from batchgen.core.records import GenParams, Media, MediaItem
-from batchgen.generate.models import inspect_model
 from batchgen.generate.one_row import generate_vlm
 from batchgen.generate.watch import Watch
 from batchgen.input.parse import parse_row
@@ -87,7 +86,6 @@ def test_media_row_logprobs_equal_mlx_vlms_on_the_batched_and_the_one_row_lane(t
     model, processor = mlx_vlm.load(str(sensitive_vlm))
     prompt = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is it?<|im_end|>\n"
     prompt += "<|im_start|>assistant\n"
-    info = inspect_model(str(sensitive_vlm))
     for k, c in enumerate(colours):
         image = Image.open(tmp_path / f"{c}.png").convert("RGB")
         stream = mlx_vlm.stream_generate(
@@ -98,9 +96,7 @@ def test_media_row_logprobs_equal_mlx_vlms_on_the_batched_and_the_one_row_lane(t
         _same(batched[c]["logprobs"], reference)
         params = GenParams(temperature=0.0, max_tokens=6, top_logprobs=TOP)
         job_row, _ = parse_row(RawRow(k, k + 1, rows[k]), params, None)
-        single = generate_vlm(
-            model, processor, info, job_row, Media([MediaItem("image", image, c)]), watch=Watch()
-        )
+        single = generate_vlm(model, processor, job_row, Media([MediaItem("image", image, c)]), watch=Watch())
         _same(single.logprobs, reference)
     assert batched["red"]["logprobs"] != batched["blue"]["logprobs"]  # the model sees the image
 

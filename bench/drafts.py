@@ -81,8 +81,11 @@ def _batched_against_one_row(job: Path, prompts: list[str], folder: Path, lm: st
     want = {}
     for i, p in enumerate(prompts):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
-        stream = list(mlx_lm.stream_generate(target, tokenizer, ids, max_tokens=MAX_TOKENS, draft_model=draft,
-                                             num_draft_tokens=k))  # fmt: skip
+        stream = list(
+            mlx_lm.stream_generate(
+                target, tokenizer, ids, max_tokens=MAX_TOKENS, draft_model=draft, num_draft_tokens=k
+            )
+        )
         flags = [bool(r.from_draft) for r in stream]
         want[i] = (len(stream), sum(flags), drafted_from_flags(flags, MAX_TOKENS, k))
     times = {1: time.perf_counter() - t0}
@@ -93,9 +96,17 @@ def _batched_against_one_row(job: Path, prompts: list[str], folder: Path, lm: st
     same = True
     for width in (8, 32):
         out = folder / f"w{width}.parquet"
-        config = batchgen.build_config(job, out, None, {"temperature": 0.0, "max_tokens": MAX_TOKENS},
-                                       model=lm, draft_model=str(folder / "draft"), num_draft_tokens=k,
-                                       batch_size=width, quiet=True)  # fmt: skip
+        config = batchgen.build_config(
+            job,
+            out,
+            None,
+            {"temperature": 0.0, "max_tokens": MAX_TOKENS},
+            model=lm,
+            draft_model=str(folder / "draft"),
+            num_draft_tokens=k,
+            batch_size=width,
+            quiet=True,
+        )
         t0 = time.perf_counter()
         batchgen.run(config)
         times[width] = time.perf_counter() - t0

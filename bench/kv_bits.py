@@ -50,9 +50,15 @@ def _one_at_a_time(rows: list[dict]) -> tuple[float, dict[str, list[int]]]:
 
 
 def _batchgen(rows: list[dict], width: int) -> tuple[float, dict[str, list[int]]]:
-    wall, out = timed_run(rows, {"temperature": 0.0, "logprobs": True}, model=str(MODEL), batch_size=width,
-                          kv_bits=KV["kv_bits"], kv_group_size=KV["kv_group_size"],
-                          quantized_kv_start=KV["quantized_kv_start"])  # fmt: skip
+    wall, out = timed_run(
+        rows,
+        {"temperature": 0.0, "logprobs": True},
+        model=str(MODEL),
+        batch_size=width,
+        kv_bits=KV["kv_bits"],
+        kv_group_size=KV["kv_group_size"],
+        quantized_kv_start=KV["quantized_kv_start"],
+    )
     return wall, {r["id"]: [t["id"] for t in r["logprobs"]] for r in out}
 
 
@@ -68,8 +74,11 @@ def _images(tmp: Path) -> None:
     for k in range(8):
         Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(tmp / f"p{k}.png")
     questions = ["Describe the image.", "What colours are there?", "Is there text?", "Name one shape."]
-    rows = [{"id": f"p{k}-q{q}", "image": str(tmp / f"p{k}.png"), "prompt": question, "max_tokens": 48}
-            for q, question in enumerate(questions) for k in range(8)]  # fmt: skip
+    rows = [
+        {"id": f"p{k}-q{q}", "image": str(tmp / f"p{k}.png"), "prompt": question, "max_tokens": 48}
+        for q, question in enumerate(questions)
+        for k in range(8)
+    ]
     model, processor = mlx_vlm.load(str(model_dir))
     slot = "<|vision_start|><|image_pad|><|vision_end|>"
     t0 = time.perf_counter()
@@ -88,15 +97,22 @@ def _images(tmp: Path) -> None:
     )
     same = True
     for width in (8, 32):
-        times[width], out = timed_run(rows, {"temperature": 0.0, "logprobs": True}, model=str(model_dir),
-                                      batch_size=width, kv_bits=KV["kv_bits"],
-                                      kv_group_size=KV["kv_group_size"])  # fmt: skip
+        times[width], out = timed_run(
+            rows,
+            {"temperature": 0.0, "logprobs": True},
+            model=str(model_dir),
+            batch_size=width,
+            kv_bits=KV["kv_bits"],
+            kv_group_size=KV["kv_group_size"],
+        )
         got = {r["id"]: [t["id"] for t in r["logprobs"]] for r in out}
         same = same and all(got[i] == want[i] for i in want)
         print(f"image rows, batchgen width {width:>2}: {made / times[width]:7.1f} tok/s")
     print(f"identical image token ids one at a time and at widths 8 and 32: {same}")
-    print(f"--kv-bits image rows at width 8: {times[1] / times[8]:.2f}× one at a time; "
-          f"at width 32: {times[1] / times[32]:.2f}×")  # fmt: skip
+    print(
+        f"--kv-bits image rows at width 8: {times[1] / times[8]:.2f}× one at a time; "
+        f"at width 32: {times[1] / times[32]:.2f}×"
+    )
 
 
 def _bytes_per_token() -> None:
@@ -128,8 +144,10 @@ def main() -> None:
         print(f"batchgen width {width:>2}: {times[width]:7.2f} s, {made / times[width]:7.1f} tok/s")
     same = all(tokens[1][i] == tokens[8][i] == tokens[32][i] for i in tokens[1])
     print(f"identical token ids one at a time and at widths 8 and 32: {same}")
-    print(f"--kv-bits rows at width 8: {times[1] / times[8]:.2f}× one at a time; "
-          f"at width 32: {times[1] / times[32]:.2f}×")  # fmt: skip
+    print(
+        f"--kv-bits rows at width 8: {times[1] / times[8]:.2f}× one at a time; "
+        f"at width 32: {times[1] / times[32]:.2f}×"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         _images(Path(tmp))
     _bytes_per_token()

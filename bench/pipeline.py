@@ -25,10 +25,14 @@ ROUNDS = 3
 
 
 def _rows() -> list[dict]:
-    greedy = [{"id": f"g{i}", "prompt": f"Tell me about thing {i}.", "max_tokens": 64 + (i % 4) * 16}
-              for i in range(96)]  # fmt: skip
-    seeded = [{"id": f"s{i}", "prompt": f"Write about place {i}.", "max_tokens": 64, "temperature": 0.8,
-               "seed": i} for i in range(32)]  # fmt: skip
+    greedy = [
+        {"id": f"g{i}", "prompt": f"Tell me about thing {i}.", "max_tokens": 64 + (i % 4) * 16}
+        for i in range(96)
+    ]
+    seeded = [
+        {"id": f"s{i}", "prompt": f"Write about place {i}.", "max_tokens": 64, "temperature": 0.8, "seed": i}
+        for i in range(32)
+    ]
     return greedy + seeded
 
 
@@ -56,8 +60,10 @@ def main() -> None:
         at_once, piped = min(times["at once"]), min(times["pipelined"])
         ratios.append(f"width {width}: {at_once / piped:.2f}×")
         same = outputs["at once"] == outputs["pipelined"]
-        print(f"width {width:>2}: read at once {at_once:6.2f} s, pipelined {piped:6.2f} s "
-              f"(best of {ROUNDS}), same outputs: {same}")  # fmt: skip
+        print(
+            f"width {width:>2}: read at once {at_once:6.2f} s, pipelined {piped:6.2f} s "
+            f"(best of {ROUNDS}), same outputs: {same}"
+        )
     print(f"pipelined decode / read at once: {', '.join(ratios)}")
 
 

@@ -201,9 +201,11 @@ class Router:
         except Exception as e:  # a template or processor that rejects this row
             raise row_error(e) from e
         if self.kv is not None and plan.seq is not None:
-            quantized = {self.text_kv: (self.text, self.text_alone),
-                         self.vision_kv: (self.vision, self.single),
-                         self.offset_kv: (self.offset, self.single)}  # fmt: skip
+            quantized = {
+                self.text_kv: (self.text, self.text_alone),
+                self.vision_kv: (self.vision, self.single),
+                self.offset_kv: (self.offset, self.single),
+            }
             if plan.lane in quantized:
                 plan.lane = self._quantized(plan.seq, plan.lane, *quantized[plan.lane])
         return plan

@@ -33,10 +33,16 @@ __all__ = ["SpeculativeLane", "speculate_stream"]
 
 
 def speculate_stream(
-    adapter: Adapter, drafter: Adapter, k: int, seqs: list[Sequence], eos: set[int],
-    decode: Callable[[list[int]], str], watch: Watch | None = None, width: int | None = None,
+    adapter: Adapter,
+    drafter: Adapter,
+    k: int,
+    seqs: list[Sequence],
+    eos: set[int],
+    decode: Callable[[list[int]], str],
+    watch: Watch | None = None,
+    width: int | None = None,
     tokenizer: Tokenizer = None,
-) -> Iterator[int]:  # fmt: skip
+) -> Iterator[int]:
     """Generate every sequence with `drafter` proposing `k` tokens a round, at most
     `width` rows at a time; yields each row's index as it finishes, with its tokens, text,
     finish_reason and its drafted and accepted counts filled in."""
@@ -53,9 +59,17 @@ class SpeculativeBatch(DecodeBatch):
     finish and waiting rows join between rounds (continuous batching)."""
 
     def __init__(
-        self, adapter: Adapter, drafter: Adapter, k: int, seqs: list[Sequence], eos: set[int],
-        decode: Callable[[list[int]], str], watch: Watch | None, width: int | None, tokenizer: Tokenizer,
-    ):  # fmt: skip
+        self,
+        adapter: Adapter,
+        drafter: Adapter,
+        k: int,
+        seqs: list[Sequence],
+        eos: set[int],
+        decode: Callable[[list[int]], str],
+        watch: Watch | None,
+        width: int | None,
+        tokenizer: Tokenizer,
+    ):
         super().__init__(adapter, seqs, eos, decode, None, watch, width, tokenizer)
         self.drafter, self.k = drafter, k
         self.drafts: list | None = None  # the drafter's batch cache

@@ -92,10 +92,12 @@ def test_finished_rows_slots_go_to_waiting_rows_with_the_tokens_of_one_row_at_a_
 
     def seqs():
         return [
-            Sequence(ids=tokenizer.encode(p, add_special_tokens=False),
-                     params=GenParams(max_tokens=m, temperature=0.0))
+            Sequence(
+                ids=tokenizer.encode(p, add_special_tokens=False),
+                params=GenParams(max_tokens=m, temperature=0.0),
+            )
             for p, m in zip(prompts, budgets, strict=True)
-        ]  # fmt: skip
+        ]
 
     alone = [_run(lm, [s])[0] for s in seqs()]
     assert len({tuple(t) for t in alone}) == len(alone)

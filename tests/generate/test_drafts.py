@@ -175,12 +175,24 @@ def test_text_drafter_rows_speculate_batched_as_mlx_lms_own_loop(tmp_path, text_
                "Describe a red circle on a white background.", "Why?", "List some fruit.",
                "Write a line about winter.", "What is a map?", "Say yes."]  # fmt: skip
     rows = [{"id": f"r{i}", "prompt": p, "max_tokens": 6 + 5 * (i % 4)} for i, p in enumerate(prompts)]
-    rows += [{"id": f"s{s}", "prompt": prompts[s], "temperature": 0.9, "seed": s, "max_tokens": 10 + s}
-             for s in range(3)]  # fmt: skip
+    rows += [
+        {"id": f"s{s}", "prompt": prompts[s], "temperature": 0.9, "seed": s, "max_tokens": 10 + s}
+        for s in range(3)
+    ]
     rows.append({"id": "penalty", "prompt": "Hi!", "repetition_penalty": 1.3, "max_tokens": 8})
     model = ("--model", str(MODELS / "tiny-lm"))
-    got, output = _run(tmp_path, "batched", rows, *model, "--draft-model", str(text_pair["draft"]),
-                       "--num-draft-tokens", str(k), "--batch-size", "8")  # fmt: skip
+    got, output = _run(
+        tmp_path,
+        "batched",
+        rows,
+        *model,
+        "--draft-model",
+        str(text_pair["draft"]),
+        "--num-draft-tokens",
+        str(k),
+        "--batch-size",
+        "8",
+    )
     got = {r["id"]: r for r in got}
     why = "text drafter rows with penalties or biases: mlx-lm's speculative loop"
     assert f"1 row one at a time ({why})" in output
@@ -193,8 +205,17 @@ def test_text_drafter_rows_speculate_batched_as_mlx_lms_own_loop(tmp_path, text_
         seeded = {}
         if "seed" in row:
             seeded = {"sampler": Seeded(GenParams(temperature=row["temperature"], seed=row["seed"]))}
-        stream = list(mlx_lm.stream_generate(target, tokenizer, ids, max_tokens=row["max_tokens"],
-                                             draft_model=draft, num_draft_tokens=k, **seeded))  # fmt: skip
+        stream = list(
+            mlx_lm.stream_generate(
+                target,
+                tokenizer,
+                ids,
+                max_tokens=row["max_tokens"],
+                draft_model=draft,
+                num_draft_tokens=k,
+                **seeded,
+            )
+        )
         flags = [bool(r.from_draft) for r in stream]
         tokens = [r.token for r in stream]
         said = tokens[:-1] if tokens[-1] in tokenizer.eos_token_ids else tokens

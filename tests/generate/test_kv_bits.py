@@ -58,8 +58,13 @@ def _forced(model_dir, prompt, answer, **kv):
     tokenizer.add_eos_token("<|im_end|>")
     ids = answer_ids(tokenizer, answer, set(tokenizer.eos_token_ids))
     picks = iter(ids)
-    steps = generate_step(mx.array(_prompt(tokenizer, prompt)), model, max_tokens=len(ids),
-                          sampler=lambda lp: mx.array([next(picks, 0)]), **kv)  # fmt: skip
+    steps = generate_step(
+        mx.array(_prompt(tokenizer, prompt)),
+        model,
+        max_tokens=len(ids),
+        sampler=lambda lp: mx.array([next(picks, 0)]),
+        **kv,
+    )
     return sum(logprobs[token].item() for (token, logprobs), _ in zip(steps, ids, strict=False)), len(ids)
 
 
@@ -129,11 +134,24 @@ def test_quantized_kv_start_sends_each_row_where_mlx_lm_quantizes_its_cache(tmp_
     that reaches 40 while it decodes runs alone through mlx-lm's own generate; each is what that
     generate makes."""
     start = {**KV, "quantized_kv_start": 40}
-    rows = [{"id": "long", "prompt": LONG}, {"id": "long2", "prompt": LONG + " Again."},
-            {"id": "short", "prompt": "Hi", "max_tokens": 8},
-            {"id": "crosses", "prompt": PROMPTS[0]}]  # fmt: skip
-    code, output, got = _run(tmp_path, models, "start", "--kv-bits", "8", "--kv-group-size", "32",
-                             "--quantized-kv-start", "40", rows=rows)  # fmt: skip
+    rows = [
+        {"id": "long", "prompt": LONG},
+        {"id": "long2", "prompt": LONG + " Again."},
+        {"id": "short", "prompt": "Hi", "max_tokens": 8},
+        {"id": "crosses", "prompt": PROMPTS[0]},
+    ]
+    code, output, got = _run(
+        tmp_path,
+        models,
+        "start",
+        "--kv-bits",
+        "8",
+        "--kv-group-size",
+        "32",
+        "--quantized-kv-start",
+        "40",
+        rows=rows,
+    )
     assert code == 0, output
     for row in rows:
         want = _lm_reference(models["lm"], row["prompt"], row.get("max_tokens", MAX_TOKENS), **start)
@@ -189,12 +207,27 @@ def test_kv_bits_batches_image_rows_of_the_offset_families_as_mlx_vlm(tmp_path, 
             tmp_path / f"p{k}.png"
         )
     questions = ["Describe the image.", "What is in it?"]
-    rows = [{"id": f"r{n}", "image": f"p{n % 3}.png", "prompt": questions[n // 3], "max_tokens": 12 + n}
-            for n in range(6)]  # fmt: skip
+    rows = [
+        {"id": f"r{n}", "image": f"p{n % 3}.png", "prompt": questions[n // 3], "max_tokens": 12 + n}
+        for n in range(6)
+    ]
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)
     out = tmp_path / "out.parquet"
-    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir), "--temperature", "0",
-                           "--kv-bits", "8", "--kv-group-size", "32", "-q")  # fmt: skip
+    code, output = run_cli(
+        "run",
+        str(job),
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--temperature",
+        "0",
+        "--kv-bits",
+        "8",
+        "--kv-group-size",
+        "32",
+        "-q",
+    )
     assert code == 0 and "one at a time" not in output, output
     got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
     model, processor = mlx_vlm.load(str(model_dir))
@@ -208,12 +241,14 @@ def test_kv_bits_batches_image_rows_of_the_offset_families_as_mlx_vlm(tmp_path, 
         ]
         prompt = get_chat_template(processor, turns, True)
         picture = [Image.open(tmp_path / row["image"]).convert("RGB")]
-        ref = mlx_vlm.generate(model, processor, prompt, image=picture, max_tokens=row["max_tokens"],
-                               temperature=0.0, **KV)  # fmt: skip
+        ref = mlx_vlm.generate(
+            model, processor, prompt, image=picture, max_tokens=row["max_tokens"], temperature=0.0, **KV
+        )
         said = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
         assert got[row["id"]] == (tokenizer.decode(said), len(ref.token_ids)), row["id"]
-        plain = mlx_vlm.generate(model, processor, prompt, image=picture, max_tokens=row["max_tokens"],
-                                 temperature=0.0)  # fmt: skip
+        plain = mlx_vlm.generate(
+            model, processor, prompt, image=picture, max_tokens=row["max_tokens"], temperature=0.0
+        )
         changed += plain.token_ids != ref.token_ids
     assert changed or kind == "llava"  # smolvlm's answers move with the 8-bit cache
 
@@ -222,7 +257,18 @@ def test_kv_bits_on_a_model_with_sliding_window_layers_stops_the_run_naming_why(
     model_dir = make_tiny_model(tmp_path / "gemma3", "gemma3", hidden=128)
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": "a", "prompt": "Hi"}, {"id": "b", "prompt": "Yo"}])
     out = tmp_path / "out.parquet"
-    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir), "--kv-bits", "8",
-                           "--kv-group-size", "32", "-q")  # fmt: skip
+    code, output = run_cli(
+        "run",
+        str(job),
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--kv-bits",
+        "8",
+        "--kv-group-size",
+        "32",
+        "-q",
+    )
     assert code == 2 and "keeps a cache MLX cannot quantize" in output and "without --kv-bits" in output
     assert not out.exists()

@@ -187,8 +187,10 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
     from batchgen.media.resolve import MediaStage
 
     questions = ["What moves?", "Which way does it go?", "Describe the clip in detail.", "Colour?"]
-    rows = [{"id": f"v{k}", "video": "media/moving_dot.mp4", "prompt": q, "max_tokens": 6 + 3 * k}
-            for k, q in enumerate(questions)]  # fmt: skip
+    rows = [
+        {"id": f"v{k}", "video": "media/moving_dot.mp4", "prompt": q, "max_tokens": 6 + 3 * k}
+        for k, q in enumerate(questions)
+    ]
     rows.append({"id": "img", "image": "media/red_circle.png", "prompt": questions[0]})
     job = write_jsonl(workdir / "jobs.jsonl", rows)
     outputs, cached = _on_and_off(job, sensitive_vlm)

@@ -80,6 +80,9 @@ class KVQuant:
                 cache[i] = c.to_quantized(group_size=self.group_size, bits=self.bits)
 
 
+QUANTIZED = (LMQuantizedKVCache, VLMQuantizedKVCache)  # one row's quantized cache, either engine's
+
+
 def merge_caches(caches: list[Cache]) -> Cache:
     """Per-row KV caches → one left-padded batch cache per layer."""
     out = []
@@ -87,9 +90,6 @@ def merge_caches(caches: list[Cache]) -> Cache:
         merge = _merge_quantized if isinstance(layer[0], QUANTIZED) else type(layer[0]).merge
         out.append(merge(list(layer)))
     return out
-
-
-QUANTIZED = (LMQuantizedKVCache, VLMQuantizedKVCache)  # one row's quantized cache, either engine's
 
 
 def _merge_quantized(caches: list[Any]) -> BatchQuantizedKVCache:

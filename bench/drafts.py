@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
+from timed import timed_run  # noqa: E402
 
 import batchgen  # noqa: E402
 from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
@@ -61,7 +62,7 @@ def main() -> None:
         for k in (2, 4):
             measure(text_job, out, f"text, draft model, k={k}", model=lm, draft_model=str(folder / "draft"),
                     num_draft_tokens=k)  # fmt: skip
-        _batched_against_one_row(text_job, prompts, folder, lm)
+        _batched_against_one_row(prompts, folder, lm)
         target, drafter = str(folder / "pair" / "target"), str(folder / "pair" / "drafter")
         measure(vision_job, out, "qwen3_5 image rows, no drafter", model=target)
         for block in (2, 3):
@@ -69,9 +70,8 @@ def main() -> None:
                     draft_model=drafter, draft_block_size=block)  # fmt: skip
 
 
-def _batched_against_one_row(job: Path, prompts: list[str], folder: Path, lm: str, k: int = 3) -> None:
+def _batched_against_one_row(prompts: list[str], folder: Path, lm: str, k: int = 3) -> None:
     import mlx_lm
-    import pyarrow.parquet as pq
 
     from batchgen.generate.drafts import drafted_from_flags
 
@@ -94,26 +94,14 @@ def _batched_against_one_row(job: Path, prompts: list[str], folder: Path, lm: st
         f"text drafter k={k}, one row at a time (mlx-lm's speculative generate): {made / times[1]:7.1f} tok/s"
     )
     same = True
+    rows = [{"id": i, "prompt": p} for i, p in enumerate(prompts)]
     for width in (8, 32):
-        out = folder / f"w{width}.parquet"
-        config = batchgen.build_config(
-            job,
-            out,
-            None,
-            {"temperature": 0.0, "max_tokens": MAX_TOKENS},
-            model=lm,
-            draft_model=str(folder / "draft"),
-            num_draft_tokens=k,
-            batch_size=width,
-            quiet=True,
+        generation = {"temperature": 0.0, "max_tokens": MAX_TOKENS}
+        draft_model = str(folder / "draft")
+        times[width], out = timed_run(
+            rows, generation, model=lm, draft_model=draft_model, num_draft_tokens=k, batch_size=width
         )
-        t0 = time.perf_counter()
-        batchgen.run(config)
-        times[width] = time.perf_counter() - t0
-        got = {
-            r["id"]: (r["completion_tokens"], r["mtp_accepted"], r["mtp_drafts"])
-            for r in pq.read_table(out).to_pylist()
-        }
+        got = {r["id"]: (r["completion_tokens"], r["mtp_accepted"], r["mtp_drafts"]) for r in out}
         same = same and got == want
         print(f"text drafter k={k}, batched at width {width:>2}: {made / times[width]:7.1f} tok/s")
     print(f"the same tokens and counts batched as one at a time: {same}")

@@ -49,11 +49,12 @@ def _one_at_a_time(rows: list[dict]) -> tuple[float, dict[str, list[int]]]:
     return time.perf_counter() - t0, out
 
 
-def _batchgen(rows: list[dict], width: int) -> tuple[float, dict[str, list[int]]]:
+def _batchgen(rows: list[dict], width: int, model: Path = MODEL) -> tuple[float, dict[str, list[int]]]:
+    """batchgen's run of `rows` with the bench's quantized cache; each row's token ids."""
     wall, out = timed_run(
         rows,
         {"temperature": 0.0, "logprobs": True},
-        model=str(MODEL),
+        model=str(model),
         batch_size=width,
         kv_bits=KV["kv_bits"],
         kv_group_size=KV["kv_group_size"],
@@ -97,15 +98,7 @@ def _images(tmp: Path) -> None:
     )
     same = True
     for width in (8, 32):
-        times[width], out = timed_run(
-            rows,
-            {"temperature": 0.0, "logprobs": True},
-            model=str(model_dir),
-            batch_size=width,
-            kv_bits=KV["kv_bits"],
-            kv_group_size=KV["kv_group_size"],
-        )
-        got = {r["id"]: [t["id"] for t in r["logprobs"]] for r in out}
+        times[width], got = _batchgen(rows, width, model_dir)
         same = same and all(got[i] == want[i] for i in want)
         print(f"image rows, batchgen width {width:>2}: {made / times[width]:7.1f} tok/s")
     print(f"identical image token ids one at a time and at widths 8 and 32: {same}")

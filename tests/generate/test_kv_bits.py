@@ -190,6 +190,24 @@ def test_the_memory_budget_measures_a_quantized_row_on_the_quantized_cache():
     assert quantized.per_token * 16 == full.per_token * 5
 
 
+def _run_on(model_dir, job, out, *flags):
+    """`batchgen run` of `job` on one model with the tests' 8-bit cache in groups of 32."""
+    return run_cli(
+        "run",
+        str(job),
+        "-o",
+        str(out),
+        "--model",
+        str(model_dir),
+        "--kv-bits",
+        "8",
+        "--kv-group-size",
+        "32",
+        "-q",
+        *flags,
+    )
+
+
 @pytest.mark.parametrize("kind", ["llava", "smolvlm"])
 def test_kv_bits_batches_image_rows_of_the_offset_families_as_mlx_vlm(tmp_path, kind):
     """Six image rows (three pictures, two questions each) of a cache-offset family with 32-dim
@@ -213,21 +231,7 @@ def test_kv_bits_batches_image_rows_of_the_offset_families_as_mlx_vlm(tmp_path, 
     ]
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)
     out = tmp_path / "out.parquet"
-    code, output = run_cli(
-        "run",
-        str(job),
-        "-o",
-        str(out),
-        "--model",
-        str(model_dir),
-        "--temperature",
-        "0",
-        "--kv-bits",
-        "8",
-        "--kv-group-size",
-        "32",
-        "-q",
-    )
+    code, output = _run_on(model_dir, job, out, "--temperature", "0")
     assert code == 0 and "one at a time" not in output, output
     got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
     model, processor = mlx_vlm.load(str(model_dir))
@@ -257,18 +261,6 @@ def test_kv_bits_on_a_model_with_sliding_window_layers_stops_the_run_naming_why(
     model_dir = make_tiny_model(tmp_path / "gemma3", "gemma3", hidden=128)
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": "a", "prompt": "Hi"}, {"id": "b", "prompt": "Yo"}])
     out = tmp_path / "out.parquet"
-    code, output = run_cli(
-        "run",
-        str(job),
-        "-o",
-        str(out),
-        "--model",
-        str(model_dir),
-        "--kv-bits",
-        "8",
-        "--kv-group-size",
-        "32",
-        "-q",
-    )
+    code, output = _run_on(model_dir, job, out)
     assert code == 2 and "keeps a cache MLX cannot quantize" in output and "without --kv-bits" in output
     assert not out.exists()

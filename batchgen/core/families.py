@@ -26,6 +26,8 @@ class Family:
     # mlx-vlm lays the first image's features over the prompt: ids relaid, several-image rows alone
     first_image_only: bool = False
     why_unbatched: str | None = None  # lane "single": the summary's reason
+    # greedy rows with an MTP drafter batch in mlx-vlm's rounds (checked equal to the target alone)
+    drafts_batch: bool = False
     tiny: str | None = None  # `batchgen make-tiny-model --kind` that builds one
 
     @property
@@ -40,7 +42,7 @@ FAMILIES: dict[str, Family] = {
         Family("qwen2_5_vl", "mrope", tiny="qwen2_5_vl"),
         Family("qwen3_vl", "mrope", deepstack=True, tiny="qwen3_vl"),
         Family("qwen3_vl_moe", "mrope", deepstack=True, tiny="qwen3_vl_moe"),
-        Family("qwen3_5", "mrope", tiny="mtp-pair"),
+        Family("qwen3_5", "mrope", drafts_batch=True, tiny="mtp-pair"),
         Family("llava", "offset", tiny="llava"),
         Family("llava_next", "offset", first_image_only=True, tiny="llava_next"),
         Family("smolvlm", "offset", tiny="smolvlm"),

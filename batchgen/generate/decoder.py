@@ -126,7 +126,11 @@ class DecodeBatch:
             yield from self._drain()
         while self.waiting and len(self.active) < self.width and self._room([]):
             prefilled: list[tuple[int, Cache, int]] = []
-            while self.waiting and len(self.active) + len(prefilled) < self.width and self._room(prefilled):
+            while (
+                self.waiting
+                and len(self.active) + len(prefilled) < self.width
+                and self._room([i for i, *_ in prefilled])
+            ):
                 i = self.waiting.pop()
                 self.deadlines[i] = self.watch.deadline(time.monotonic())
                 filled = prefill(self.adapter, self.seqs[i], self.prefixes, self.watch, self.kv)
@@ -141,13 +145,13 @@ class DecodeBatch:
                     self._place(joined, batch)
         self._tidy()
 
-    def _room(self, prefilled: list[tuple[int, Cache, int]]) -> bool:
+    def _room(self, joining: list[int]) -> bool:
         """Whether the next waiting row fits the memory budget beside the running rows and those
-        prefilled to join with it (a row that would run alone always does)."""
+        `joining` with it (a row that would run alone always does)."""
         if self.memory is None:
             return True
         memory, fp = self.memory
-        rows = [*self.active, *(i for i, *_ in prefilled), self.waiting[-1]]
+        rows = [*self.active, *joining, self.waiting[-1]]
         lengths = [len(self.seqs[i].ids) + self.seqs[i].params.max_tokens for i in rows]
         return memory.fits(fp, lengths, len(self.seqs[rows[-1]].ids), alone=len(rows) == 1)
 

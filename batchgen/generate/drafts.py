@@ -26,14 +26,18 @@ class Drafter:
     path: Path
     lane: str  # "lm": a text draft model for mlx-lm rows; "vlm": an mlx-vlm drafter
     num_draft_tokens: int = 3  # text: tokens proposed per round
-    kind: str | None = None  # vision: the drafter kind, resolved on load
+    kind: str | None = None  # vision: the drafter kind, as mlx-vlm resolves it from the config
     block_size: int | None = None  # vision: None = the drafter's own
     model: Model = None
 
 
 def inspect_drafter(path: str, kind: str | None, block_size: int | None, num_draft_tokens: int) -> Drafter:
     """Settings that cannot work are refused here, before any row runs."""
-    from mlx_vlm.speculative.drafters import DRAFTER_KIND_BY_MODEL_TYPE, KNOWN_DRAFTER_KINDS
+    from mlx_vlm.speculative.drafters import (
+        DRAFTER_KIND_BY_MODEL_TYPE,
+        KNOWN_DRAFTER_KINDS,
+        resolve_drafter_kind,
+    )
 
     folder = Path(path).expanduser()
     try:
@@ -48,7 +52,15 @@ def inspect_drafter(path: str, kind: str | None, block_size: int | None, num_dra
         raise ConfigError(f"--num-draft-tokens {num_draft_tokens}: must be >= 1")
     model_type = str(config.get("model_type", ""))
     vision = kind is not None or model_type in DRAFTER_KIND_BY_MODEL_TYPE or model_type.endswith("_mtp")
-    return Drafter(folder, "vlm" if vision else "lm", num_draft_tokens, kind, block_size)
+    if not vision:
+        return Drafter(folder, "lm", num_draft_tokens)
+    try:  # the config's own kind, known before loading: the lane a row takes depends on it
+        resolved = resolve_drafter_kind(folder, kind)
+    except (ValueError, OSError, KeyError) as e:
+        raise ConfigError(f"draft model {path!r}: {e}") from e
+    if kind is not None and resolved != kind:
+        raise ConfigError(f"draft model {path!r} is a {resolved!r} drafter, not {kind!r}")
+    return Drafter(folder, "vlm", num_draft_tokens, resolved, block_size)
 
 
 def load_vision_drafter(drafter: Drafter, target: Model) -> None:
@@ -58,10 +70,6 @@ def load_vision_drafter(drafter: Drafter, target: Model) -> None:
         model, resolved = load_drafter(str(drafter.path), drafter.kind)
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise ConfigError(f"draft model {str(drafter.path)!r}: {e}") from e
-    if drafter.kind is not None and resolved != drafter.kind:
-        raise ConfigError(
-            f"draft model {str(drafter.path)!r} is a {resolved!r} drafter, not {drafter.kind!r}"
-        )
     try:
         validate_drafter_compatibility(target, model, resolved)
     except ValueError as e:

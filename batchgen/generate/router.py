@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from ..core.budget import budget_spec
 from ..core.errors import BatchgenError, RowError
-from ..core.families import BIDIRECTIONAL, family
+from ..core.families import BIDIRECTIONAL, Family, family
 from ..core.records import Generation, GenParams, Job, Media
 from ..core.settings import GenerationSettings
 from .adapters import LMAdapter, Sequence, VLMAdapter
@@ -24,7 +24,8 @@ from .memory import Memory
 from .models import inspect_model
 from .prefix_cache import PrefixCache
 from .prompts import frames_as_images
-from .speculative import SpeculativeLane
+from .sampling import sampler_for
+from .speculative import SpeculativeLane, VisionSpeculativeLane
 from .vision_lanes import OffsetVisionLane, VisionLane
 from .watch import Watch
 
@@ -70,6 +71,7 @@ class Router:
         self.single = SingleLane(self.models, self.vision_info, kv)
         self.draft = LMSingleLane(self.models, self.text_info, self.text, draft=True, kv=kv)
         self.speculative = SpeculativeLane(self.models, self.text_info)
+        self.vision_speculative = VisionSpeculativeLane(self.models, self.vision_info, None, self.memory)
         # Rows whose cache is quantized while they decode run alone (unbudgeted).
         unbudgeted = TextLane(self.models, self.text_info)
         self.text_alone = LMSingleLane(self.models, self.text_info, unbudgeted, draft=False, kv=kv)
@@ -139,13 +141,15 @@ class Router:
         model = self.models.vlm()[0]
         fam = family(model.config.model_type)
         name = fam.model_type
-        if self.models.drafter_lane == "vlm" and not constrained:
-            return self._alone("the vision drafter runs inside mlx-vlm's generate")
         if media.audio:
             return self._alone("rows with audio")
+        if (
+            fam.lane == "mrope" and media.images and media.videos
+        ):  # mlx-vlm's Qwen-VL embeds one kind per prompt
+            return self._alone(f"{name}: rows with images beside a video")
+        if self.models.drafter_lane == "vlm" and not constrained:
+            return self._vision_drafting(p, fam)
         if fam.lane == "mrope":
-            if media.images and media.videos:  # mlx-vlm's Qwen-VL embeds one kind per prompt
-                return self._alone(f"{name}: rows with images beside a video")
             return self._vision_kv(model, self.vision_kv) if self.kv else self.vision
         if fam.lane == "offset":
             if media.videos:
@@ -170,12 +174,29 @@ class Router:
             return self._alone(f"{why} (mlx-vlm's quantized generate)")
         return lane
 
+    def _vision_drafting(self, p: GenParams, fam: Family) -> Lane:
+        """A row with the run's mlx-vlm drafter: greedy MTP rows of a family whose batched rounds
+        give its target's own tokens batch in mlx-vlm's rounds; the rest run one at a time in its
+        generate, each for the reason named."""
+        drafter = self.models.drafter
+        kind = drafter.kind if drafter is not None else None
+        if kind != "mtp" or not fam.drafts_batch:
+            why = f"{kind} drafter on {fam.model_type} (batched rounds checked for Qwen3.5's MTP head only)"
+        elif sampler_for(p) is not None:
+            why = "sampled rows with a vision drafter (mlx-vlm's batched rounds draw from one sampler)"
+        elif _processed(p):
+            why = "vision drafter rows with penalties or biases"
+        elif self.kv is not None:
+            why = f"vision drafter rows with --kv-bits {self.kv.bits}"
+        else:
+            return self.vision_speculative
+        return self._alone(f"{why}: mlx-vlm's generate")
+
     def _drafting(self, p: GenParams) -> Lane:
         """A text drafter's row: rows speculate batched; a row that carries a logits processor
         (penalties, biases) or a quantized cache goes through mlx-lm's own speculative loop, one
         at a time (the processors see each draft block's history there, round by round)."""
-        processors = p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
-        if not processors and self.kv is None:
+        if not _processed(p) and self.kv is None:
             return self.speculative
         why = "--kv-bits" if self.kv is not None else "penalties or biases"
         return self._alone(f"text drafter rows with {why}: mlx-lm's speculative loop", self.draft)
@@ -270,3 +291,9 @@ class Router:
             raise RowError(
                 "generate", f"model {info.name!r} has no vision tower; the row has images or video"
             )
+
+
+def _processed(p: GenParams) -> bool:
+    """Whether a row's logits pass through processors (penalties, biases), which a drafter's
+    batched rounds skip."""
+    return bool(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty)

@@ -71,9 +71,10 @@ class Seeded:
 
     def __call__(self, logprobs: mx.array) -> mx.array:
         """Tokens for `logprobs`' rows, one position each: one row in a plain loop; in
-        mlx-lm's speculative loop, a draft block's positions in turn."""
+        mlx-lm's speculative loop, a draft block's positions in turn. Shaped as the logits'
+        leading axes, as mlx-lm's samplers return them (an MTP head reads (rows, 1))."""
         rows = logprobs.reshape(-1, logprobs.shape[-1])
-        return Seeded.draw([self] * rows.shape[0], rows)
+        return Seeded.draw([self] * rows.shape[0], rows).reshape(logprobs.shape[:-1])
 
     @staticmethod
     def draw(samplers: list[Seeded], logprobs: mx.array) -> mx.array:

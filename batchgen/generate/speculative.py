@@ -1,5 +1,7 @@
-"""Speculative decoding on the batched text lane: a text draft model proposes tokens for every
-row of a batch at once, the target checks them in one pass, and each row keeps what it accepted.
+"""Speculative decoding on the batched lanes: a drafter proposes tokens for every row of a batch
+at once, the target checks them in one pass, and each row keeps what it accepted.
+
+Text draft models (`SpeculativeLane`) speculate in batchgen's own rounds:
 
 A round mirrors mlx-lm's speculative loop for each row (`speculative_generate_step`): the
 drafter proposes min(k, tokens left) tokens from the row's last one, the target reads the last
@@ -11,25 +13,35 @@ proposal each round, so a row that accepted all of them goes on from there as ml
 Greedy rows get the target's greedy tokens, the same as without a drafter; a sampling row's
 sampler draws its proposals and the target's tokens as in mlx-lm's loop (a seeded row: the
 same tokens as mlx-lm's speculative generate with the same keyed sampler).
+
+MTP heads (`VisionSpeculativeLane`) speculate in mlx-vlm's own batched rounds (its
+BatchGenerator with the drafter: the target's hidden states and shared keys feed the head, each
+row's acceptance walked, the caches rolled back), a wave of rows at a time (mlx-vlm's
+speculative batch takes no row while it runs); batchgen reads back each row's tokens, applies
+its stop rules and counts each row's drafts from the engine's round records (`EngineRounds`).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import mlx.core as mx
 
 from .adapters import Adapter, LMAdapter, Sequence
-from .arrays import Tokenizer, int_rows
+from .arrays import Model, Processor, Tokenizer, int_rows
 from .batch_cache import drop_tails, merge_caches, trim_layer
 from .decoder import DecodeBatch
+from .drafts import Drafter
 from .lanes import TextLane
-from .memory import wired
+from .memory import Footprint, Memory, wired
 from .prefill import prefill_but_last
+from .sampling import final_text
+from .vision_lanes import VisionLane
 from .watch import Watch
 
-__all__ = ["SpeculativeLane", "speculate_stream"]
+__all__ = ["SpeculativeLane", "VisionSpeculativeLane", "speculate_stream"]
 
 
 def speculate_stream(
@@ -184,3 +196,146 @@ class SpeculativeLane(TextLane):
         return speculate_stream(
             adapter, draft, drafter.num_draft_tokens, seqs, eos, decode, watch, width, tokenizer
         )
+
+
+class VisionSpeculativeLane(VisionLane):
+    """Greedy rows (media or text) with the run's MTP drafter, on a family whose batched rounds
+    give the target's own tokens (`Family.drafts_batch`): batched in mlx-vlm's rounds. Planned
+    as the vision lane plans (positions, the mRoPE offset), the prompt embedded as mlx-vlm's
+    batch_generate embeds it; no prefix or feature reuse (the engine prefills each wave)."""
+
+    name = "vlm-draft"
+
+    def _embedding(self, model: Model, inputs: dict, ids: list[int], digests: list[str]) -> Any:
+        return _engine_inputs(model, inputs)
+
+    def _stream(self, adapter, seqs, eos, decode, watch, width, tokenizer, memory):
+        self.models.load_drafter()
+        model, processor = self.models.vlm()
+        drafter = self.models.drafter
+        assert drafter is not None
+        rounds = EngineRounds(
+            adapter, model, processor, drafter, seqs, eos, decode, watch, width, tokenizer, memory
+        )
+        return rounds.run()
+
+
+def _engine_inputs(model: Model, inputs: dict) -> Callable[[int, int], tuple[mx.array, dict]]:
+    """A row's prompt embedded as mlx-vlm's batch_generate embeds it (the vision tower run on
+    first use), with the kwargs its language model reads beside them (grids, mRoPE deltas)."""
+    data = {k: v for k, v in inputs.items() if k not in ("input_ids", "pixel_values", "attention_mask")}
+    made: list[dict] = []
+
+    def embed(a: int, b: int) -> tuple[mx.array, dict]:
+        if not made:
+            out = model.get_input_embeddings(
+                inputs["input_ids"], inputs.get("pixel_values"), mask=inputs.get("attention_mask"), **data
+            )
+            made.append({**data, **{k: v for k, v in out.to_dict().items() if v is not None}})
+        kwargs = dict(made[0])
+        return kwargs.pop("inputs_embeds")[:, a:b], kwargs
+
+    return embed
+
+
+class EngineRounds(DecodeBatch):
+    """Rows speculating in mlx-vlm's batched rounds, a wave at a time (as many rows as the
+    width and the memory budget let in): the decoder's rows and stop rules on the tokens the
+    engine hands back. A row batchgen ends first (a stop string, a loop, its deadline) is
+    taken out of the engine's batch.
+
+    Counts: each round drafts the same block for every row (the drafter's `draft_lens`), and a
+    row keeps the tokens it was handed in that round less the target's own closing one; a row
+    that ends inside a round keeps at most the round's accepted count (`accept_lens`: one count
+    for every row where the target takes one acceptance a round, as Qwen3.5's does)."""
+
+    def __init__(
+        self, adapter: Adapter, model: Model, processor: Processor, drafter: Drafter, seqs: list[Sequence],
+        eos: set[int], decode: Callable[[list[int]], str], watch: Watch | None, width: int | None,
+        tokenizer: Tokenizer, memory: tuple[Memory, Footprint | None] | None,
+    ):  # fmt: skip
+        super().__init__(adapter, seqs, eos, decode, None, watch, width, tokenizer, memory)
+        self.model, self.processor, self.drafter = model, processor, drafter
+
+    def run(self) -> Iterator[int]:
+        """Every row, wave by wave; each row's index as it finishes. A wave holds rows of one
+        mRoPE offset (`Sequence.delta`): mlx-vlm's rounds keep the language model's offsets of
+        the wave's first rows when a row leaves (its `_rope_deltas` are not filtered with the
+        caches), so rows of mixed offsets would take a departed row's positions."""
+        while self.waiting:
+            first = self.waiting.pop()
+            delta = self.seqs[first].delta
+            others = [i for i in self.waiting if self.seqs[i].delta != delta]
+            self.waiting = others + [i for i in self.waiting if self.seqs[i].delta == delta]
+            rows = [first]
+            while len(self.waiting) > len(others) and len(rows) < self.width and self._room(rows):
+                rows.append(self.waiting.pop())
+            yield from self._wave(rows)
+
+    def _wave(self, rows: list[int]) -> Iterator[int]:
+        from mlx_vlm.generate.ar import BatchGenerator
+
+        d = self.drafter
+        engine = BatchGenerator(
+            self.model.language_model, self.processor, draft_model=d.model, draft_kind=d.kind,
+            draft_block_size=d.block_size, greedy_sampling=True, compute_logprobs=False,
+            completion_batch_size=len(rows), prefill_batch_size=len(rows),
+        )  # fmt: skip
+        try:
+            yield from self._rounds(engine, rows)
+        finally:
+            engine.close()
+
+    def _rounds(self, engine: Any, rows: list[int]) -> Iterator[int]:
+        start = time.monotonic()
+        prompts, kwargs = [], []
+        for i in rows:
+            seq = self.seqs[i]
+            assert seq.embed is not None
+            self.deadlines[i] = self.watch.deadline(start)
+            embeds, extra = seq.embed(0, len(seq.ids))
+            prompts.append(seq.ids)
+            kwargs.append({**extra, "inputs_embeds": embeds})
+        uids = engine.insert(prompts, [self.seqs[i].params.max_tokens for i in rows], prompt_kwargs=kwargs)
+        row_of, uid_of = dict(zip(uids, rows, strict=True)), dict(zip(rows, uids, strict=True))
+        running = list(rows)
+        got = dict.fromkeys(rows, 0)  # tokens each row was handed in the current round
+        head = self.drafter.model
+        opened = False  # a round has begun (the first token is the target's, from the prompt)
+        while running and engine.has_work:
+            self.watch.check_stop()
+            before = _rounds_of(head)
+            _, responses = engine.next()
+            if _rounds_of(head) != before:  # this step opens a round: the one before is closed
+                for i in running:
+                    self.seqs[i].accepted += max(got[i] - 1, 0)
+                    self.seqs[i].drafted += int(head.draft_lens[-1])
+                    got[i] = 0
+                opened = True
+            taken = [
+                (row_of[r.uid], r) for r in responses if r.token is not None and row_of[r.uid] in running
+            ]
+            if taken and self.memory is not None:
+                self.memory[0].step(len(running))
+            for i, response in taken:
+                got[i] += 1
+                if self._take([i], [int(response.token)]):
+                    continue
+                running.remove(i)
+                if opened:
+                    self.seqs[i].accepted += min(got[i], round(head.accept_lens[-1]))
+                if response.finish_reason is None:  # ended by batchgen's rules: out of the engine's batch
+                    engine.remove(uid_of[i])
+                yield i
+        for i in running:  # the engine stopped them without a token (its rounds ran out)
+            seq = self.seqs[i]
+            seq.finish_reason, seq.text = (
+                "length",
+                final_text(seq.tokens, self.eos, seq.params.stop, self.decode),
+            )
+            yield i
+
+
+def _rounds_of(drafter: Model) -> int:
+    """The drafter's lifetime count of speculative rounds (mlx-vlm's per-request attribution)."""
+    return int(getattr(drafter, "speculative_total_rounds", 0))

@@ -105,11 +105,15 @@ class VisionLane(_MediaLane):
         media_starts = [i for i, t in enumerate(ids) if t == start_id]
         bounds = sorted({*media_starts, *ends})
         digests = media.digests("image") or media.digests("video")  # one kind per row here (Router.route)
-        embed = self._embedder(model, inputs, ids, digests) if media else None
+        embed = self._embedding(model, inputs, ids, digests)
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
         group = (tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ())
         return Plan(job, media, self, self._fit(seq, self.models.vlm()[1]), group=group)
+
+    def _embedding(self, model: Model, inputs: dict, ids: list[int], digests: list[str]) -> Any:
+        """How the row's prompt is embedded (a media row's slices; None: the model embeds ids)."""
+        return self._embedder(model, inputs, ids, digests) if digests else None
 
     def _embedder(self, model: Model, inputs: dict, ids: list[int], digests: list[str]):
         """Embeddings of any slice of the prompt; the vision tower runs only when a slice

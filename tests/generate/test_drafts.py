@@ -143,6 +143,44 @@ def test_mtp_counts_are_exact(tmp_path, mtp_pair, m, block):
         assert r["mtp_drafts"] == sum(min(block - 1, r_) for r_ in range(1, m))
 
 
+def test_mtp_rows_batch_in_waves_with_the_targets_own_tokens(tmp_path, sensitive_qwen3_5):
+    """Greedy rows with Qwen3.5's MTP head batch in mlx-vlm's rounds, four at a time (three
+    waves): text and image rows, budgets from 1 to 16 tokens, a stop string that batchgen ends
+    inside a round: each row as without the drafter, nothing one at a time but the sampled row;
+    the drafter's proposals counted per row (the checkpoint's head is random: few accepted)."""
+    import json
+
+    drafter = sensitive_qwen3_5.parent / "drafter"
+    pictures = [str(MEDIA / f) for f in ("red_circle.png", "blue_square.webp", "green_triangle_rotated.jpg")]
+    rows = [{"id": f"t{k}", "prompt": f"Tell me story {k} about the sea.", "max_tokens": 4 + 3 * k} for k in range(4)]
+    rows += [
+        {"id": f"i{k}", "image": pictures[k % 3], "prompt": ("What is it?", "Colours?")[k // 3], "max_tokens": 16}
+        for k in range(6)
+    ]
+    rows += [
+        {"id": "one", "image": pictures[0], "prompt": "One word.", "max_tokens": 1},
+        {"id": "stop", "image": pictures[1], "prompt": "Go on.", "max_tokens": 16, "stop": ["e", "4"]},
+    ]
+    sampled = {"id": "sampled", "prompt": "Pick.", "max_tokens": 6, "temperature": 0.7, "seed": 3}
+    flags = ("--model", str(sensitive_qwen3_5), "--batch-size", "4")
+    plain, _ = _run(tmp_path, "plain", rows, *flags)
+    drafted, _ = _run(tmp_path, "drafted", [*rows, sampled], *flags, "--draft-model", str(drafter))
+    by_id = {r["id"]: r for r in drafted}
+    for r in plain:
+        d = by_id[r["id"]]
+        assert (d["generated_text"], d["completion_tokens"], d["finish_reason"]) == (
+            r["generated_text"], r["completion_tokens"], r["finish_reason"]
+        ), r["id"]  # fmt: skip
+        assert 0 <= d["mtp_accepted"] <= d["mtp_drafts"] <= 2 * max(d["completion_tokens"] - 1, 0), r["id"]
+    assert len({r["generated_text"] for r in plain}) >= len(plain) - 2  # outputs differ row to row
+    assert by_id["stop"]["finish_reason"] == "stop" and by_id["one"]["completion_tokens"] == 1
+    assert by_id["one"]["mtp_drafts"] == 0 and by_id["t3"]["mtp_drafts"] > 0
+    stats = json.loads((tmp_path / "drafted.parquet.stats.json").read_text())
+    why = "sampled rows with a vision drafter (mlx-vlm's batched rounds draw from one sampler): mlx-vlm's generate"
+    assert stats["one_at_a_time"] == {why: 1}
+    assert by_id["sampled"]["mtp_drafts"] > 0 and by_id["sampled"]["error"] is None
+
+
 def test_invalid_drafter_settings_stop_the_run_before_any_row(tmp_path, mtp_pair, text_pair):
     job = write_jsonl(tmp_path / "jobs.jsonl", TEXT_ROWS)
     out = tmp_path / "out.parquet"

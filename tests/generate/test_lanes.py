@@ -400,12 +400,13 @@ def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
 @pytest.mark.parametrize(
     "family",
     ["sensitive_vlm", "sensitive_qwen2_5", "sensitive_qwen3_vl", "sensitive_qwen3_vl_moe",
-     "sensitive_qwen3_5", *(f"offset_families:{kind}" for kind in OFFSET_FAMILIES)],
+     "sensitive_qwen3_5", "sensitive_qwen3_5:mtp", *(f"offset_families:{kind}" for kind in OFFSET_FAMILIES)],
 )  # fmt: skip
 def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     """The issue's mixed job on a batched lane: multi-turn with the image in a later turn, a
     stop string, max_tokens 1, a ~600-token prompt beside a ~12-token one, two images in both
-    orders (where the family takes several), each row against mlx-vlm's own generate."""
+    orders (where the family takes several), each row against mlx-vlm's own generate (with
+    `:mtp`, batched with Qwen3.5's MTP head against the target alone)."""
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
@@ -413,7 +414,8 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
 
     name, _, kind = family.partition(":")
     model_dir = request.getfixturevalue(name)
-    model_dir = model_dir[kind] if kind else model_dir
+    drafted = ("--draft-model", str(model_dir.parent / "drafter")) if kind == "mtp" else ()
+    model_dir = model_dir[kind] if kind and not drafted else model_dir
     rng = np.random.default_rng(21)
     for k, shape in enumerate([(48, 64, 3), (72, 40, 3)]):
         Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(tmp_path / f"m{k}.png")
@@ -441,9 +443,11 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     job = write_jsonl(tmp_path / "jobs.jsonl", rows)
     out = tmp_path / "out.parquet"
     code, output = run_cli("run", str(job), "-o", str(out), "--model", str(model_dir), "--temperature", "0",
-                           "--batch-size", "3", "-q")  # fmt: skip
+                           "--batch-size", "3", *drafted)  # fmt: skip
     assert code == 0, output
+    assert "one at a time" not in output
     got = {r["id"]: (r["generated_text"], r["completion_tokens"], r["finish_reason"]) for r in read(out)}
+    assert all(r["mtp_drafts"] > 0 for r in read(out) if r["completion_tokens"] > 1) == bool(drafted)
 
     model, processor = mlx_vlm.load(str(model_dir))
     mend_processor(processor)

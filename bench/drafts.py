@@ -2,9 +2,11 @@
 acceptance rate. On models this small drafting is expected to cost more than it saves; the
 point of the feature is exact accounting, and these numbers are for the record. Then the text
 drafter's rows batched against the one-row path they took before (mlx-lm's own speculative
-generate, row by row) in one process: the same texts and counts, and the speed-up.
+generate, row by row) in one process: the same texts and counts, and the speed-up; and the same
+for Qwen3.5's MTP head (mlx-vlm's speculative generate row by row, against the batched rounds),
+checked token for token against the target alone.
 
-    python bench/drafts.py     # last line: drafter rows at width 8: X× one at a time; at 32: Y×
+    python bench/drafts.py     # last lines: drafter rows (text; MTP) at width 8: X× one at a time; at 32: Y×
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def main() -> None:
         for block in (2, 3):
             measure(vision_job, out, f"qwen3_5 image rows, MTP drafter, block={block}", model=target,
                     draft_model=drafter, draft_block_size=block)  # fmt: skip
+        make_tiny_model(folder / "sensitive", "mtp-pair", sensitive=True)
+        _mtp_batched_against_one_row(prompts, folder / "sensitive")
 
 
 def _batched_against_one_row(prompts: list[str], folder: Path, lm: str, k: int = 3) -> None:
@@ -107,6 +111,71 @@ def _batched_against_one_row(prompts: list[str], folder: Path, lm: str, k: int =
     print(f"the same tokens and counts batched as one at a time: {same}")
     ratios = f"{times[1] / times[8]:.2f}× one at a time; at 32: {times[1] / times[32]:.2f}×"
     print(f"drafter rows at width 8: {ratios}")
+
+
+def _mtp_batched_against_one_row(prompts: list[str], pair: Path) -> None:
+    """Half text rows, half image rows (three pictures of different sizes) on a Qwen3.5 whose
+    output follows its input: the target alone and mlx-vlm's one-row speculative generate with
+    the MTP head (the path these rows took before), then batchgen batched with the head."""
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+    from mlx_vlm.speculative.drafters import load_drafter
+    from PIL import Image, ImageOps
+
+    from batchgen.generate.loading import mend_processor
+
+    media = ROOT / "sample_data" / "media"
+    pictures = [media / f for f in ("red_circle.png", "blue_square.webp", "green_triangle_rotated.jpg")]
+    rows = [
+        {"id": i, "prompt": p, **({"image": str(pictures[i % 3])} if i % 2 else {})}
+        for i, p in enumerate(prompts)
+    ]
+    t0 = time.perf_counter()  # the batched runs load both models: the one-row side's time counts them too
+    model, processor = mlx_vlm.load(str(pair / "target"))
+    mend_processor(processor)
+    head, _ = load_drafter(str(pair / "drafter"), "mtp")
+    loading = time.perf_counter() - t0
+    tokenizer = processor.tokenizer
+    eos = set(tokenizer.stopping_criteria.eos_token_ids)
+
+    def one_row(**draft) -> tuple[float, dict]:
+        t0, found = time.perf_counter(), {}
+        for r in rows:
+            parts = [{"type": "image"}] if "image" in r else []
+            text = {"type": "text", "text": r["prompt"], "content": r["prompt"]}
+            turns = [{"role": "user", "content": [*parts, text]}]
+            image = [ImageOps.exif_transpose(Image.open(r["image"])).convert("RGB")] if "image" in r else None
+            stream = mlx_vlm.stream_generate(
+                model, processor, get_chat_template(processor, turns, True), image=image,
+                max_tokens=MAX_TOKENS, temperature=0.0, **draft,
+            )  # fmt: skip
+            tokens: list[int] = []
+            for x in stream:  # the closing response lists every token (the end token too)
+                final = getattr(x, "token_ids", None)
+                tokens = [int(t) for t in final] if final is not None else [*tokens, int(x.token)]
+            found[r["id"]] = (tokenizer.decode([t for t in tokens if t not in eos]), len(tokens))
+        return time.perf_counter() - t0, found
+
+    _, alone = one_row()
+    times = {}
+    times[1], drafted = one_row(draft_model=head, draft_kind="mtp")
+    times[1] += loading
+    made = sum(n for _, n in alone.values())
+    what = "MTP rows, one at a time (mlx-vlm's speculative generate, loading included)"
+    print(f"{what}: {made / times[1]:7.1f} tok/s")
+    differ = {i for i in alone if drafted[i] != alone[i]}
+    for width in (8, 32):
+        generation = {"temperature": 0.0, "max_tokens": MAX_TOKENS}
+        times[width], out = timed_run(
+            rows, generation, model=str(pair / "target"), draft_model=str(pair / "drafter"), batch_size=width
+        )
+        differ |= {r["id"] for r in out if (r["generated_text"], r["completion_tokens"]) != alone[r["id"]]}
+        print(f"MTP rows, batched at width {width:>2}: {made / times[width]:7.1f} tok/s")
+    print(
+        f"the target alone's tokens, one at a time and batched with the head: {not differ} {sorted(differ)}"
+    )
+    ratios = f"{times[1] / times[8]:.2f}× one at a time; at 32: {times[1] / times[32]:.2f}×"
+    print(f"MTP drafter rows at width 8: {ratios}")
 
 
 if __name__ == "__main__":

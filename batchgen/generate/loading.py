@@ -62,7 +62,9 @@ class SharedImages:
         images = _leaves(args[0] if args else kwargs.get("images"))
         if not images or not all(isinstance(im, Image.Image) for im in images):
             return self._inner(*args, **kwargs)
-        options = repr(sorted(kwargs.items(), key=lambda kv: kv[0]))
+        # By content, never identity: the images' digests and the other arguments (an `images=`
+        # keyword's repr names the objects, so equal pictures decoded twice would never meet).
+        options = repr(sorted(((k, v) for k, v in kwargs.items() if k != "images"), key=lambda kv: kv[0]))
         key = (tuple(map(_content, images)), repr(args[1:]), options)
         return copy.deepcopy(self.memo.get(key, lambda: self._inner(*args, **kwargs)))
 

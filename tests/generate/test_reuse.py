@@ -138,6 +138,8 @@ def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_c
     assert len(calls) == 4
     shared([Image.new("RGB", (4, 4), "red")], do_pad=True)  # another object with a's pixels: its content
     assert len(calls) == 4
+    shared(images=[Image.new("RGB", (4, 4), "blue")], do_pad=True)  # by keyword too (Qwen's processors)
+    assert len(calls) == 4
     tagged = Image.new("RGB", (4, 4), "blue")
     tagged.info[IMAGE_DIGEST] = "d1"  # decoded by the media stage: its digest is its key
     shared([tagged], do_pad=True)

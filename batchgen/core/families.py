@@ -23,8 +23,10 @@ class Family:
     model_type: str
     lane: Literal["mrope", "offset", "single"]  # batched with mRoPE positions, by cache offsets, or alone
     deepstack: bool = False  # vision features also feed early layers: prefixes reused, not features
-    # mlx-vlm lays the first image's features over the prompt: ids relaid, several-image rows alone
+    # mlx-vlm lays the first image's features over the prompt: ids relaid, a row of several refused
     first_image_only: bool = False
+    # mRoPE: mlx-vlm's model embeds images and a video in one prompt (else a row of both is refused)
+    images_with_video: bool = False
     why_unbatched: str | None = None  # lane "single": the summary's reason
     # greedy rows with an MTP drafter batch in mlx-vlm's rounds (checked equal to the target alone)
     drafts_batch: bool = False
@@ -40,7 +42,7 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family("qwen2_vl", "mrope", tiny="vlm"),
         Family("qwen2_5_vl", "mrope", tiny="qwen2_5_vl"),
-        Family("qwen3_vl", "mrope", deepstack=True, tiny="qwen3_vl"),
+        Family("qwen3_vl", "mrope", deepstack=True, images_with_video=True, tiny="qwen3_vl"),
         Family("qwen3_vl_moe", "mrope", deepstack=True, tiny="qwen3_vl_moe"),
         Family("qwen3_5", "mrope", drafts_batch=True, tiny="mtp-pair"),
         Family("llava", "offset", tiny="llava"),

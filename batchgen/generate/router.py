@@ -143,10 +143,18 @@ class Router:
         name = fam.model_type
         if media.audio:
             return self._alone("rows with audio")
-        if (
-            fam.lane == "mrope" and media.images and media.videos
-        ):  # mlx-vlm's Qwen-VL embeds one kind per prompt
-            return self._alone(f"{name}: rows with images beside a video")
+        if fam.lane == "mrope" and media.images and media.videos and not fam.images_with_video:
+            unseen = (
+                "this row's video would go unseen beside its images (ask about them in rows of their own)"
+            )
+            raise RowError(
+                "generate", f"{name}: mlx-vlm's {name} embeds one kind of media a prompt, so {unseen}"
+            )
+        if fam.first_image_only and len(media.images) > 1:
+            unseen = "this row's other images would go unseen (one image a row)"
+            raise RowError(
+                "generate", f"{name}: mlx-vlm merges the first image of a prompt only, so {unseen}"
+            )
         if self.models.drafter_lane == "vlm" and not constrained:
             return self._vision_drafting(p, fam)
         if fam.lane == "mrope":
@@ -156,8 +164,6 @@ class Router:
                 return self._alone(f"{name}: video rows")
             if getattr(model.config.text_config, "use_bidirectional_attention", None) == "vision":
                 return self._alone(f"{name}: {BIDIRECTIONAL}")
-            if fam.first_image_only and len(media.images) > 1:
-                return self._alone(f"{name}: rows with several images (mlx-vlm merges the first only)")
             return self._vision_kv(model, self.offset_kv) if self.kv else self.offset
         return self._alone(f"{name}: {fam.why_unbatched}")
 

@@ -104,7 +104,7 @@ class VisionLane(_MediaLane):
         start_id = getattr(model.config, "vision_start_token_id", None)
         media_starts = [i for i, t in enumerate(ids) if t == start_id]
         bounds = sorted({*media_starts, *ends})
-        digests = media.digests("image") or media.digests("video")  # one kind per row here (Router.route)
+        digests = [m.digest for m in media.items if m.kind != "audio"]  # in slot order: images and a video
         embed = self._embedding(model, inputs, ids, digests)
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
@@ -117,31 +117,30 @@ class VisionLane(_MediaLane):
 
     def _embedder(self, model: Model, inputs: dict, ids: list[int], digests: list[str]):
         """Embeddings of any slice of the prompt; the vision tower runs only when a slice
-        holds image or video tokens, and once per set of images or video."""
+        holds image or video tokens, and once per set of images or video (a row's images and
+        its video together where the family takes both: Qwen3-VL, whose features are not kept)."""
         full: list[Any] = []
         media_ids = {model.config.image_token_id, getattr(model.config, "video_token_id", None)}
         lm = model.language_model
-        video = inputs.get("pixel_values_videos") is not None and inputs.get("pixel_values") is None
         deepstack = family(model.config.model_type).deepstack
 
         def embed(a: int, b: int):
             if not media_ids.intersection(ids[a:b]):
                 return lm.model.embed_tokens(mx.array(ids[a:b])[None])
             if not full:
-                kind = "video" if video else "image"
-                pixels = inputs["pixel_values_videos" if video else "pixel_values"]
-                given = {"pixel_values_videos": pixels} if video else {"pixel_values": pixels}
-                grid = inputs[f"{kind}_grid_thw"]
-                if not deepstack:
+                kinds = [(kind, key) for kind, key in _PIXELS if inputs.get(key) is not None]
+                given: dict[str, Any] = {}
+                for kind, key in kinds:
+                    given |= {key: inputs[key], f"{kind}_grid_thw": inputs[f"{kind}_grid_thw"]}
+                if not deepstack:  # one kind a row here (Router.route)
+                    (kind, key), *_ = kinds
+                    pixels, grid = inputs[key], inputs[f"{kind}_grid_thw"]
                     dtype = model.vision_tower.patch_embed.proj.weight.dtype
                     given["cached_image_features"] = self._features.get(
                         (kind, *digests), lambda: _tower(model, pixels.astype(dtype), grid)
                     )
                 out = model.get_input_embeddings(
-                    inputs["input_ids"],
-                    mask=inputs.get("attention_mask"),
-                    **given,
-                    **{f"{kind}_grid_thw": grid},
+                    inputs["input_ids"], mask=inputs.get("attention_mask"), **given
                 )
                 # DeepStack features come from the tower's own run (not from cached features); the
                 # language model aligns them with each slice it is given, by its cache offset.
@@ -153,6 +152,9 @@ class VisionLane(_MediaLane):
             return (embeds[:, a:b], extra) if extra else embeds[:, a:b]
 
         return embed
+
+
+_PIXELS = (("image", "pixel_values"), ("video", "pixel_values_videos"))  # a processor's pixels, by kind
 
 
 def _head(lm: Model, inputs: dict, last: int) -> tuple[mx.array, int]:

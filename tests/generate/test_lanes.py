@@ -368,9 +368,10 @@ def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, 
         assert got[row["id"]][:2] == (_text(processor, ref), len(ref.token_ids))
 
 
-def test_rows_that_cannot_batch_are_counted_once_per_reason(workdir):
-    import json
-
+def test_images_beside_a_video_fail_where_the_engine_drops_the_video(workdir):
+    """mlx-vlm's Qwen2-VL embeds one kind of media a prompt: a row with images and a video was
+    answered without its video (and called ok). Such a row is now its own error, naming why;
+    the other rows run."""
     from conftest import MODELS
 
     rows = [
@@ -382,10 +383,66 @@ def test_rows_that_cannot_batch_are_counted_once_per_reason(workdir):
     out = workdir / "out.parquet"
     code, output = run_cli("run", str(job), "-o", str(out), "--model", str(MODELS / "tiny-vlm"),
                            "--max-tokens", "2")  # fmt: skip
+    assert code == 1, output
+    got = {r["id"]: r for r in read(out)}
+    for name in ("both", "both2"):
+        assert got[name]["error_stage"] == "generate"
+        assert "qwen2_vl embeds one kind of media a prompt" in got[name]["error"]
+        assert "video would go unseen" in got[name]["error"]
+    assert got["image"]["status"] == "ok" and "one at a time" not in output
+
+
+def test_images_beside_a_video_batch_on_qwen3_vl_and_match_mlx_vlm(workdir, sensitive_qwen3_vl):
+    """Qwen3-VL's model embeds both kinds in one prompt: such rows batch beside image and video
+    rows, each equal to mlx-vlm's generate given the picture and the sampled frames."""
+    import threading
+
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+
+    from batchgen.core.records import GenParams
+    from batchgen.core.settings import MediaConfig
+    from batchgen.generate.models import inspect_model
+    from batchgen.input.parse import parse_row
+    from batchgen.input.read import RawRow
+    from batchgen.media.resolve import MediaStage
+
+    def both(picture, question, n):
+        content = [{"type": "image", "image": picture}, {"type": "video", "video": "media/moving_dot.mp4"},
+                   {"type": "text", "text": question}]  # fmt: skip
+        return {"messages": [{"role": "user", "content": content}], "max_tokens": n}
+
+    rows = [
+        {"id": "red", **both("media/red_circle.png", "Same?", 10)},
+        {"id": "blue", **both("media/blue_square.webp", "Which one moves?", 12)},
+        {"id": "image", "image": "media/red_circle.png", "prompt": "Same?", "max_tokens": 8},
+        {"id": "video", "video": "media/moving_dot.mp4", "prompt": "Same?", "max_tokens": 8},
+    ]
+    job = write_jsonl(workdir / "jobs.jsonl", rows)
+    out = workdir / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--model", str(sensitive_qwen3_vl),
+                           "--temperature", "0")  # fmt: skip
     assert code == 0, output
-    assert output.count("2 rows one at a time (qwen2_vl: rows with images beside a video)") == 1
-    stats = json.loads(out.with_name(out.name + ".stats.json").read_text())
-    assert stats["one_at_a_time"] == {"qwen2_vl: rows with images beside a video": 2}
+    assert "one at a time" not in output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    assert len(set(got.values())) == 4  # the picture and the clip both reach the answer
+
+    info = inspect_model(str(sensitive_qwen3_vl))
+    stage = MediaStage(MediaConfig(), workdir, workdir, False, info.max_pixels, threading.Event())
+    model, processor = mlx_vlm.load(str(sensitive_qwen3_vl))
+    for k, row in enumerate(rows[:2]):
+        parsed, _ = parse_row(RawRow(k, k + 1, row), GenParams(), None)
+        media = stage.resolve(parsed).media
+        question = row["messages"][0]["content"][2]["text"]
+        parts = [
+            {"type": "image"},
+            {"type": "video"},
+            {"type": "text", "text": question, "content": question},
+        ]
+        prompt = get_chat_template(processor, [{"role": "user", "content": parts}], True)
+        ref = mlx_vlm.generate(model, processor, prompt, image=list(media.images), video=list(media.videos),
+                               max_tokens=row["max_tokens"], temperature=0.0)  # fmt: skip
+        assert got[row["id"]] == (_text(processor, ref), len(ref.token_ids)), row["id"]
 
 
 def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
@@ -493,8 +550,9 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
 
 
 def test_prompts_that_cannot_batch_on_a_batched_family_run_one_at_a_time(tmp_path, offset_families):
-    """A Gemma 4 whose image tokens attend both ways, and a LLaVA-NeXT row with two images (mlx-vlm
-    merges one), go through mlx-vlm's own generate: counted once per reason, output as mlx-vlm's."""
+    """A Gemma 4 whose image tokens attend both ways goes through mlx-vlm's own generate:
+    counted once per reason, output as mlx-vlm's. A LLaVA-NeXT row with two images (mlx-vlm
+    merges the first only) is its own error."""
     import json
     import shutil
 
@@ -540,9 +598,10 @@ def test_prompts_that_cannot_batch_on_a_batched_family_run_one_at_a_time(tmp_pat
     out = tmp_path / "next.parquet"
     code, output = run_cli("run", str(job), "-o", str(out), "--model", str(offset_families["llava_next"]),
                            "--temperature", "0")  # fmt: skip
-    assert code == 0, output
-    assert "1 row one at a time (llava_next: rows with several images" in output
-    assert [r["status"] for r in read(out)] == ["ok", "ok"]
+    assert code == 1, output  # mlx-vlm's llava_next merges the first image only: the second went unseen
+    two, one = read(out)
+    assert two["error_stage"] == "generate" and "other images would go unseen" in two["error"]
+    assert one["status"] == "ok" and "one at a time" not in output
 
 
 def test_a_template_that_drops_string_content_gets_every_message_as_parts(offset_families, sensitive_vlm):

@@ -151,7 +151,7 @@ class Router:
                 "generate", f"{name}: mlx-vlm's {name} embeds one kind of media a prompt, so {unseen}"
             )
         if fam.first_image_only and len(media.images) > 1:
-            unseen = "this row's other images would go unseen (one image a row)"
+            unseen = "this row's other images (or its clip's other frames) would go unseen: one image a row"
             raise RowError(
                 "generate", f"{name}: mlx-vlm merges the first image of a prompt only, so {unseen}"
             )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import read, run_cli, write_jsonl
+from conftest import MEDIA, read, run_cli, write_jsonl
 from PIL import Image
 
 pytestmark = pytest.mark.slow  # every family, token for token against mlx-vlm
@@ -594,13 +594,15 @@ def test_prompts_that_cannot_batch_on_a_batched_family_run_one_at_a_time(tmp_pat
     job = write_jsonl(tmp_path / "next.jsonl", [
         {"id": "two", "messages": [{"role": "user", "content": two}], "max_tokens": 3},
         {"id": "one", "image": "b0.png", "prompt": QUESTION, "max_tokens": 3},
+        {"id": "clip", "video": str(MEDIA / "moving_dot.mp4"), "prompt": QUESTION, "max_tokens": 3},
     ])  # fmt: skip
     out = tmp_path / "next.parquet"
     code, output = run_cli("run", str(job), "-o", str(out), "--model", str(offset_families["llava_next"]),
                            "--temperature", "0")  # fmt: skip
-    assert code == 1, output  # mlx-vlm's llava_next merges the first image only: the second went unseen
-    two, one = read(out)
-    assert two["error_stage"] == "generate" and "other images would go unseen" in two["error"]
+    assert code == 1, output  # mlx-vlm's llava_next merges the first image only: the rest went unseen
+    two, one, clip = read(out)
+    for row in (two, clip):  # a clip goes in as its frames, each an image
+        assert row["error_stage"] == "generate" and "other frames) would go unseen" in row["error"]
     assert one["status"] == "ok" and "one at a time" not in output
 
 

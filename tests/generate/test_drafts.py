@@ -152,9 +152,17 @@ def test_mtp_rows_batch_in_waves_with_the_targets_own_tokens(tmp_path, sensitive
 
     drafter = sensitive_qwen3_5.parent / "drafter"
     pictures = [str(MEDIA / f) for f in ("red_circle.png", "blue_square.webp", "green_triangle_rotated.jpg")]
-    rows = [{"id": f"t{k}", "prompt": f"Tell me story {k} about the sea.", "max_tokens": 4 + 3 * k} for k in range(4)]
+    rows = [
+        {"id": f"t{k}", "prompt": f"Tell me story {k} about the sea.", "max_tokens": 4 + 3 * k}
+        for k in range(4)
+    ]
     rows += [
-        {"id": f"i{k}", "image": pictures[k % 3], "prompt": ("What is it?", "Colours?")[k // 3], "max_tokens": 16}
+        {
+            "id": f"i{k}",
+            "image": pictures[k % 3],
+            "prompt": ("What is it?", "Colours?")[k // 3],
+            "max_tokens": 16,
+        }
         for k in range(6)
     ]
     rows += [
@@ -176,7 +184,8 @@ def test_mtp_rows_batch_in_waves_with_the_targets_own_tokens(tmp_path, sensitive
     assert by_id["stop"]["finish_reason"] == "stop" and by_id["one"]["completion_tokens"] == 1
     assert by_id["one"]["mtp_drafts"] == 0 and by_id["t3"]["mtp_drafts"] > 0
     stats = json.loads((tmp_path / "drafted.parquet.stats.json").read_text())
-    why = "sampled rows with a vision drafter (mlx-vlm's batched rounds draw from one sampler): mlx-vlm's generate"
+    why = "sampled rows with a vision drafter (mlx-vlm's batched rounds draw from one sampler)"
+    why += ": mlx-vlm's generate"
     assert stats["one_at_a_time"] == {why: 1}
     assert by_id["sampled"]["mtp_drafts"] > 0 and by_id["sampled"]["error"] is None
 

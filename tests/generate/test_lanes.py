@@ -629,27 +629,28 @@ def test_a_template_that_drops_string_content_gets_every_message_as_parts(offset
     assert apply_template(qwen, messages, {}) == get_chat_template(qwen, messages, True)
 
 
-def test_n_completions_on_the_vision_lanes(workdir):
-    """A row's `completions` on the batched Qwen-VL lane and the one-row lane: greedy copies are
-    the row's one answer; seeded sampled copies differ from each other and repeat run to run."""
+def test_n_completions_on_the_vision_lanes(workdir, sensitive_qwen3_5):
+    """A row's `completions` on a batched lane (Qwen3.5's MTP rounds) and on the one-row lane
+    (sampled rows with a vision drafter): greedy copies are the row's one answer; seeded sampled
+    copies differ from each other and repeat run to run."""
     import json
-
-    from conftest import MODELS
 
     rows = [
         {"id": "greedy", "image": "media/red_circle.png", "prompt": "Shape?", "completions": 3,
          "temperature": 0},
         {"id": "one", "image": "media/red_circle.png", "prompt": "Shape?", "temperature": 0},
-        {"id": "sampled", "image": "media/red_circle.png", "video": "media/moving_dot.mp4", "prompt": "Same?",
-         "completions": 3, "temperature": 1.5, "seed": 3},
+        {"id": "sampled", "image": "media/red_circle.png", "prompt": "Same?", "completions": 3,
+         "temperature": 1.5, "seed": 3},
     ]  # fmt: skip
     job = write_jsonl(workdir / "jobs.jsonl", rows)
     runs = []
+    drafter = str(sensitive_qwen3_5.parent / "drafter")
     for name in ("a", "b"):
         out = workdir / f"{name}.parquet"
-        code, output = run_cli("run", str(job), "-o", str(out), "--model", str(MODELS / "tiny-vlm"),
-                               "--max-tokens", "6", "--video-max-frames", "4", "-q")  # fmt: skip
+        code, output = run_cli("run", str(job), "-o", str(out), "--model", str(sensitive_qwen3_5),
+                               "--draft-model", drafter, "--max-tokens", "6")  # fmt: skip
         assert code == 0, output
+        assert "1 row one at a time (sampled rows with a vision drafter" in output  # the sampled row
         runs.append({r["id"]: r for r in read(out)})
     got = runs[0]
     greedy = [c["text"] for c in json.loads(got["greedy"]["choices"])]

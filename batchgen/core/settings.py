@@ -100,6 +100,7 @@ class RunConfig:
     output: Path | str  # a Parquet file or, with output_shards, a folder of shards; or a URI
     model: str
     text_model: str | None = None  # text-only rows; defaults to `model`
+    adapter: str | None = None  # a LoRA/DoRA adapter folder (ADAPTER_FILES) applied to `model`
     format: str | None = None  # jsonl | parquet | csv; None = from the extension
     prompt_template: str | None = None  # fills each row's prompt from its columns
     columns: Columns = field(default_factory=Columns)  # dataset columns taken as id, prompt, media
@@ -206,6 +207,7 @@ class GenerationSettings:
 
     model: str
     text_model: str | None
+    adapter: str | None
     draft_model: str | None
     num_draft_tokens: int
     draft_kind: str | None
@@ -245,6 +247,8 @@ def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
     )  # fmt: skip
 
 
+# An adapter folder as mlx-lm and mlx-vlm save one: its settings and its weights.
+ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 KV_GROUPS = (32, 64, 128)
 # Settings whose flag (and preset key) is named otherwise than their field.

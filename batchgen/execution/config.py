@@ -19,7 +19,7 @@ from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, one_line
 from ..core.params import check_params
 from ..core.records import Constraint, GenParams
-from ..core.settings import FLAG_NAMES, GEN_FIELDS, Columns, MediaConfig, RunConfig
+from ..core.settings import ADAPTER_FILES, FLAG_NAMES, GEN_FIELDS, Columns, MediaConfig, RunConfig
 from ..core.uris import checked_location, is_uri
 
 __all__ = ["find_preset", "load_preset", "read_settings_file", "read_json_settings", "build_config",
@@ -100,7 +100,7 @@ def load_preset(path: Path | None) -> dict[str, Any]:
         raise ConfigError(f"config {path}: expected a mapping at the top level")
     # Model paths in a preset are relative to the preset, so it works from any folder. The
     # default preset's sample models are in a checkout only: installed from a wheel, it names none.
-    for key in ("model", "text_model"):
+    for key in ("model", "text_model", "adapter"):
         value = data.get(key)
         if isinstance(value, str) and value.startswith("."):
             local = (path.parent / value).resolve()
@@ -219,8 +219,28 @@ def _check_run_settings(data: dict[str, Any]) -> None:
         data["shard"] = tuple(shard)
     if data.get("time_limit") is not None:
         data["time_limit"] = parse_duration(data["time_limit"])
+    if data.get("adapter") is not None:
+        _check_adapter(data)
     if data.get("errors_file") is not None and not is_uri(str(data["errors_file"])):
         data["errors_file"] = Path(data["errors_file"])
+
+
+def _check_adapter(data: dict[str, Any]) -> None:
+    """An adapter folder with its two files, for the one model it was trained on: a separate
+    text model would be a second base."""
+    adapter = data["adapter"]
+    if not isinstance(adapter, str) or not adapter:
+        raise ConfigError(f"adapter: expected a folder, got {adapter!r:.60}")
+    folder = Path(adapter).expanduser()
+    missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
+    if missing:
+        what = "an adapter folder as mlx-lm or mlx-vlm saves one"
+        raise ConfigError(f"--adapter {adapter!r}: no {' or '.join(missing)} there ({what})")
+    text = data.get("text_model")
+    if text is not None and text != data.get("model"):
+        why = "an adapter fits the one model it was trained on (--model); run the text rows apart"
+        raise ConfigError(f"--adapter with --text-model {text!r}: {why}")
+    data["adapter"] = str(folder.resolve())
 
 
 def _constraint(gen: dict[str, Any]) -> Constraint | None:

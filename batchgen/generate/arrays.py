@@ -51,8 +51,13 @@ def parameters(model: Model) -> list[tuple[str, mx.array]]:
     return cast(list[tuple[str, mx.array]], tree_flatten(model.parameters()))
 
 
-def load_lm(path: str, lazy: bool = False) -> tuple[Model, Tokenizer]:
-    """mlx-lm's `load` of a checkpoint folder: (model, tokenizer)."""
+def safetensors(path: str) -> dict[str, mx.array]:
+    """A .safetensors file's tensors by name."""
+    return cast(dict[str, mx.array], mx.load(path))
+
+
+def load_lm(path: str, lazy: bool = False, adapter: str | None = None) -> tuple[Model, Tokenizer]:
+    """mlx-lm's `load` of a checkpoint folder, with its LoRA adapter: (model, tokenizer)."""
     import mlx_lm
 
-    return cast(tuple[Model, Tokenizer], mlx_lm.load(path, lazy=lazy))
+    return cast(tuple[Model, Tokenizer], mlx_lm.load(path, lazy=lazy, adapter_path=adapter))

@@ -7,6 +7,7 @@ import copy
 import hashlib
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from PIL import Image
@@ -14,7 +15,8 @@ from PIL import Image
 from ..core.errors import ConfigError, short
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
-from .arrays import Model, Processor, Tokenizer, load_lm
+from ..core.settings import ADAPTER_FILES
+from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .models import ModelInfo
 from .prompts import END_OF_TURN
@@ -94,6 +96,19 @@ def _nbytes(value: Any) -> int:
     return 0
 
 
+def _check_fits(model: Model, adapter: str) -> None:
+    """Every tensor of the adapter has its place in the model: mlx-vlm loads an adapter's weights
+    non-strictly, so an adapter made for another base (or in mlx-lm's layout) would load and
+    change nothing."""
+    weights = safetensors(str(Path(adapter) / ADAPTER_FILES[1]))
+    have = {name: w.shape for name, w in parameters(model)}
+    off = [name for name, w in weights.items() if have.get(name) != w.shape]
+    if off:
+        raise ValueError(
+            f"{len(off)} of its {len(weights)} tensors have no place in the model (first: {off[0]})"
+        )
+
+
 def mend_processor(processor: Processor) -> None:
     """mlx-vlm 0.7.10's llava processors hand the tokenizer's `padding=True` to the image
     processor too, which transformers 5 refuses (`ImagesKwargs.__init__() got an unexpected
@@ -108,16 +123,19 @@ class Models:
     """The run's checkpoints, each loaded once on first use. A load failure is a ConfigError,
     kept and raised again for every later use rather than retried for every row. `lazy`
     (batchgen plan): the weights are mapped, never read — tokenizers, processors and configs
-    are all a plan needs."""
+    are all a plan needs. `adapter`: a LoRA/DoRA folder the engine applies as it loads the
+    model (mlx-vlm's format on a vision-language checkpoint, whose text rows then run on
+    mlx-vlm too; mlx-lm's on a text model)."""
 
     def __init__(self, vision_info: ModelInfo, text_info: ModelInfo, drafter: Drafter | None = None,
-                 lazy: bool = False):  # fmt: skip
+                 lazy: bool = False, adapter: str | None = None):  # fmt: skip
         self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
-        self.lazy = lazy
+        self.lazy, self.adapter = lazy, adapter
         self._vlm: tuple[Model, Processor] | None = None
         self._lm: tuple[Model, Tokenizer] | None = None
         self._failed: dict[str, ConfigError] = {}
-        self.text_on_vlm = False  # mlx-lm cannot load this VLM checkpoint: mlx-vlm serves text rows
+        # mlx-lm cannot load this VLM checkpoint, or the adapter is for mlx-vlm: it serves text rows
+        self.text_on_vlm = adapter is not None and text_info.multimodal
 
     def loaded(self) -> list[Model]:
         """The models loaded so far (the memory budget counts their weights once)."""
@@ -143,10 +161,14 @@ class Models:
 
             hf_logging.set_verbosity_error()  # one kwargs notice per row otherwise
             try:
-                model, processor = mlx_vlm.load(str(self.vision_info.path), lazy=self.lazy)
+                model, processor = mlx_vlm.load(
+                    str(self.vision_info.path), lazy=self.lazy, adapter_path=self.adapter
+                )
+                if self.adapter is not None:
+                    _check_fits(model, self.adapter)
             except Exception as e:  # loaders fail in many ways; all of them stop the run the same way
                 self._failed["vlm"] = ConfigError(
-                    f"model {self.vision_info.name!r}: mlx-vlm cannot load it ({e})"
+                    f"model {self.vision_info.name!r}{self._with()}: mlx-vlm cannot load it ({short(e, 400)})"
                 )
                 raise self._failed["vlm"] from e
             mend_processor(processor)
@@ -173,12 +195,11 @@ class Models:
             raise self._failed["lm"]
         if self._lm is None and not self.text_on_vlm:
             try:
-                model, tokenizer = load_lm(str(self.text_info.path), lazy=self.lazy)
+                model, tokenizer = load_lm(str(self.text_info.path), lazy=self.lazy, adapter=self.adapter)
             except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
                 if not self.text_info.multimodal:
-                    self._failed["lm"] = ConfigError(
-                        f"model {self.text_info.name!r}: mlx-lm cannot load it ({e})"
-                    )
+                    why = f"mlx-lm cannot load it ({short(e, 400)})"
+                    self._failed["lm"] = ConfigError(f"model {self.text_info.name!r}{self._with()}: {why}")
                     raise self._failed["lm"] from e
                 # Any failure on a multimodal checkpoint (a tied checkpoint without `lm_head`, a
                 # TypeError in a model class): mlx-vlm, which loads it, serves the text rows.
@@ -192,6 +213,10 @@ class Models:
                 tokenizer.add_eos_token(END_OF_TURN)
             self._lm = (model, tokenizer)
         return self._lm
+
+    def _with(self) -> str:
+        """The adapter, as an error names it beside its model."""
+        return f" with adapter {self.adapter!r}" if self.adapter else ""
 
     def load_drafter(self) -> None:
         """Load the target and the drafter now: a drafter that cannot pair with the target is a

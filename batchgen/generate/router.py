@@ -47,6 +47,7 @@ class Router:
         memory_budget: str | None = None,
         kv: KVQuant | None = None,
         stop: threading.Event | None = None,
+        adapter: str | None = None,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
@@ -55,7 +56,7 @@ class Router:
                 kv.check(info.name, info.head_dim)
         self.kv = kv
         self.prefixes = prefix_cache
-        self.models = Models(self.vision_info, self.text_info, drafter, lazy)
+        self.models = Models(self.vision_info, self.text_info, drafter, lazy, adapter)
         spec = budget_spec(memory_budget) if not lazy else None
         self.memory = Memory(spec, self.models, prefix_cache) if spec is not None else None
         self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
@@ -97,7 +98,7 @@ class Router:
             kv = KVQuant(config.kv_bits, config.kv_group_size, config.quantized_kv_start)
         return cls(
             config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
-            memory_budget=config.memory_budget, kv=kv, stop=stop,
+            memory_budget=config.memory_budget, kv=kv, stop=stop, adapter=config.adapter,
         )  # fmt: skip
 
     # -- loading ---------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.errors import ConfigError, describe
 from ..core.params import SEEDED_SAMPLER
 from ..core.records import GenParams, file_digest, local_path
-from ..core.settings import Fingerprint, RunConfig
+from ..core.settings import ADAPTER_FILES, Fingerprint, RunConfig
 from ..input.read import JobIndex, id_key
 from .parts import Earlier
 from .pending import Pending
@@ -58,8 +58,18 @@ def settings_of(config: RunConfig) -> Fingerprint:
             "shard": list(config.shard) if config.shard else None,
         }
         | ({"kv_cache": kv} if config.kv_bits else {})
+        | ({"adapter": _adapter(config.adapter)} if config.adapter else {})
         | _sampler(config)
     )  # absent when off: earlier outputs resume
+
+
+def _adapter(folder: str) -> Fingerprint:
+    """An adapter by its folder and its files' content: an adapter trained again under the same
+    name is other settings."""
+    return {
+        "folder": _canonical(folder),
+        "sha256": {name: file_digest(Path(folder) / name) for name in ADAPTER_FILES},
+    }
 
 
 def _sampler(config: RunConfig) -> Fingerprint:

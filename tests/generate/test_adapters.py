@@ -1,0 +1,130 @@
+"""A LoRA adapter for the run (--adapter): rows equal the engine's own generate with the model
+loaded with that adapter, token for token; an adapter that cannot apply stops the run before
+any row; the adapter's content is part of the output's settings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from conftest import MEDIA, MODELS, read, run_cli, write_jsonl
+
+from batchgen.tools.tiny.adapters import make_tiny_adapter
+
+PROMPTS = ["Tell me about the sea.", "Name a colour.", "Hi!", "Tell me about the sea.", "Count to five."]
+
+
+@pytest.fixture(scope="module")
+def lm_adapter(tmp_path_factory):
+    return make_tiny_adapter(MODELS / "tiny-lm", tmp_path_factory.mktemp("lora") / "lm", seed=1)
+
+
+def _run(tmp_path, name, rows, *flags):
+    job = write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    out = tmp_path / f"{name}.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--temperature", "0", *flags)
+    return code, output, out
+
+
+def test_text_rows_with_an_adapter_equal_mlx_lm_with_it(tmp_path, lm_adapter):
+    import mlx_lm
+
+    rows = [{"id": i, "prompt": p, "max_tokens": 6 + 2 * i} for i, p in enumerate(PROMPTS)]
+    lm = str(MODELS / "tiny-lm")
+    code, output, out = _run(tmp_path, "adapted", rows, "--model", lm, "--adapter", str(lm_adapter),
+                             "--batch-size", "3")  # fmt: skip
+    assert code == 0, output
+    assert "one at a time" not in output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    code, output, base = _run(tmp_path, "base", rows, "--model", lm)
+    plain = {r["id"]: r["generated_text"] for r in read(base)}
+
+    model, tokenizer = mlx_lm.load(lm, adapter_path=str(lm_adapter))
+    eos = set(tokenizer.eos_token_ids)
+    for row in rows:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True
+        )
+        tokens = [
+            r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=row["max_tokens"])
+        ]
+        text = tokenizer.decode([t for t in tokens if t not in eos])
+        assert got[row["id"]] == (text, len(tokens)), row["id"]
+    assert sum(got[i][0] != plain[i] for i in got) >= 4  # the adapter reaches the answers
+
+
+def test_media_and_text_rows_with_a_vision_adapter_equal_mlx_vlm_with_it(tmp_path, sensitive_qwen3_vl):
+    """An mlx-vlm adapter on a vision-language model: its image rows batch, and its text rows run
+    on mlx-vlm too (the adapter is in mlx-vlm's layout), each as mlx-vlm's generate with it."""
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+    from PIL import Image
+
+    adapter = make_tiny_adapter(sensitive_qwen3_vl, tmp_path / "lora", seed=2)
+    pictures = ["red_circle.png", "blue_square.webp"]
+    rows = [
+        {"id": f"i{k}", "image": str(MEDIA / p), "prompt": q, "max_tokens": 8}
+        for k, (p, q) in enumerate((p, q) for p in pictures for q in ("What is it?", "Colour?"))
+    ]
+    rows.append({"id": "text", "prompt": "Say something.", "max_tokens": 8})
+    flags = ("--model", str(sensitive_qwen3_vl), "--adapter", str(adapter))
+    code, output, out = _run(tmp_path, "adapted", rows, *flags)
+    assert code == 0, output
+    assert "one at a time" not in output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    code, output, base = _run(tmp_path, "base", rows, "--model", str(sensitive_qwen3_vl))
+    plain = {r["id"]: r["generated_text"] for r in read(base)}
+
+    model, processor = mlx_vlm.load(str(sensitive_qwen3_vl), adapter_path=str(adapter))
+    for row in rows:
+        text = {"type": "text", "text": row["prompt"], "content": row["prompt"]}
+        parts = [{"type": "image"}, text] if "image" in row else [text]
+        prompt = get_chat_template(processor, [{"role": "user", "content": parts}], True)
+        images = [Image.open(row["image"]).convert("RGB")] if "image" in row else None
+        ref = mlx_vlm.generate(model, processor, prompt, image=images, max_tokens=8, temperature=0.0)
+        tokens = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
+        assert got[row["id"]] == (processor.tokenizer.decode(tokens), len(ref.token_ids)), row["id"]
+    assert sum(got[i][0] != plain[i] for i in got) >= 4
+
+
+def test_an_adapter_that_cannot_apply_stops_the_run_before_any_row(tmp_path, lm_adapter, sensitive_qwen3_vl):
+    job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": 1, "prompt": "Hi"}])
+    out = tmp_path / "out.parquet"
+    lm, vlm = str(MODELS / "tiny-lm"), str(sensitive_qwen3_vl)
+    broken = tmp_path / "broken"
+    shutil.copytree(lm_adapter, broken)
+    (broken / "adapter_config.json").write_text("{not json")
+    other = make_tiny_adapter(MODELS / "tiny-lm", tmp_path / "wider", seed=3, rank=8)
+    config = json.loads((other / "adapter_config.json").read_text())
+    config["lora_parameters"]["rank"] = 4  # its tensors are rank 8: shapes the layers do not take
+    (other / "adapter_config.json").write_text(json.dumps(config))
+    cases = [
+        (
+            ("--model", lm, "--adapter", str(tmp_path / "missing")),
+            "no adapter_config.json or adapters.safetensors",
+        ),
+        (("--model", lm, "--adapter", str(broken)), "mlx-lm cannot load it"),
+        (("--model", lm, "--adapter", str(other)), "mlx-lm cannot load it"),
+        (("--model", vlm, "--adapter", str(lm_adapter)), "tensors have no place in the model"),
+        (("--model", vlm, "--text-model", lm, "--adapter", str(lm_adapter)), "an adapter fits the one model"),
+    ]
+    for flags, message in cases:
+        code, output = run_cli("run", str(job), "-o", str(out), "-q", *flags)
+        assert code == 2 and message in output, (flags, output)
+        assert not out.exists()
+
+
+def test_a_changed_adapter_is_other_settings_on_the_rerun(tmp_path, lm_adapter):
+    adapter = tmp_path / "adapter"
+    shutil.copytree(lm_adapter, adapter)
+    rows = [{"id": i, "prompt": p} for i, p in enumerate(PROMPTS[:2])]
+    flags = ("--model", str(MODELS / "tiny-lm"), "--adapter", str(adapter), "--max-tokens", "4")
+    code, output, out = _run(tmp_path, "job", rows, *flags)
+    assert code == 0, output
+    code, output, out = _run(tmp_path, "job", rows, *flags)  # the same adapter: nothing to do
+    assert code == 0 and "2 resumed" in output, output
+    make_tiny_adapter(MODELS / "tiny-lm", adapter, seed=9)  # trained again under the same name
+    code, output, out = _run(tmp_path, "job", rows, *flags)
+    assert code == 2 and "other settings (adapter.sha256.adapters.safetensors" in output, output
+    assert len(read(out)) == 2

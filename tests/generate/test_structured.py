@@ -83,27 +83,41 @@ def test_choice_and_regex_rows_and_cache_and_batching_change_nothing(tmp_path):
         jsonschema.validate(json.loads(fast[f"j{k}"]["generated_text"]), SCHEMAS[1])
 
 
-def test_image_rows_are_constrained_on_the_batched_and_the_one_row_lanes(workdir):
-    """Image rows on the batched Qwen-VL lane, and rows with images beside a video, which go
-    through mlx-vlm's own generate one at a time: both constrained, both the same on and off."""
+def test_image_rows_are_constrained_on_the_batched_and_the_one_row_lanes(workdir, offset_families):
+    """Image rows on the batched Qwen-VL lane, and image rows of a Gemma 4 whose image tokens
+    attend both ways, which go through mlx-vlm's own generate one at a time: both constrained,
+    both the same on and off."""
+    import shutil
+
     rng = np.random.default_rng(1)
     for k in range(2):
         Image.fromarray(rng.integers(0, 256, (56, 56, 3), dtype=np.uint8)).save(workdir / f"p{k}.png")
     rows = [{"id": f"i{k}", "image": f"p{k % 2}.png", "prompt": "Tag it.", "json_schema": SCHEMAS[k % 4]}
             for k in range(4)]  # fmt: skip
-    rows += [{"id": "single", "image": "p0.png", "video": "media/moving_dot.mp4", "prompt": "Same?",
-              "guided_choice": ["same", "different"]}]  # fmt: skip
-    job = write_jsonl(workdir / "jobs.jsonl", rows)
-    flags = ("--max-tokens", "64", "--video-max-frames", "4")
-    code, output, fast = _run(job, workdir / "fast.parquet", *flags, model=VLM)
-    assert code == 0, output
-    _, _, slow = _run(job, workdir / "slow.parquet", *flags, "--batch-size", "1", "--no-cache", model=VLM)
-    assert {k: r["generated_text"] for k, r in fast.items()} == {
-        k: r["generated_text"] for k, r in slow.items()
-    }
-    for k in range(4):
-        jsonschema.validate(json.loads(fast[f"i{k}"]["generated_text"]), SCHEMAS[k % 4])
-    assert fast["single"]["generated_text"] in ("same", "different")
+    single = [{"id": f"s{k}", "image": f"p{k}.png", "prompt": "Same?", "guided_choice": ["same", "different"]}
+              for k in range(2)]  # fmt: skip
+    bidirectional = workdir / "gemma4-bidirectional"
+    shutil.copytree(offset_families["gemma4"], bidirectional)
+    config = json.loads((bidirectional / "config.json").read_text())
+    config["text_config"]["use_bidirectional_attention"] = "vision"
+    (bidirectional / "config.json").write_text(json.dumps(config))
+    flags = ("--max-tokens", "64")
+    for model, batch, name in ((VLM, rows, "batched"), (str(bidirectional), single, "one-row")):
+        job = write_jsonl(workdir / f"{name}.jsonl", batch)
+        code, output, fast = _run(job, workdir / f"{name}-fast.parquet", *flags, model=model)
+        assert code == 0, output
+        _, _, slow = _run(job, workdir / f"{name}-slow.parquet", *flags, "--batch-size", "1", "--no-cache",
+                          model=model)  # fmt: skip
+        assert {k: r["generated_text"] for k, r in fast.items()} == {
+            k: r["generated_text"] for k, r in slow.items()
+        }
+        if name == "batched":
+            for k in range(4):
+                jsonschema.validate(json.loads(fast[f"i{k}"]["generated_text"]), SCHEMAS[k % 4])
+        else:
+            assert all(r["generated_text"] in ("same", "different") for r in fast.values())
+            stats = json.loads((workdir / "one-row-fast.parquet.stats.json").read_text())
+            assert list(stats["one_at_a_time"].values()) == [2]  # gemma4: its image tokens attend both ways
 
 
 def test_a_row_that_cannot_finish_its_json_is_an_error_not_invalid_json_marked_ok(tmp_path):

@@ -61,7 +61,7 @@ class ScriptedRouter:
 
     def __init__(self, stop: threading.Event):
         self.stop, self.lane = stop, ScriptedLane()
-        self.capped, self.one_at_a_time = 0, {}
+        self.capped, self.one_at_a_time, self.adapter_switches = 0, {}, 0
 
     def load(self, vision: bool, text: bool) -> None:
         pass

@@ -210,6 +210,7 @@ class Job:
     near_misses: tuple[str, ...] = ()  # its fields one slip from a field batchgen reads (`max_token`)
     asked_model: str | None = None  # an OpenAI Batch line's body.model: not used, said once
     scoring: Scoring | None = None  # answers to score as the assistant's reply, without generating them
+    adapter: str | None = None  # the row's adapter, by its name in the run's set (BASE_ADAPTER: none)
 
     @property
     def where(self) -> str:
@@ -346,6 +347,7 @@ class Result:
     frames_ms: float = 0.0
     generate_ms: float = 0.0
     model: str | None = None
+    adapter: str | None = None  # the adapter folder the model ran with (--adapter, a row's `adapter`)
     attempts: int = 1  # runs that generated this row, this one included (failed rows are retried)
     transient: bool = False  # the failure may not happen again (a server down, a timeout): retried
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
@@ -369,7 +371,7 @@ KEPT_COLUMNS = ("id", "status", "error", "error_stage", "input_hash", "media_fil
 # ... and those the `slim` output leaves out: how a row was made rather than what it says.
 SLIM_DROPS = ("finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens",
               "mtp_drafts", "mtp_accepted", "fetch_ms", "decode_ms", "frames_ms", "generate_ms",
-              "model")  # fmt: skip
+              "model", "adapter")  # fmt: skip
 # Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
 TOTALS = (
     "prompt_tokens",

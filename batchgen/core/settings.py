@@ -4,6 +4,7 @@ and the executors take); execution/config builds them from presets, files and fl
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -101,6 +102,7 @@ class RunConfig:
     model: str
     text_model: str | None = None  # text-only rows; defaults to `model`
     adapter: str | None = None  # a LoRA/DoRA adapter folder (ADAPTER_FILES) applied to `model`
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, folder): adapters rows name in their `adapter`
     format: str | None = None  # jsonl | parquet | csv; None = from the extension
     prompt_template: str | None = None  # fills each row's prompt from its columns
     columns: Columns = field(default_factory=Columns)  # dataset columns taken as id, prompt, media
@@ -208,6 +210,7 @@ class GenerationSettings:
     model: str
     text_model: str | None
     adapter: str | None
+    adapters: tuple[tuple[str, str], ...]
     draft_model: str | None
     num_draft_tokens: int
     draft_kind: str | None
@@ -249,6 +252,8 @@ def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
 
 # An adapter folder as mlx-lm and mlx-vlm save one: its settings and its weights.
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # how rows and --adapters name one
+BASE_ADAPTER = "base"  # a row's `adapter` for the model as it is, beside a run's --adapter
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 KV_GROUPS = (32, 64, 128)
 # Settings whose flag (and preset key) is named otherwise than their field.

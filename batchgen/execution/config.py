@@ -19,7 +19,16 @@ from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, one_line
 from ..core.params import check_params
 from ..core.records import Constraint, GenParams
-from ..core.settings import ADAPTER_FILES, FLAG_NAMES, GEN_FIELDS, Columns, MediaConfig, RunConfig
+from ..core.settings import (
+    ADAPTER_FILES,
+    ADAPTER_NAME,
+    BASE_ADAPTER,
+    FLAG_NAMES,
+    GEN_FIELDS,
+    Columns,
+    MediaConfig,
+    RunConfig,
+)
 from ..core.uris import checked_location, is_uri
 
 __all__ = ["find_preset", "load_preset", "read_settings_file", "read_json_settings", "build_config",
@@ -100,6 +109,9 @@ def load_preset(path: Path | None) -> dict[str, Any]:
         raise ConfigError(f"config {path}: expected a mapping at the top level")
     # Model paths in a preset are relative to the preset, so it works from any folder. The
     # default preset's sample models are in a checkout only: installed from a wheel, it names none.
+    if isinstance(data.get("adapters"), dict):  # each folder relative to the preset too
+        relative = {k: v for k, v in data["adapters"].items() if isinstance(v, str) and v.startswith(".")}
+        data["adapters"] |= {k: str((path.parent / v).resolve()) for k, v in relative.items()}
     for key in ("model", "text_model", "adapter"):
         value = data.get(key)
         if isinstance(value, str) and value.startswith("."):
@@ -219,28 +231,50 @@ def _check_run_settings(data: dict[str, Any]) -> None:
         data["shard"] = tuple(shard)
     if data.get("time_limit") is not None:
         data["time_limit"] = parse_duration(data["time_limit"])
-    if data.get("adapter") is not None:
-        _check_adapter(data)
+    if data.get("adapter") is not None or data.get("adapters"):
+        _check_adapters(data)
     if data.get("errors_file") is not None and not is_uri(str(data["errors_file"])):
         data["errors_file"] = Path(data["errors_file"])
 
 
-def _check_adapter(data: dict[str, Any]) -> None:
-    """An adapter folder with its two files, for the one model it was trained on: a separate
-    text model would be a second base."""
-    adapter = data["adapter"]
-    if not isinstance(adapter, str) or not adapter:
-        raise ConfigError(f"adapter: expected a folder, got {adapter!r:.60}")
-    folder = Path(adapter).expanduser()
-    missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
-    if missing:
-        what = "an adapter folder as mlx-lm or mlx-vlm saves one"
-        raise ConfigError(f"--adapter {adapter!r}: no {' or '.join(missing)} there ({what})")
+def _check_adapters(data: dict[str, Any]) -> None:
+    """The run's adapter and the named ones rows choose (--adapters name=FOLDER,..., or a preset's
+    `adapters:` mapping): folders with their two files, for the one model they were trained on
+    (a separate text model would be a second base). --adapter may name one of the set."""
+    named = data.get("adapters") or ()
+    if isinstance(named, str):
+        named = [tuple(part.split("=", 1)) for part in named.split(",") if part.strip()]
+    elif isinstance(named, dict):
+        named = list(named.items())
+    pairs: dict[str, str] = {}
+    for pair in named:
+        name = pair[0] if isinstance(pair, (tuple, list)) and len(pair) == 2 else None
+        if not (isinstance(name, str) and ADAPTER_NAME.fullmatch(name) and name != BASE_ADAPTER):
+            what = f"name=FOLDER, a name of letters, digits, _ . - other than {BASE_ADAPTER!r}"
+            raise ConfigError(f"--adapters: expected {what}; got {pair!r:.80}")
+        if name in pairs:
+            raise ConfigError(f"--adapters: {name!r} given twice")
+        pairs[name] = _adapter_folder(pair[1], f"--adapters {name}")
+    data["adapters"] = tuple(pairs.items())
+    adapter = data.get("adapter")
+    if adapter is not None:
+        data["adapter"] = pairs.get(adapter) or _adapter_folder(adapter, "--adapter")
     text = data.get("text_model")
     if text is not None and text != data.get("model"):
         why = "an adapter fits the one model it was trained on (--model); run the text rows apart"
-        raise ConfigError(f"--adapter with --text-model {text!r}: {why}")
-    data["adapter"] = str(folder.resolve())
+        raise ConfigError(f"--adapter(s) with --text-model {text!r}: {why}")
+
+
+def _adapter_folder(value: object, flag: str) -> str:
+    """An adapter folder's absolute path, once it has its two files."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{flag}: expected a folder, got {value!r:.60}")
+    folder = Path(value).expanduser()
+    missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
+    if missing:
+        what = "an adapter folder as mlx-lm or mlx-vlm saves one"
+        raise ConfigError(f"{flag} {value!r}: no {' or '.join(missing)} there ({what})")
+    return str(folder.resolve())
 
 
 def _constraint(gen: dict[str, Any]) -> Constraint | None:

@@ -237,6 +237,7 @@ def _generate(
     gen = stats.generation
     summary.media, summary.cache, summary.memory = stats.media, gen.cache, gen.memory
     summary.max_tokens_capped, summary.one_at_a_time = gen.max_tokens_capped, gen.one_at_a_time
+    summary.adapter_switches = gen.adapter_switches
     summary.unused_media = stats.unused_media
     summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
     summary.time_limited = caller.time_up.is_set()

@@ -50,6 +50,7 @@ class RunSummary:
     repetitions: int = 0  # this run's rows the loop stop ended (finish_reason repetition)
     looped_again: int = 0  # rows an earlier run's loop stop ended, generated again (--redo-repetition)
     one_at_a_time: dict[str, int] = field(default_factory=dict)  # rows that could not batch, by reason
+    adapter_switches: int = 0  # times the model's adapter changed between rows (rows naming adapters)
     unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
     near_misses: dict[str, tuple[int, str]] = field(default_factory=dict)  # field → (rows, the field meant)
     dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
@@ -122,6 +123,9 @@ class RunSummary:
         said += "".join(
             f" · {plural(n, 'row')} one at a time ({why})" for why, n in self.one_at_a_time.items()
         )
+        if self.adapter_switches:
+            n = self.adapter_switches
+            said += f" · {n:,} adapter {'switch' if n == 1 else 'switches'}"
         said += _memory(self.memory)
         said += "".join(
             f" · warning: {plural(n, 'row')} without media beside column {name!r}, which looks like media "

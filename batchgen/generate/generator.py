@@ -44,6 +44,7 @@ class GenerationStats:
     max_tokens_capped: int = 0
     one_at_a_time: dict[str, int] = field(default_factory=dict)
     memory: MemoryStats = field(default_factory=MemoryStats)
+    adapter_switches: int = 0  # times the model's adapter was changed for the next rows
 
 
 @dataclass(slots=True)
@@ -57,6 +58,7 @@ class Generated:
         error: the row's error: alone, it failed (planning, the engine, the row deadline);
             beside a generation, its answer misses its constraint (the answer is kept).
         model: the checkpoint that generated (or would have generated) the row.
+        adapter: the adapter folder the row ran with (None: the model as it is).
         generate_ms: planning, or the row's share of its lane's time.
         choices: n > 1: every completion, as JSON.
         parsed: a JSON-constrained answer, parsed and checked, as JSON text.
@@ -69,6 +71,7 @@ class Generated:
     generate_ms: float = 0.0
     choices: str | None = None
     parsed: str | None = None
+    adapter: str | None = None
 
 
 @dataclass(slots=True)
@@ -156,6 +159,7 @@ class Generator:
                     continue
                 del got[w]
                 row = self._judged(w, job, [o for _, o in sorted(outcomes, key=lambda x: x[0])], spent.pop(w))
+                row.adapter = plans[run[i]].adapter
                 tokens += row.generation.completion_tokens if row.generation is not None else 0
                 done.append(row)
                 if len(done) >= width:
@@ -198,7 +202,7 @@ class Generator:
         memory = r.memory.stats if r.memory is not None else MemoryStats()
         return GenerationStats(
             r.prefixes.stats() if r.prefixes is not None else None, r.capped, dict(r.one_at_a_time),
-            dataclasses.replace(memory, widths=dict(memory.widths)),
+            dataclasses.replace(memory, widths=dict(memory.widths)), r.adapter_switches,
         )  # fmt: skip
 
 

@@ -60,6 +60,7 @@ class Plan:
     lane: Lane
     seq: Sequence | None = None
     group: tuple = ()  # rows with equal groups share prefixes: run them together
+    adapter: str | None = None  # the adapter folder the row runs with (Router.plan)
 
     @property
     def solo(self) -> bool:
@@ -351,7 +352,9 @@ def completions(plan: Plan) -> list[Plan]:
         job = plan.job
         if p.seed is not None:
             job = dataclasses.replace(job, params=dataclasses.replace(p, seed=(p.seed + k) % 2**64))
-        copy = _fresh(plan) if plan.seq is not None else Plan(job, plan.media, plan.lane)
+        copy = (
+            _fresh(plan) if plan.seq is not None else Plan(job, plan.media, plan.lane, adapter=plan.adapter)
+        )
         copy.job = job
         if copy.seq is not None:
             copy.seq.params = dataclasses.replace(copy.seq.params, seed=job.params.seed)
@@ -374,7 +377,7 @@ def _fresh(plan: Plan) -> Plan:
     s = _seq(plan)
     seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped, part=s.part,
                    scored_after=s.scored_after)  # fmt: skip
-    return Plan(plan.job, plan.media, plan.lane, seq, plan.group)
+    return Plan(plan.job, plan.media, plan.lane, seq, plan.group, plan.adapter)
 
 
 def _seq(plan: Plan) -> Sequence:

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mlx.utils import tree_unflatten
 from PIL import Image
 
-from ..core.errors import ConfigError, short
+from ..core.errors import ConfigError, RowError, short
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
 from ..core.settings import ADAPTER_FILES
@@ -109,6 +110,18 @@ def _check_fits(model: Model, adapter: str) -> None:
         )
 
 
+def _take_off(model: Model) -> None:
+    """A model's LoRA/DoRA layers replaced by the layers they wrap: the base model again. Both
+    engines keep the wrapped layer as `linear` (mlx-vlm's older layers as `original_layer`)."""
+    wrapped = [
+        (name, module.get("linear", module.get("original_layer")))
+        for name, module in model.named_modules()
+        if "lora_a" in module
+    ]
+    if wrapped:
+        model.update_modules(tree_unflatten(wrapped))
+
+
 def mend_processor(processor: Processor) -> None:
     """mlx-vlm 0.7.10's llava processors hand the tokenizer's `padding=True` to the image
     processor too, which transformers 5 refuses (`ImagesKwargs.__init__() got an unexpected
@@ -127,15 +140,25 @@ class Models:
     model (mlx-vlm's format on a vision-language checkpoint, whose text rows then run on
     mlx-vlm too; mlx-lm's on a text model)."""
 
-    def __init__(self, vision_info: ModelInfo, text_info: ModelInfo, drafter: Drafter | None = None,
-                 lazy: bool = False, adapter: str | None = None):  # fmt: skip
+    def __init__(
+        self,
+        vision_info: ModelInfo,
+        text_info: ModelInfo,
+        drafter: Drafter | None = None,
+        lazy: bool = False,
+        adapter: str | None = None,
+        adapters: dict[str, str] | None = None,
+    ):
         self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
         self.lazy, self.adapter = lazy, adapter
+        self.adapters = adapters or {}  # the adapters rows name, by name: their folders
+        self.applied = adapter  # the adapter the model carries once loaded
+        self.switches = 0
         self._vlm: tuple[Model, Processor] | None = None
         self._lm: tuple[Model, Tokenizer] | None = None
         self._failed: dict[str, ConfigError] = {}
         # mlx-lm cannot load this VLM checkpoint, or the adapter is for mlx-vlm: it serves text rows
-        self.text_on_vlm = adapter is not None and text_info.multimodal
+        self.text_on_vlm = (adapter is not None or bool(self.adapters)) and text_info.multimodal
 
     def loaded(self) -> list[Model]:
         """The models loaded so far (the memory budget counts their weights once)."""
@@ -213,6 +236,37 @@ class Models:
                 tokenizer.add_eos_token(END_OF_TURN)
             self._lm = (model, tokenizer)
         return self._lm
+
+    def use(self, adapter: str | None) -> None:
+        """The model carries this adapter (None: none) for the rows that follow: the one it
+        carries taken off (its LoRA/DoRA layers back to the layers they wrap), this one applied
+        as the engine applies one when it loads it. An adapter that cannot apply is the error
+        of the rows that asked for it (a `generate` RowError); the model is left bare."""
+        if adapter == self.applied or self.lazy:
+            return
+        vision = self.text_info.multimodal
+        model = self.vlm()[0] if vision else self.text()[0]
+        _take_off(model)
+        self.applied, self.switches = None, self.switches + 1
+        if adapter is None:
+            return
+        try:
+            if vision:
+                from mlx_vlm.trainer.peft.utils import apply_lora_layers
+
+                apply_lora_layers(model, adapter)
+                _check_fits(model, adapter)
+            else:
+                from mlx_lm.tuner.utils import load_adapters
+
+                load_adapters(model, adapter)
+        except Exception as e:  # an adapter for another base, a broken file: those rows' error
+            _take_off(model)
+            raise RowError(
+                "generate", f"adapter {adapter!r} cannot apply to {self.text_info.name!r} ({short(e, 300)})"
+            ) from e
+        model.eval()
+        self.applied = adapter
 
     def _with(self) -> str:
         """The adapter, as an error names it beside its model."""

@@ -6,6 +6,7 @@ drives it a window at a time.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections.abc import Iterator
 
@@ -13,7 +14,7 @@ from ..core.budget import budget_spec
 from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, Family, family
 from ..core.records import Generation, GenParams, Job, Media
-from ..core.settings import GenerationSettings
+from ..core.settings import BASE_ADAPTER, GenerationSettings
 from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model
 from .batch_cache import KVQuant
@@ -48,6 +49,7 @@ class Router:
         kv: KVQuant | None = None,
         stop: threading.Event | None = None,
         adapter: str | None = None,
+        adapters: tuple[tuple[str, str], ...] = (),
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
@@ -56,7 +58,7 @@ class Router:
                 kv.check(info.name, info.head_dim)
         self.kv = kv
         self.prefixes = prefix_cache
-        self.models = Models(self.vision_info, self.text_info, drafter, lazy, adapter)
+        self.models = Models(self.vision_info, self.text_info, drafter, lazy, adapter, dict(adapters))
         spec = budget_spec(memory_budget) if not lazy else None
         self.memory = Memory(spec, self.models, prefix_cache) if spec is not None else None
         self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
@@ -99,6 +101,7 @@ class Router:
         return cls(
             config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
             memory_budget=config.memory_budget, kv=kv, stop=stop, adapter=config.adapter,
+            adapters=config.adapters,
         )  # fmt: skip
 
     # -- loading ---------------------------------------------------------------
@@ -222,12 +225,16 @@ class Router:
             job, media = frames_as_images(job, media)
         if self.kv is not None:
             self._check_quantizable(job)
+        adapter = self._adapter_of(job)
         try:
             plan = self.route(job, media).plan(job, media)
         except (RowError, BatchgenError):
             raise
         except Exception as e:  # a template or processor that rejects this row
             raise row_error(e) from e
+        plan.adapter = adapter
+        if adapter is not None and plan.seq is not None:  # a prefix's keys and values are the adapter's
+            plan.seq.boundaries = [(n, _salted(key, adapter)) for n, key in plan.seq.boundaries]
         if self.kv is not None and plan.seq is not None:
             quantized = {
                 self.text_kv: (self.text, self.text_alone),
@@ -237,6 +244,20 @@ class Router:
             if plan.lane in quantized:
                 plan.lane = self._quantized(plan.seq, plan.lane, *quantized[plan.lane])
         return plan
+
+    def _adapter_of(self, job: Job) -> str | None:
+        """The folder of the adapter the row runs with: the one it names, else the run's."""
+        name, models = job.adapter, self.models
+        if name is None:
+            return models.adapter
+        if name == BASE_ADAPTER:
+            return None
+        if name not in models.adapters:
+            known = ", ".join(sorted(models.adapters)) or "none given"
+            raise RowError(
+                "read", f"adapter {name!r} is not one of --adapters ({known}) nor {BASE_ADAPTER!r}"
+            )
+        return models.adapters[name]
 
     def _quantized(self, seq: Sequence, lane: Lane, full: Lane, alone: Lane) -> Lane:
         """A --kv-bits row's lane, by where the engine's generate would quantize its cache: its
@@ -265,6 +286,11 @@ class Router:
         self.kv.check_cache(name, cache)
         self._quantizable.add(name)
 
+    @property
+    def adapter_switches(self) -> int:
+        """Times the model's adapter changed between runs of rows."""
+        return self.models.switches
+
     def prompt_tokens(self, plan: Plan) -> int:
         """The prompt's tokens as the row's generation will count them (media slots expanded)."""
         return plan.lane.prompt_tokens(plan)
@@ -275,6 +301,11 @@ class Router:
         as it finishes. A row past --row-timeout is a `generate` error; a stop request raises
         StopRequested."""
         lane = plans[0].lane
+        try:
+            self.models.use(plans[0].adapter)  # one adapter a run (schedule.py)
+        except RowError as e:
+            yield from ((i, e) for i in range(len(plans)))
+            return
         for i, outcome in lane.run(plans, Watch(self.stop, self.row_timeout, lane.info.context), width):
             if isinstance(outcome, Generation):
                 self.capped += outcome.capped
@@ -304,3 +335,8 @@ def _processed(p: GenParams) -> bool:
     """Whether a row's logits pass through processors (penalties, biases), which a drafter's
     batched rounds skip."""
     return bool(p.logit_bias or p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty)
+
+
+def _salted(key: str, adapter: str) -> str:
+    """A prefix's cache key under an adapter (its folder): never another adapter's snapshot."""
+    return hashlib.sha256(f"{key}:{adapter}".encode()).hexdigest()

@@ -16,6 +16,9 @@ class Schedulable(Protocol):
     def group(self) -> Hashable: ...
 
     @property
+    def adapter(self) -> str | None: ...
+
+    @property
     def solo(self) -> bool: ...
 
     @property
@@ -31,10 +34,12 @@ def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[i
     (stable): the long rows then run beside the short ones that fill the slots they leave,
     instead of on their own at the end, and rows of like lengths share a batch (less padding
     to attend over; under a memory budget, long rows run narrow together and the short ones
-    wide after them, where mixed they would hold every slot to the longest's size)."""
+    wide after them, where mixed they would hold every slot to the longest's size). Rows of
+    different adapters never share a run, and one adapter's runs come one after another (each
+    change of adapter is a switch of the model's layers)."""
     groups: dict[tuple[Hashable, Hashable], list[int]] = {}
     for i, row in enumerate(rows):
-        groups.setdefault((row.lane, row.group), []).append(i)
+        groups.setdefault(((row.lane, row.adapter), row.group), []).append(i)
     if batch_size is None:
         for members in groups.values():
             members.sort(key=lambda i: -rows[i].span)
@@ -52,4 +57,5 @@ def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[i
                 batches.append(batch)
                 open_batch[lane] = []
     batches += [b for b in open_batch.values() if b]
-    return batches
+    order = list(dict.fromkeys(rows[b[0]].adapter for b in batches))
+    return sorted(batches, key=lambda b: order.index(rows[b[0]].adapter))

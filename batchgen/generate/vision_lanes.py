@@ -136,8 +136,9 @@ class VisionLane(_MediaLane):
                     (kind, key), *_ = kinds
                     pixels, grid = inputs[key], inputs[f"{kind}_grid_thw"]
                     dtype = model.vision_tower.patch_embed.proj.weight.dtype
-                    given["cached_image_features"] = self._features.get(
-                        (kind, *digests), lambda: _tower(model, pixels.astype(dtype), grid)
+                    given["cached_image_features"] = self._features.get(  # an adapter may reach the tower
+                        (self.models.applied, kind, *digests),
+                        lambda: _tower(model, pixels.astype(dtype), grid),
                     )
                 out = model.get_input_embeddings(
                     inputs["input_ids"], mask=inputs.get("attention_mask"), **given

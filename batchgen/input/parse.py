@@ -23,7 +23,7 @@ from ..core.params import (
     is_number,
 )  # fmt: skip
 from ..core.records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef, Scoring
-from ..core.settings import Columns
+from ..core.settings import ADAPTER_NAME, Columns
 from .messages import (
     PART_TYPES,
     attach_flat_media,
@@ -47,7 +47,7 @@ _MEDIA_NAMES = {"jpg", "jpeg", "png", "webp", "img", "image_url", "image_path", 
 # Every field a row's value can give batchgen: its parts, its parameters, its constraint.
 FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p in PARAMS), *OPENAI_FIELDS,
                     *CONSTRAINT_FIELDS, "video_fps", "video_max_frames", "choices_to_score",
-                    "score_text"})  # fmt: skip
+                    "score_text", "adapter"})  # fmt: skip
 
 
 def _scoring(
@@ -251,6 +251,13 @@ def _parameters(job: Job, value: dict[str, object], defaults: GenParams, problem
         problems.append(("video_max_frames", f"expected an integer >= 2, got {max_frames!r:.60}"))
     elif max_frames is not None:
         job.video_max_frames = max_frames
+    adapter = value.get("adapter")
+    if adapter is not None and not (isinstance(adapter, str) and ADAPTER_NAME.fullmatch(adapter)):
+        problems.append(
+            ("adapter", f"expected an adapter's name (letters, digits, _ . -), got {adapter!r:.60}")
+        )
+    elif adapter is not None:
+        job.adapter = adapter
 
 
 def _turns(job: Job, value: dict[str, object], problems: list[Problem]) -> None:

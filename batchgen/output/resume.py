@@ -59,6 +59,11 @@ def settings_of(config: RunConfig) -> Fingerprint:
         }
         | ({"kv_cache": kv} if config.kv_bits else {})
         | ({"adapter": _adapter(config.adapter)} if config.adapter else {})
+        | (
+            {"adapters": {name: _adapter(folder) for name, folder in config.adapters}}
+            if config.adapters
+            else {}
+        )
         | _sampler(config)
     )  # absent when off: earlier outputs resume
 

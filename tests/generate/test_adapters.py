@@ -128,3 +128,75 @@ def test_a_changed_adapter_is_other_settings_on_the_rerun(tmp_path, lm_adapter):
     code, output, out = _run(tmp_path, "job", rows, *flags)
     assert code == 2 and "other settings (adapter.sha256.adapters.safetensors" in output, output
     assert len(read(out)) == 2
+
+
+def test_rows_naming_adapters_each_equal_the_engine_with_theirs(tmp_path, lm_adapter):
+    """One job, rows naming adapter a, b, the base model, or none (the run's --adapter, here a),
+    under a long shared system prompt whose prefix snapshots a row of another adapter must not
+    reuse: each row equals mlx-lm's generate with its own adapter; one stretch of rows per
+    adapter (two switches after the first load), a name not in the set is that row's error."""
+    import mlx_lm
+
+    other = make_tiny_adapter(MODELS / "tiny-lm", tmp_path / "b", seed=2)
+    system = " ".join(["Answer briefly and plainly, in the manner of a ship's log."] * 8)
+    rows = []
+    for i, p in enumerate(PROMPTS[:4]):
+        for name in ("a", "b", "base", None):
+            row = {"id": f"{i}-{name}", "system": system, "prompt": p, "max_tokens": 8}
+            rows.append(row | ({"adapter": name} if name else {}))
+    rows.append({"id": "unknown", "prompt": "Hi", "adapter": "c"})
+    flags = ("--model", str(MODELS / "tiny-lm"), "--adapter", "a", "--adapters", f"a={lm_adapter},b={other}",
+             "--batch-size", "4")  # fmt: skip
+    code, output, out = _run(tmp_path, "named", rows, *flags)
+    assert code == 1, output
+    assert "2 adapter switches" in output
+    got = {r["id"]: r for r in read(out)}
+    assert got["unknown"]["error_stage"] == "read"
+    assert "adapter 'c' is not one of --adapters (a, b) nor 'base'" in got["unknown"]["error"]
+    assert sum(r["cached_tokens"] for r in got.values() if r["error"] is None) > 0  # prefixes were reused
+
+    lm = str(MODELS / "tiny-lm")
+    for name, adapter in (("a", lm_adapter), ("b", other), ("base", None)):
+        model, tokenizer = mlx_lm.load(lm, adapter_path=str(adapter) if adapter else None)
+        eos = set(tokenizer.eos_token_ids)
+        for i, p in enumerate(PROMPTS[:4]):
+            turns = [{"role": "system", "content": system}, {"role": "user", "content": p}]
+            ids = tokenizer.apply_chat_template(turns, add_generation_prompt=True)
+            tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=8)]
+            want = (tokenizer.decode([t for t in tokens if t not in eos]), len(tokens))
+            for row in [f"{i}-{name}", *([f"{i}-None"] if name == "a" else [])]:
+                assert (got[row]["generated_text"], got[row]["completion_tokens"]) == want, row
+    texts = {got[f"0-{name}"]["generated_text"] for name in ("a", "b", "base")}
+    assert len(texts) == 3
+
+
+def test_rows_naming_vision_adapters_equal_mlx_vlm_with_theirs(tmp_path, sensitive_qwen3_vl):
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+    from PIL import Image
+
+    adapters = {
+        n: make_tiny_adapter(sensitive_qwen3_vl, tmp_path / n, seed=s) for n, s in (("x", 4), ("y", 5))
+    }
+    rows = []
+    for name in ("x", "y", "base"):
+        for k, picture in enumerate(("red_circle.png", "blue_square.webp")):
+            rows.append({"id": f"{name}{k}", "image": str(MEDIA / picture), "prompt": "What is it?",
+                         "max_tokens": 8, "adapter": name})  # fmt: skip
+        rows.append({"id": f"{name}-text", "prompt": "Say something.", "max_tokens": 8, "adapter": name})
+    named = ",".join(f"{n}={path}" for n, path in adapters.items())
+    code, output, out = _run(tmp_path, "named", rows, "--model", str(sensitive_qwen3_vl), "--adapters", named)
+    assert code == 0, output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    for name in ("x", "y", "base"):
+        folder = str(adapters[name]) if name in adapters else None
+        model, processor = mlx_vlm.load(str(sensitive_qwen3_vl), adapter_path=folder)
+        for row in (r for r in rows if r["adapter"] == name):
+            text = {"type": "text", "text": row["prompt"], "content": row["prompt"]}
+            parts = [{"type": "image"}, text] if "image" in row else [text]
+            prompt = get_chat_template(processor, [{"role": "user", "content": parts}], True)
+            images = [Image.open(row["image"]).convert("RGB")] if "image" in row else None
+            ref = mlx_vlm.generate(model, processor, prompt, image=images, max_tokens=8, temperature=0.0)
+            tokens = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
+            assert got[row["id"]] == (processor.tokenizer.decode(tokens), len(ref.token_ids)), row["id"]
+    assert len({got[f"{n}0"] for n in ("x", "y", "base")}) == 3

@@ -13,6 +13,7 @@ class Row:
     group: tuple
     solo: bool = False
     span: int = 16
+    adapter: str | None = None
 
 
 def test_rows_of_a_group_run_back_to_back_in_first_seen_order():
@@ -51,3 +52,10 @@ def test_continuous_runs_put_the_longest_spans_first_and_keep_groups_together():
     ]
     assert schedule(rows, None) == [[2, 0, 1, 3, 4]]  # group a holds the longest; ties keep their order
     assert schedule(rows, 8) == [[0, 2, 1, 3, 4]]  # static batches keep the window's order
+
+
+def test_rows_of_different_adapters_never_share_a_run_and_each_adapter_runs_in_one_stretch():
+    rows = [Row("lm", ("p",), adapter=a) for a in ("x", None, "x", "y", None, "y", "x")]
+    runs = schedule(rows, None)
+    assert [[rows[i].adapter for i in run] for run in runs] == [["x", "x", "x"], [None, None], ["y", "y"]]
+    assert schedule(rows, 2) == [[0, 2], [6], [1, 4], [3, 5]]  # x's runs, then the base's, then y's

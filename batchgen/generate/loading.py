@@ -112,11 +112,12 @@ def _check_fits(model: Model, adapter: str) -> None:
 
 def _take_off(model: Model) -> None:
     """A model's LoRA/DoRA layers replaced by the layers they wrap: the base model again. Both
-    engines keep the wrapped layer as `linear` (mlx-vlm's older layers as `original_layer`)."""
+    engines keep the wrapped layer as `linear` beside `lora_a` (mlx-vlm's older layers as
+    `original_layer` beside `A`)."""
     wrapped = [
-        (name, module.get("linear", module.get("original_layer")))
+        (name, module["linear"] if "lora_a" in module else module["original_layer"])
         for name, module in model.named_modules()
-        if "lora_a" in module
+        if "lora_a" in module and "linear" in module or "A" in module and "original_layer" in module
     ]
     if wrapped:
         model.update_modules(tree_unflatten(wrapped))

@@ -200,3 +200,29 @@ def test_rows_naming_vision_adapters_equal_mlx_vlm_with_theirs(tmp_path, sensiti
             tokens = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
             assert got[row["id"]] == (processor.tokenizer.decode(tokens), len(ref.token_ids)), row["id"]
     assert len({got[f"{n}0"] for n in ("x", "y", "base")}) == 3
+
+
+def test_taking_an_adapter_off_gives_back_the_layers_each_engine_wrapped():
+    """Both engines' LoRA and DoRA layers and mlx-vlm's older LoRA layer: each replaced by the
+    very layer it wrapped, and nothing else touched."""
+    import mlx.nn as nn
+    from mlx_lm.tuner.dora import DoRALinear
+    from mlx_lm.tuner.lora import LoRALinear
+    from mlx_vlm.trainer.peft.lora import LoRaLayer
+    from mlx_vlm.trainer.peft.lora_layers import LoRALinear as VLMLoRALinear
+
+    from batchgen.generate.loading import _take_off
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = [nn.Linear(8, 8) for _ in range(5)]
+
+    block = Block()
+    bases = list(block.layers)
+    block.layers[0] = LoRALinear.from_base(bases[0], r=2)
+    block.layers[1] = DoRALinear.from_base(bases[1], r=2)
+    block.layers[2] = LoRaLayer(bases[2], rank=2)
+    block.layers[3] = VLMLoRALinear.from_base(bases[3], r=2)
+    _take_off(block)
+    assert all(layer is base for layer, base in zip(block.layers, bases, strict=True))

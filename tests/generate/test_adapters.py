@@ -20,6 +20,24 @@ def lm_adapter(tmp_path_factory):
     return make_tiny_adapter(MODELS / "tiny-lm", tmp_path_factory.mktemp("lora") / "lm", seed=1)
 
 
+def _mlx_vlm(model_dir, adapter, row) -> tuple[str, int]:
+    """(text, completion tokens) of mlx-vlm's generate for a row, the model loaded with `adapter`."""
+    import mlx_vlm
+    from mlx_vlm.prompt_utils import get_chat_template
+    from PIL import Image
+
+    model, processor = mlx_vlm.load(str(model_dir), adapter_path=str(adapter) if adapter else None)
+    text = {"type": "text", "text": row["prompt"], "content": row["prompt"]}
+    parts = [{"type": "image"}, text] if "image" in row else [text]
+    prompt = get_chat_template(processor, [{"role": "user", "content": parts}], True)
+    images = [Image.open(row["image"]).convert("RGB")] if "image" in row else None
+    ref = mlx_vlm.generate(
+        model, processor, prompt, image=images, max_tokens=row["max_tokens"], temperature=0.0
+    )
+    tokens = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
+    return processor.tokenizer.decode(tokens), len(ref.token_ids)
+
+
 def _run(tmp_path, name, rows, *flags):
     job = write_jsonl(tmp_path / f"{name}.jsonl", rows)
     out = tmp_path / f"{name}.parquet"
@@ -57,10 +75,6 @@ def test_text_rows_with_an_adapter_equal_mlx_lm_with_it(tmp_path, lm_adapter):
 def test_media_and_text_rows_with_a_vision_adapter_equal_mlx_vlm_with_it(tmp_path, sensitive_qwen3_vl):
     """An mlx-vlm adapter on a vision-language model: its image rows batch, and its text rows run
     on mlx-vlm too (the adapter is in mlx-vlm's layout), each as mlx-vlm's generate with it."""
-    import mlx_vlm
-    from mlx_vlm.prompt_utils import get_chat_template
-    from PIL import Image
-
     adapter = make_tiny_adapter(sensitive_qwen3_vl, tmp_path / "lora", seed=2)
     pictures = ["red_circle.png", "blue_square.webp"]
     rows = [
@@ -76,15 +90,8 @@ def test_media_and_text_rows_with_a_vision_adapter_equal_mlx_vlm_with_it(tmp_pat
     code, output, base = _run(tmp_path, "base", rows, "--model", str(sensitive_qwen3_vl))
     plain = {r["id"]: r["generated_text"] for r in read(base)}
 
-    model, processor = mlx_vlm.load(str(sensitive_qwen3_vl), adapter_path=str(adapter))
     for row in rows:
-        text = {"type": "text", "text": row["prompt"], "content": row["prompt"]}
-        parts = [{"type": "image"}, text] if "image" in row else [text]
-        prompt = get_chat_template(processor, [{"role": "user", "content": parts}], True)
-        images = [Image.open(row["image"]).convert("RGB")] if "image" in row else None
-        ref = mlx_vlm.generate(model, processor, prompt, image=images, max_tokens=8, temperature=0.0)
-        tokens = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
-        assert got[row["id"]] == (processor.tokenizer.decode(tokens), len(ref.token_ids)), row["id"]
+        assert got[row["id"]] == _mlx_vlm(sensitive_qwen3_vl, adapter, row), row["id"]
     assert sum(got[i][0] != plain[i] for i in got) >= 4
 
 
@@ -171,10 +178,6 @@ def test_rows_naming_adapters_each_equal_the_engine_with_theirs(tmp_path, lm_ada
 
 
 def test_rows_naming_vision_adapters_equal_mlx_vlm_with_theirs(tmp_path, sensitive_qwen3_vl):
-    import mlx_vlm
-    from mlx_vlm.prompt_utils import get_chat_template
-    from PIL import Image
-
     adapters = {
         n: make_tiny_adapter(sensitive_qwen3_vl, tmp_path / n, seed=s) for n, s in (("x", 4), ("y", 5))
     }
@@ -189,16 +192,8 @@ def test_rows_naming_vision_adapters_equal_mlx_vlm_with_theirs(tmp_path, sensiti
     assert code == 0, output
     got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
     for name in ("x", "y", "base"):
-        folder = str(adapters[name]) if name in adapters else None
-        model, processor = mlx_vlm.load(str(sensitive_qwen3_vl), adapter_path=folder)
         for row in (r for r in rows if r["adapter"] == name):
-            text = {"type": "text", "text": row["prompt"], "content": row["prompt"]}
-            parts = [{"type": "image"}, text] if "image" in row else [text]
-            prompt = get_chat_template(processor, [{"role": "user", "content": parts}], True)
-            images = [Image.open(row["image"]).convert("RGB")] if "image" in row else None
-            ref = mlx_vlm.generate(model, processor, prompt, image=images, max_tokens=8, temperature=0.0)
-            tokens = ref.token_ids[:-1] if ref.finish_reason == "stop" else ref.token_ids
-            assert got[row["id"]] == (processor.tokenizer.decode(tokens), len(ref.token_ids)), row["id"]
+            assert got[row["id"]] == _mlx_vlm(sensitive_qwen3_vl, adapters.get(name), row), row["id"]
     assert len({got[f"{n}0"] for n in ("x", "y", "base")}) == 3
 
 

@@ -47,10 +47,21 @@ def main() -> None:
         for name, adapter in adapters.items():
             fused[name] = folder / f"fused-{name}"
             subprocess.run(
-                [sys.executable, "-m", "mlx_lm", "fuse", "--model", str(base), "--adapter-path", str(adapter),
-                 "--save-path", str(fused[name])],
-                check=True, capture_output=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "mlx_lm",
+                    "fuse",
+                    "--model",
+                    str(base),
+                    "--adapter-path",
+                    str(adapter),
+                    "--save-path",
+                    str(fused[name]),
+                ],
+                check=True,
+                capture_output=True,
+            )
         prompts = [f"Describe picture number {i} of the sea in one sentence." for i in range(ROWS)]
         rows = [{"id": f"{n}-{i}", "prompt": p, "adapter": n} for n in names for i, p in enumerate(prompts)]
         generation = {"temperature": 0.0, "max_tokens": MAX_TOKENS}

@@ -146,9 +146,14 @@ def _mtp_batched_against_one_row(prompts: list[str], pair: Path) -> None:
             turns = [{"role": "user", "content": [*parts, text]}]
             image = [ImageOps.exif_transpose(Image.open(r["image"])).convert("RGB")] if "image" in r else None
             stream = mlx_vlm.stream_generate(
-                model, processor, get_chat_template(processor, turns, True), image=image,
-                max_tokens=MAX_TOKENS, temperature=0.0, **draft,
-            )  # fmt: skip
+                model,
+                processor,
+                get_chat_template(processor, turns, True),
+                image=image,
+                max_tokens=MAX_TOKENS,
+                temperature=0.0,
+                **draft,
+            )
             tokens: list[int] = []
             for x in stream:  # the closing response lists every token (the end token too)
                 final = getattr(x, "token_ids", None)

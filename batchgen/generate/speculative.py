@@ -250,10 +250,19 @@ class EngineRounds(DecodeBatch):
     for every row where the target takes one acceptance a round, as Qwen3.5's does)."""
 
     def __init__(
-        self, adapter: Adapter, model: Model, processor: Processor, drafter: Drafter, seqs: list[Sequence],
-        eos: set[int], decode: Callable[[list[int]], str], watch: Watch | None, width: int | None,
-        tokenizer: Tokenizer, memory: tuple[Memory, Footprint | None] | None,
-    ):  # fmt: skip
+        self,
+        adapter: Adapter,
+        model: Model,
+        processor: Processor,
+        drafter: Drafter,
+        seqs: list[Sequence],
+        eos: set[int],
+        decode: Callable[[list[int]], str],
+        watch: Watch | None,
+        width: int | None,
+        tokenizer: Tokenizer,
+        memory: tuple[Memory, Footprint | None] | None,
+    ):
         super().__init__(adapter, seqs, eos, decode, None, watch, width, tokenizer, memory)
         self.model, self.processor, self.drafter = model, processor, drafter
 
@@ -277,10 +286,16 @@ class EngineRounds(DecodeBatch):
 
         d = self.drafter
         engine = BatchGenerator(
-            self.model.language_model, self.processor, draft_model=d.model, draft_kind=d.kind,
-            draft_block_size=d.block_size, greedy_sampling=True, compute_logprobs=False,
-            completion_batch_size=len(rows), prefill_batch_size=len(rows),
-        )  # fmt: skip
+            self.model.language_model,
+            self.processor,
+            draft_model=d.model,
+            draft_kind=d.kind,
+            draft_block_size=d.block_size,
+            greedy_sampling=True,
+            compute_logprobs=False,
+            completion_batch_size=len(rows),
+            prefill_batch_size=len(rows),
+        )
         try:
             yield from self._rounds(engine, rows)
         finally:

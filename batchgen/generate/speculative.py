@@ -41,28 +41,7 @@ from .sampling import final_text
 from .vision_lanes import VisionLane
 from .watch import Watch
 
-__all__ = ["SpeculativeLane", "VisionSpeculativeLane", "speculate_stream"]
-
-
-def speculate_stream(
-    adapter: Adapter,
-    drafter: Adapter,
-    k: int,
-    seqs: list[Sequence],
-    eos: set[int],
-    decode: Callable[[list[int]], str],
-    watch: Watch | None = None,
-    width: int | None = None,
-    tokenizer: Tokenizer = None,
-) -> Iterator[int]:
-    """Generate every sequence with `drafter` proposing `k` tokens a round, at most
-    `width` rows at a time; yields each row's index as it finishes, with its tokens, text,
-    finish_reason and its drafted and accepted counts filled in."""
-    batch = SpeculativeBatch(adapter, drafter, k, seqs, eos, decode, watch, width, tokenizer)
-    with wired():
-        while batch.active or batch.waiting:
-            batch.join()
-            yield from batch.step()
+__all__ = ["SpeculativeLane", "SpeculativeBatch", "VisionSpeculativeLane"]
 
 
 class SpeculativeBatch(DecodeBatch):
@@ -85,6 +64,15 @@ class SpeculativeBatch(DecodeBatch):
         super().__init__(adapter, seqs, eos, decode, None, watch, width, tokenizer)
         self.drafter, self.k = drafter, k
         self.drafts: list | None = None  # the drafter's batch cache
+
+    def run(self) -> Iterator[int]:
+        """Every row, `drafter` proposing `k` tokens a round, at most `width` rows at a time;
+        each row's index as it finishes, with its tokens, text, finish_reason and its drafted
+        and accepted counts filled in."""
+        with wired():
+            while self.active or self.waiting:
+                self.join()
+                yield from self.step()
 
     def join(self) -> None:  # type: ignore[override]
         """Waiting rows into the free places, filled but for their last prompt token in both
@@ -193,9 +181,10 @@ class SpeculativeLane(TextLane):
         drafter = self.models.drafter
         assert drafter is not None
         draft = LMAdapter(drafter.model)
-        return speculate_stream(
+        batch = SpeculativeBatch(
             adapter, draft, drafter.num_draft_tokens, seqs, eos, decode, watch, width, tokenizer
         )
+        return batch.run()
 
 
 class VisionSpeculativeLane(VisionLane):

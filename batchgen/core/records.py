@@ -348,6 +348,7 @@ class Result:
     generate_ms: float = 0.0
     model: str | None = None
     adapter: str | None = None  # the adapter folder the model ran with (--adapter, a row's `adapter`)
+    adapter_sha256: str | None = None  # ... and its content (settings.adapter_digest): a rerun sees it change
     attempts: int = 1  # runs that generated this row, this one included (failed rows are retried)
     transient: bool = False  # the failure may not happen again (a server down, a timeout): retried
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
@@ -367,11 +368,22 @@ class Result:
 RESULT_COLUMNS = tuple(name for name in Result.__slots__ if name != "answer_kinds")  # what the output holds
 # Columns every output keeps, whatever it is told to leave out: what a rerun resumes from
 # (which rows are done, whether they changed, which failures to try again) and why a row failed.
-KEPT_COLUMNS = ("id", "status", "error", "error_stage", "input_hash", "media_files", "attempts", "transient")
+KEPT_COLUMNS = (
+    "id",
+    "status",
+    "error",
+    "error_stage",
+    "input_hash",
+    "media_files",
+    "adapter",
+    "adapter_sha256",
+    "attempts",
+    "transient",
+)
 # ... and those the `slim` output leaves out: how a row was made rather than what it says.
 SLIM_DROPS = ("finish_reason", "prompt_tokens", "completion_tokens", "reasoning_tokens", "cached_tokens",
               "mtp_drafts", "mtp_accepted", "fetch_ms", "decode_ms", "frames_ms", "generate_ms",
-              "model", "adapter")  # fmt: skip
+              "model")  # fmt: skip
 # Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
 TOTALS = (
     "prompt_tokens",

@@ -4,6 +4,7 @@ and the executors take); execution/config builds them from presets, files and fl
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any, Literal
 
 from .budget import budget_spec
 from .errors import ConfigError
-from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams
+from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams, file_digest
 
 __all__ = [
     "MediaConfig",
@@ -254,6 +255,15 @@ def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # how rows and --adapters name one
 BASE_ADAPTER = "base"  # a row's `adapter` for the model as it is, beside a run's --adapter
+
+
+def adapter_digest(folder: str | Path) -> str:
+    """An adapter's content (its two files) as one sha256: the row's `adapter_sha256`, by which a
+    rerun sees an adapter trained again under the same folder (OSError: a file gone)."""
+    digests = " ".join(file_digest(Path(folder) / name) for name in ADAPTER_FILES)
+    return hashlib.sha256(digests.encode()).hexdigest()
+
+
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs
 KV_GROUPS = (32, 64, 128)
 # Settings whose flag (and preset key) is named otherwise than their field.

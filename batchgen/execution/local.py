@@ -46,7 +46,8 @@ def _result(job: Job, prepared: Prepared | None, outcome: Generated | RowError) 
         result.media_files = [dataclasses.asdict(f) for f in prepared.files]
     error = outcome if isinstance(outcome, RowError) else outcome.error
     if isinstance(outcome, Generated):
-        result.model, result.generate_ms, result.adapter = outcome.model, outcome.generate_ms, outcome.adapter
+        result.model, result.generate_ms = outcome.model, outcome.generate_ms
+        result.adapter, result.adapter_sha256 = outcome.adapter, outcome.adapter_sha256
         result.choices, result.parsed = outcome.choices, outcome.parsed
         if (gen := outcome.generation) is not None:
             result.generated_text, result.finish_reason = gen.text, gen.finish_reason

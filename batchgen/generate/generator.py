@@ -58,7 +58,8 @@ class Generated:
         error: the row's error: alone, it failed (planning, the engine, the row deadline);
             beside a generation, its answer misses its constraint (the answer is kept).
         model: the checkpoint that generated (or would have generated) the row.
-        adapter: the adapter folder the row ran with (None: the model as it is).
+        adapter: the adapter folder the row ran with (None: the model as it is), and
+            `adapter_sha256` its content as the model took it.
         generate_ms: planning, or the row's share of its lane's time.
         choices: n > 1: every completion, as JSON.
         parsed: a JSON-constrained answer, parsed and checked, as JSON text.
@@ -72,6 +73,7 @@ class Generated:
     choices: str | None = None
     parsed: str | None = None
     adapter: str | None = None
+    adapter_sha256: str | None = None
 
 
 @dataclass(slots=True)
@@ -160,6 +162,7 @@ class Generator:
                 del got[w]
                 row = self._judged(w, job, [o for _, o in sorted(outcomes, key=lambda x: x[0])], spent.pop(w))
                 row.adapter = plans[run[i]].adapter
+                row.adapter_sha256 = self.router.models.digests.get(row.adapter) if row.adapter else None
                 tokens += row.generation.completion_tokens if row.generation is not None else 0
                 done.append(row)
                 if len(done) >= width:

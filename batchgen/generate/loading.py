@@ -16,7 +16,7 @@ from PIL import Image
 from ..core.errors import ConfigError, RowError, short
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
-from ..core.settings import ADAPTER_FILES
+from ..core.settings import ADAPTER_FILES, adapter_digest
 from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .models import ModelInfo
@@ -154,6 +154,7 @@ class Models:
         self.lazy, self.adapter = lazy, adapter
         self.adapters = adapters or {}  # the adapters rows name, by name: their folders
         self.applied = adapter  # the adapter the model carries once loaded
+        self.digests: dict[str, str] = {}  # each adapter applied: its content as the model took it
         self.switches = 0
         self._vlm: tuple[Model, Processor] | None = None
         self._lm: tuple[Model, Tokenizer] | None = None
@@ -185,6 +186,7 @@ class Models:
 
             hf_logging.set_verbosity_error()  # one kwargs notice per row otherwise
             try:
+                self._read_digest()
                 model, processor = mlx_vlm.load(
                     str(self.vision_info.path), lazy=self.lazy, adapter_path=self.adapter
                 )
@@ -219,6 +221,7 @@ class Models:
             raise self._failed["lm"]
         if self._lm is None and not self.text_on_vlm:
             try:
+                self._read_digest()
                 model, tokenizer = load_lm(str(self.text_info.path), lazy=self.lazy, adapter=self.adapter)
             except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
                 if not self.text_info.multimodal:
@@ -252,6 +255,7 @@ class Models:
         if adapter is None:
             return
         try:
+            self.digests[adapter] = adapter_digest(adapter)
             if vision:
                 from mlx_vlm.trainer.peft.utils import apply_lora_layers
 
@@ -268,6 +272,11 @@ class Models:
             ) from e
         model.eval()
         self.applied = adapter
+
+    def _read_digest(self) -> None:
+        """The run's adapter's content, read as the engine loads it."""
+        if self.adapter is not None and not self.lazy:
+            self.digests[self.adapter] = adapter_digest(self.adapter)
 
     def _with(self) -> str:
         """The adapter, as an error names it beside its model."""

@@ -14,7 +14,7 @@ from typing import Any
 from ..core.errors import ConfigError, describe
 from ..core.params import SEEDED_SAMPLER
 from ..core.records import GenParams, file_digest, local_path
-from ..core.settings import ADAPTER_FILES, Fingerprint, RunConfig
+from ..core.settings import Fingerprint, RunConfig, adapter_digest
 from ..input.read import JobIndex, id_key
 from .parts import Earlier
 from .pending import Pending
@@ -58,23 +58,10 @@ def settings_of(config: RunConfig) -> Fingerprint:
             "shard": list(config.shard) if config.shard else None,
         }
         | ({"kv_cache": kv} if config.kv_bits else {})
-        | ({"adapter": _adapter(config.adapter)} if config.adapter else {})
-        | (
-            {"adapters": {name: _adapter(folder) for name, folder in config.adapters}}
-            if config.adapters
-            else {}
-        )
+        | ({"adapter": _canonical(config.adapter)} if config.adapter else {})
+        | ({"adapters": {n: _canonical(path) for n, path in config.adapters}} if config.adapters else {})
         | _sampler(config)
-    )  # absent when off: earlier outputs resume
-
-
-def _adapter(folder: str) -> Fingerprint:
-    """An adapter by its folder and its files' content: an adapter trained again under the same
-    name is other settings."""
-    return {
-        "folder": _canonical(folder),
-        "sha256": {name: file_digest(Path(folder) / name) for name in ADAPTER_FILES},
-    }
+    )  # absent when off: earlier outputs resume; an adapter's content is its rows' (adapter_sha256)
 
 
 def _sampler(config: RunConfig) -> Fingerprint:
@@ -89,6 +76,8 @@ def check_settings(where: str, previous: Fingerprint | None, settings: Fingerpri
     # Outputs of earlier versions stored model paths as given, relative to that run's folder,
     # and knew fewer generation parameters (the ones added since had their defaults).
     previous = previous and {k: _canonical(v) if k in _MODELS else v for k, v in previous.items()}
+    if previous:  # the first outputs with adapters kept their content here too: {folder, sha256}
+        previous = {k: _folders(v) if k in ("adapter", "adapters") else v for k, v in previous.items()}
     if previous and isinstance(previous.get("generation"), dict):
         defaults = json.loads(json.dumps(asdict(GenParams()), default=list))
         previous["generation"] = {**defaults, **previous["generation"]}
@@ -96,6 +85,13 @@ def check_settings(where: str, previous: Fingerprint | None, settings: Fingerpri
         return
     changes = ", ".join(f"{k}: {then!r} then, {now!r} now" for k, then, now in _changed(previous, settings))
     raise ConfigError(f"{where} were made with other settings ({changes}); pass --overwrite to start over")
+
+
+def _folders(value: Any) -> Any:
+    """An adapter setting as folders only."""
+    if isinstance(value, dict) and "folder" in value:
+        return value["folder"]
+    return {k: _folders(v) for k, v in value.items()} if isinstance(value, dict) else value
 
 
 def _changed(previous: Fingerprint, settings: Fingerprint, prefix: str = "") -> list[tuple[str, Any, Any]]:
@@ -176,6 +172,27 @@ def replaced_media(sources: Iterable[Path | str], store: Store, base: str | None
                 latest[key] = files
     check = Replaced(lambda ref: local_path(ref, Path(base)))
     return {key: refs[0] for key, files in latest.items() if (refs := check.refs(files))}
+
+
+def retrained(sources: Iterable[Path | str], store: Store, keys: set[str]) -> dict[str, str]:
+    """The rows among `keys` whose adapter changed since their result was written (id key →
+    the adapter, as an error names it): its files' content is not what the run recorded
+    (`adapter_sha256`), or they are gone. Each adapter is read once."""
+    latest: dict[str, tuple[str, str]] = {}
+    for path in sources:
+        if "adapter_sha256" not in store.metadata_schema(str(path)).names:  # an earlier version's output
+            continue
+        t = store.read_table(str(path), ["id", "adapter", "adapter_sha256"]).to_pydict()
+        for row_id, folder, digest in zip(t["id"], t["adapter"], t["adapter_sha256"], strict=True):
+            if folder and digest and (key := id_key(row_id)) in keys:
+                latest[key] = (folder, digest)
+    now: dict[str, str | None] = {}
+    for folder in {folder for folder, _ in latest.values()}:
+        try:
+            now[folder] = adapter_digest(folder)
+        except OSError:
+            now[folder] = None
+    return {key: f"adapter {folder}" for key, (folder, digest) in latest.items() if now[folder] != digest}
 
 
 class Replaced:
@@ -261,6 +278,7 @@ class Resume:
         self.done = finished(earlier.files, store)
         base = index.base
         replaced = replaced_media(earlier.files, store, base, set(self.done)) if self.done else {}
+        replaced |= retrained(earlier.files, store, set(self.done)) if self.done else {}
         rows = check_unchanged(index, self.done, changed, replaced)
         self.redone = len(rows) if changed == "redo" else 0  # changed rows generated again
         for i in rows if changed == "redo" else []:

@@ -608,8 +608,9 @@ def test_a_slim_output_leaves_out_how_rows_were_made_and_still_resumes(workdir, 
     assert code == 1, output  # r3 failed
     names = pq.read_table(out).column_names
     assert names == ["id", "prompt", "script", "status", "generated_text", "reasoning", "tool_calls",
-                     "error", "error_stage", "attempts", "transient", "parsed", "logprobs", "choice_scores",
-                     "score_logprob", "score_mean", "score_tokens", "input_hash", "media_files"]  # fmt: skip
+                     "error", "error_stage", "adapter", "adapter_sha256", "attempts", "transient", "parsed",
+                     "logprobs", "choice_scores", "score_logprob", "score_mean", "score_tokens", "input_hash",
+                     "media_files"]  # fmt: skip
     code, output = batch(
         job, out, "--result-columns", "slim", "--drop-result-columns", "choices", "--retry-failed"
     )

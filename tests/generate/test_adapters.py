@@ -122,19 +122,46 @@ def test_an_adapter_that_cannot_apply_stops_the_run_before_any_row(tmp_path, lm_
         assert not out.exists()
 
 
-def test_a_changed_adapter_is_other_settings_on_the_rerun(tmp_path, lm_adapter):
-    adapter = tmp_path / "adapter"
-    shutil.copytree(lm_adapter, adapter)
-    rows = [{"id": i, "prompt": p} for i, p in enumerate(PROMPTS[:2])]
-    flags = ("--model", str(MODELS / "tiny-lm"), "--adapter", str(adapter), "--max-tokens", "4")
+def test_a_changed_adapter_changes_only_its_rows_on_the_rerun(tmp_path, lm_adapter):
+    """An adapter trained again under the same folder is a change to the rows that ran with it
+    (as a replaced picture is): the rerun refuses them by name, `--changed redo` generates just
+    those again (with the new adapter, as mlx-lm's generate with it), the other rows resume."""
+    import mlx_lm
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(lm_adapter, a)
+    make_tiny_adapter(MODELS / "tiny-lm", b, seed=2)
+    rows = [{"id": f"{n}{i}", "prompt": p, "adapter": n} for n in "ab" for i, p in enumerate(PROMPTS[:2])]
+    rows.append({"id": "base", "prompt": PROMPTS[2], "adapter": "base"})
+    flags = ("--model", str(MODELS / "tiny-lm"), "--adapters", f"a={a},b={b}", "--max-tokens", "6")
     code, output, out = _run(tmp_path, "job", rows, *flags)
     assert code == 0, output
-    code, output, out = _run(tmp_path, "job", rows, *flags)  # the same adapter: nothing to do
-    assert code == 0 and "2 resumed" in output, output
-    make_tiny_adapter(MODELS / "tiny-lm", adapter, seed=9)  # trained again under the same name
+    first = {r["id"]: r for r in read(out)}
+    assert first["a0"]["adapter"] == str(a) and first["base"]["adapter"] is None
+    assert first["a0"]["adapter_sha256"] != first["b0"]["adapter_sha256"]
+    code, output, out = _run(tmp_path, "job", rows, *flags)  # the same adapters: nothing to do
+    assert code == 0 and "5 resumed" in output, output
+    (b / "adapters.safetensors").touch()  # touched, not changed: still done
     code, output, out = _run(tmp_path, "job", rows, *flags)
-    assert code == 2 and "other settings (adapter.sha256.adapters.safetensors" in output, output
-    assert len(read(out)) == 2
+    assert code == 0 and "5 resumed" in output, output
+
+    make_tiny_adapter(MODELS / "tiny-lm", b, seed=9)  # trained again under the same folder
+    code, output, out = _run(tmp_path, "job", rows, *flags)
+    assert code == 2 and "2 row(s) changed" in output and f"adapter {b} replaced" in output, output
+    code, output, out = _run(tmp_path, "job", rows, *flags, "--changed", "redo")
+    assert code == 0 and "3 resumed" in output, output
+    got = {r["id"]: r for r in read(out)}
+    assert {k: got[k] for k in ("a0", "a1", "base")} == {k: first[k] for k in ("a0", "a1", "base")}
+    model, tokenizer = mlx_lm.load(str(MODELS / "tiny-lm"), adapter_path=str(b))
+    for row in rows[2:4]:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True
+        )
+        tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=6)]
+        eos = set(tokenizer.eos_token_ids)
+        assert got[row["id"]]["generated_text"] == tokenizer.decode([t for t in tokens if t not in eos])
+        assert got[row["id"]]["adapter_sha256"] != first[row["id"]]["adapter_sha256"]
+    assert any(got[k]["generated_text"] != first[k]["generated_text"] for k in ("b0", "b1"))
 
 
 def test_rows_naming_adapters_each_equal_the_engine_with_theirs(tmp_path, lm_adapter):

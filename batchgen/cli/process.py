@@ -108,11 +108,12 @@ class ProgressDisplay:
 
     def _start(self, report: Progress) -> None:
         c = self.config
-        models = c.model + (
-            f" (text rows: {c.text_model})" if c.text_model and c.text_model != c.model else ""
-        )
+        text = f" (text rows: {c.text_model})" if c.text_model and c.text_model != c.model else ""
+        models = f"model {c.model}{text}"
+        if c.models:  # rows name theirs; those that name none run on --model's
+            models = f"models {', '.join(name for name, _ in c.models)} (rows naming none: {c.model_name})"
         engine = f"ray, {c.workers} workers" if c.executor == "ray" else "local"
-        log.info("start: %s → %s · %s rows, %s to do · model %s · engine %s", c.input, c.output,
+        log.info("start: %s → %s · %s rows, %s to do · %s · engine %s", c.input, c.output,
                  f"{report.summary.job_rows:,}", f"{report.total:,}", models, engine)  # fmt: skip
         if report.done_before and report.total:
             again = f", {report.retried:,} failed rows tried again" if report.retried else ""

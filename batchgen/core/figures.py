@@ -1,11 +1,12 @@
 """The figures a run reports as it goes and at its end, added up over executors (Ray
-actors): media work, the memory budget, prefix reuse."""
+actors): media work, the memory budget, prefix reuse; and the output's rows by the model and
+adapter that made them."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["MediaStats", "MemoryStats", "CacheStats"]
+__all__ = ["MediaStats", "MemoryStats", "CacheStats", "RowGroup", "GROUPED_BY", "MAX_GROUPS"]
 
 
 @dataclass(slots=True)
@@ -74,3 +75,22 @@ class CacheStats:
         lookups = total.prefix_hits + total.prefix_misses
         total.prefix_hit_rate = round(total.prefix_hits / lookups, 4) if lookups else 0.0
         return total
+
+
+# The output columns whose values group its rows in the stats (a run of several models or
+# adapters: how each one's rows ended), and how many groups of one column are kept.
+GROUPED_BY = ("model", "adapter")
+MAX_GROUPS = 64
+
+
+@dataclass(slots=True)
+class RowGroup:
+    """The output's rows of one model (or adapter): `value` as the column holds it ("" for none)."""
+
+    value: str
+    rows: int
+    ok: int
+
+    @property
+    def failed(self) -> int:
+        return self.rows - self.ok

@@ -211,6 +211,7 @@ class Job:
     asked_model: str | None = None  # an OpenAI Batch line's body.model: not used, said once
     scoring: Scoring | None = None  # answers to score as the assistant's reply, without generating them
     adapter: str | None = None  # the row's adapter, by its name in the run's set (BASE_ADAPTER: none)
+    model: str | None = None  # the row's model, by its name in the run's set (--models); None: --model
 
     @property
     def where(self) -> str:

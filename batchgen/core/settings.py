@@ -85,6 +85,7 @@ class Columns:
     image: tuple[str, ...] = ()  # several columns: each row's images in this order
     score: str | None = None  # a text to score as the answer (score_text): a crawl's alt text
     video: tuple[str, ...] = ()
+    model: str | None = None  # the field naming the row's model of the run's set (--models: `model`)
 
     def named(self) -> list[tuple[str, str]]:
         """(flag, column) for each mapped column."""
@@ -104,6 +105,7 @@ class RunConfig:
     text_model: str | None = None  # text-only rows; defaults to `model`
     adapter: str | None = None  # a LoRA/DoRA adapter folder (ADAPTER_FILES) applied to `model`
     adapters: tuple[tuple[str, str], ...] = ()  # (name, folder): adapters rows name in their `adapter`
+    models: tuple[tuple[str, str], ...] = ()  # (name, path or id): models rows name in their `model`
     format: str | None = None  # jsonl | parquet | csv; None = from the extension
     prompt_template: str | None = None  # fills each row's prompt from its columns
     columns: Columns = field(default_factory=Columns)  # dataset columns taken as id, prompt, media
@@ -196,6 +198,20 @@ class RunConfig:
                 raise ConfigError(f"--drop-result-columns {name!r:.60}: {why} (these can go: {droppable})")
 
     @property
+    def model_paths(self) -> tuple[str, ...]:
+        """Each model the run loads for a row's generation: --model's first, then --models'."""
+        return tuple(dict.fromkeys([self.model, *(path for _, path in self.models)]))
+
+    @property
+    def model_name(self) -> str:
+        """How rows that name no model know theirs: its name in --models, else its path."""
+        return next((name for name, path in self.models if path == self.model), self.model)
+
+    def model_for(self, name: str | None) -> str:
+        """The model of a row naming `name` (--model's for none; one not in the set fails there)."""
+        return dict(self.models).get(name, self.model) if name is not None else self.model
+
+    @property
     def left_out(self) -> frozenset[str]:
         """Our columns the output does not hold (the parts, which a kill leaves, hold them all)."""
         return frozenset(self.drop_result_columns) | frozenset(
@@ -212,6 +228,7 @@ class GenerationSettings:
     text_model: str | None
     adapter: str | None
     adapters: tuple[tuple[str, str], ...]
+    models: tuple[tuple[str, str], ...]
     draft_model: str | None
     num_draft_tokens: int
     draft_kind: str | None
@@ -253,7 +270,8 @@ def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
 
 # An adapter folder as mlx-lm and mlx-vlm save one: its settings and its weights.
 ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
-ADAPTER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # how rows and --adapters name one
+# How rows name an adapter or model of the run's set (an OpenAI body's model: org/name:tag).
+SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
 BASE_ADAPTER = "base"  # a row's `adapter` for the model as it is, beside a run's --adapter
 
 

@@ -21,10 +21,10 @@ from ..core.params import check_params
 from ..core.records import Constraint, GenParams
 from ..core.settings import (
     ADAPTER_FILES,
-    ADAPTER_NAME,
     BASE_ADAPTER,
     FLAG_NAMES,
     GEN_FIELDS,
+    SET_NAME,
     Columns,
     MediaConfig,
     RunConfig,
@@ -109,9 +109,10 @@ def load_preset(path: Path | None) -> dict[str, Any]:
         raise ConfigError(f"config {path}: expected a mapping at the top level")
     # Model paths in a preset are relative to the preset, so it works from any folder. The
     # default preset's sample models are in a checkout only: installed from a wheel, it names none.
-    if isinstance(data.get("adapters"), dict):  # each folder relative to the preset too
-        relative = {k: v for k, v in data["adapters"].items() if isinstance(v, str) and v.startswith(".")}
-        data["adapters"] |= {k: str((path.parent / v).resolve()) for k, v in relative.items()}
+    for key in ("adapters", "models"):  # each folder relative to the preset too
+        if isinstance(data.get(key), dict):
+            relative = {k: v for k, v in data[key].items() if isinstance(v, str) and v.startswith(".")}
+            data[key] |= {k: str((path.parent / v).resolve()) for k, v in relative.items()}
     for key in ("model", "text_model", "adapter"):
         value = data.get(key)
         if isinstance(value, str) and value.startswith("."):
@@ -162,6 +163,9 @@ def build_config(
     mapping = build_columns(data.pop("columns", None) or {}, columns or {})
     constraint = _constraint(gen)
     _overlaid(data, overrides)
+    if data.get("models"):
+        _check_models(data)
+        mapping = dataclasses.replace(mapping, model="model")  # rows name theirs in this field
     if not data.get("model"):
         raise ConfigError(
             "no model: pass --model PATH_OR_ID (e.g. mlx-community/Qwen2.5-VL-3B-Instruct-4bit) or a preset, "
@@ -202,6 +206,10 @@ def _overlaid(data: dict[str, Any], overrides: dict[str, Any]) -> None:
             overrides[key] = None
     if overrides.get("model") is not None and overrides.get("text_model") is None:
         data.pop("text_model", None)  # --model alone means that model for every row
+    if overrides.get("models"):  # the preset's model(s) give way: rows that name none run on the first
+        data.pop("text_model", None)
+        if overrides.get("model") is None:
+            data.pop("model", None)
     data.update({k: v for k, v in overrides.items() if v is not None})
     for name, flag in FLAG_NAMES.items():
         if flag in data:
@@ -237,24 +245,35 @@ def _check_run_settings(data: dict[str, Any]) -> None:
         data["errors_file"] = Path(data["errors_file"])
 
 
+def _named(value: object, flag: str, what: str, reserved: str | None = None) -> dict[str, str]:
+    """A set rows choose from by name (`name=VALUE,name=VALUE` as a flag gives it, a preset's
+    mapping, or pairs), each name once and none `reserved`."""
+    if isinstance(value, str):
+        value = [tuple(part.split("=", 1)) for part in value.split(",") if part.strip()]
+    elif isinstance(value, dict):
+        value = list(value.items())
+    pairs: dict[str, str] = {}
+    for pair in value if isinstance(value, (list, tuple)) else [value]:
+        name, target = pair if isinstance(pair, (tuple, list)) and len(pair) == 2 else (None, None)
+        if not (isinstance(name, str) and SET_NAME.fullmatch(name) and name != reserved):
+            other = f" other than {reserved!r}" if reserved else ""
+            raise ConfigError(
+                f"{flag}: expected name={what}, a name of letters, digits, _ . : / -{other}; got {pair!r:.80}"
+            )
+        if name in pairs:
+            raise ConfigError(f"{flag}: {name!r} given twice")
+        if not isinstance(target, str) or not target:
+            raise ConfigError(f"{flag} {name}: expected {what}, got {target!r:.60}")
+        pairs[name] = target
+    return pairs
+
+
 def _check_adapters(data: dict[str, Any]) -> None:
     """The run's adapter and the named ones rows choose (--adapters name=FOLDER,..., or a preset's
     `adapters:` mapping): folders with their two files, for the one model they were trained on
     (a separate text model would be a second base). --adapter may name one of the set."""
-    named = data.get("adapters") or ()
-    if isinstance(named, str):
-        named = [tuple(part.split("=", 1)) for part in named.split(",") if part.strip()]
-    elif isinstance(named, dict):
-        named = list(named.items())
-    pairs: dict[str, str] = {}
-    for pair in named:
-        name = pair[0] if isinstance(pair, (tuple, list)) and len(pair) == 2 else None
-        if not (isinstance(name, str) and ADAPTER_NAME.fullmatch(name) and name != BASE_ADAPTER):
-            what = f"name=FOLDER, a name of letters, digits, _ . - other than {BASE_ADAPTER!r}"
-            raise ConfigError(f"--adapters: expected {what}; got {pair!r:.80}")
-        if name in pairs:
-            raise ConfigError(f"--adapters: {name!r} given twice")
-        pairs[name] = _adapter_folder(pair[1], f"--adapters {name}")
+    named = _named(data.get("adapters") or (), "--adapters", "FOLDER", BASE_ADAPTER)
+    pairs = {name: _adapter_folder(folder, f"--adapters {name}") for name, folder in named.items()}
     data["adapters"] = tuple(pairs.items())
     adapter = data.get("adapter")
     if adapter is not None:
@@ -263,6 +282,20 @@ def _check_adapters(data: dict[str, Any]) -> None:
     if text is not None and text != data.get("model"):
         why = "an adapter fits the one model it was trained on (--model); run the text rows apart"
         raise ConfigError(f"--adapter(s) with --text-model {text!r}: {why}")
+
+
+def _check_models(data: dict[str, Any]) -> None:
+    """The models rows choose by name (--models name=PATH,..., or a preset's `models:` mapping).
+    --model may name one of them, and without --model rows that name none run on the first.
+    What pairs with one model (a drafter, adapters, a text model) is refused beside them."""
+    pairs = _named(data["models"], "--models", "PATH")
+    data["models"] = tuple(pairs.items())
+    model = data.get("model")
+    data["model"] = pairs.get(model, model) if model else next(iter(pairs.values()))
+    for key in ("draft_model", "adapter", "adapters", "text_model"):
+        if data.get(key):
+            flag = FLAG_NAMES.get(key, key).replace("_", "-")
+            raise ConfigError(f"--models with --{flag}: it pairs with one model; run that model's rows apart")
 
 
 def _adapter_folder(value: object, flag: str) -> str:

@@ -49,7 +49,7 @@ class ExecutorStats:
         generation = GenerationStats(
             CacheStats.added(caches) if caches else None, sum(g.max_tokens_capped for g in gens),
             _add([g.one_at_a_time for g in gens]), MemoryStats.added([g.memory for g in gens]),
-            sum(g.adapter_switches for g in gens),
+            sum(g.adapter_switches for g in gens), sum(g.model_loads for g in gens),
         )  # fmt: skip
         return cls(MediaStats.added([p.media for p in parts]), generation,
                    _add([p.unused_media for p in parts]), _add([p.near_misses for p in parts]))  # fmt: skip
@@ -64,7 +64,7 @@ class ExecutorStats:
         memory["widths"] = {int(w): n for w, n in (memory.get("widths") or {}).items()}  # JSON keys are text
         generation = GenerationStats(CacheStats(**cache) if cache else None, gen["max_tokens_capped"],
                                      gen["one_at_a_time"], MemoryStats(**memory),
-                                     gen.get("adapter_switches", 0))  # fmt: skip
+                                     gen.get("adapter_switches", 0), gen.get("model_loads", 0))  # fmt: skip
         return cls(MediaStats(**value["media"]), generation, value["unused_media"], value["near_misses"])
 
 

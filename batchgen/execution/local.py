@@ -173,3 +173,4 @@ class LocalExecutor(Executor):
     def close(self) -> None:
         # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self.generator.close()

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..core.errors import ConfigError
 from ..core.records import Job, Media
-from ..core.settings import RunConfig, WorkSettings, work_settings
+from ..core.settings import BASE_ADAPTER, RunConfig, WorkSettings, work_settings
 from ..generate.generator import Generator
 from ..generate.router import Plan
 from ..input.parse import parse_row
@@ -68,6 +69,8 @@ class PlanReport:
     media_tokens: int  # ... of which image and video tokens
     reused_tokens: int  # prefill the prefix cache would serve, in plan order (an estimate)
     lanes: dict[str, int] = field(default_factory=dict)  # rows per lane
+    models: dict[str, int] = field(default_factory=dict)  # rows per model of --models (by name)
+    adapters: dict[str, int] = field(default_factory=dict)  # rows per adapter (by name), where rows name any
     one_at_a_time: dict[str, int] = field(default_factory=dict)  # why rows cannot batch
     failing: dict[str, int] = field(default_factory=dict)  # rows that fail before generating, by stage
     plan_s: float = 0.0  # scanning, reading and tokenizing the job
@@ -98,6 +101,9 @@ class PlanReport:
             "lanes: " + (", ".join(f"{name} {n:,}" for name, n in sorted(self.lanes.items())) or "none"),
         ]
         out += [f"  one at a time ({n:,} rows): {why}" for why, n in sorted(self.one_at_a_time.items())]
+        for what, rows in (("models", self.models), ("adapters", self.adapters)):
+            if rows:  # each group runs once, one after another
+                out.append(f"{what}: " + ", ".join(f"{name} {n:,}" for name, n in rows.items()))
         if self.failing:
             out.append("fail before generating: " + ", ".join(f"{s} {n:,}" for s, n in self.failing.items()))
         if (c := self.calibration) is not None:
@@ -129,6 +135,8 @@ class _Counts:
         self.clips: set[bytes] = set()
         self.media_rows = self.prompt_tokens = self.media_tokens = self.reused = 0
         self.lanes: Counter[str] = Counter()
+        self.models: Counter[str] = Counter()
+        self.adapters: Counter[str] = Counter()
         self.failing: Counter[str] = Counter()
         self._cache: OrderedDict[str, None] = OrderedDict()  # the prefix cache's keys, LRU like it
         self._entries = cache_entries
@@ -168,36 +176,56 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
                     config.retry_failed, config.changed,
                     config.redo_repetition is not None)  # fmt: skip
     grouping = Grouping(index, resume.done)
-    work = work_settings(config, index.base)
-    generator = Generator(work.generation, threading.Event(), lazy=True)
+    if calibrate and config.models:
+        raise ConfigError("--calibrate with --models: calibrate each model's rows in a plan of their own")
+    models = {path: dataclasses.replace(config, model=path) for path in config.model_paths}
+    works = {path: work_settings(model, index.base) for path, model in models.items()}
     counts = _Counts(config.cache_entries if config.cache else 0)
     horizon = config.plan_horizon * 2**20
     first: list[RawRow] = []  # the rows a calibration runs: the plan's first
     with tempfile.TemporaryDirectory(prefix="batchgen-plan-") as tmp:
-        info = generator.vision_info
-        stage = MediaStage(work.media, work.base_dir, Path(tmp), info.audio, info.max_pixels)
+        planners = {path: _Planner(work, Path(tmp)) for path, work in works.items()}
         rows = resume.pending.rows()
         for raw in grouping.ordered(rows, horizon, config.window) if horizon else rows:
             if len(first) < calibrate:
                 first.append(raw)
-            _count(raw, config, stage, generator, counts)
+            _count(raw, config, planners, counts)
     f = grouping.figures
+    one_at_a_time: Counter[str] = Counter()
+    for planner in planners.values():
+        one_at_a_time.update(planner.generator.stats().one_at_a_time)
     report = PlanReport(
         len(index.output_ids), resume.todo, resume.done_before, f.grouped, f.groups, len(counts.pictures),
         len(counts.clips), counts.media_rows, counts.prompt_tokens, counts.media_tokens, counts.reused,
-        dict(counts.lanes), generator.stats().one_at_a_time, dict(counts.failing),
+        dict(counts.lanes), dict(counts.models), dict(counts.adapters), dict(one_at_a_time),
+        dict(counts.failing),
     )  # fmt: skip
     report.plan_s = time.perf_counter() - started
     if first:
-        report.calibration = _calibrate(work, first, resume.todo, scan_s)
+        report.calibration = _calibrate(works[config.model], first, resume.todo, scan_s)
     return report
 
 
-def _count(raw: RawRow, config: RunConfig, stage: MediaStage, generator: Generator, counts: _Counts) -> None:
+class _Planner:
+    """One model's planning: its generator (the weights mapped, not read) and its media stage."""
+
+    def __init__(self, work: WorkSettings, tmp: Path):
+        self.generator = Generator(work.generation, threading.Event(), lazy=True)
+        info = self.generator.vision_info
+        self.stage = MediaStage(work.media, work.base_dir, tmp, info.audio, info.max_pixels)
+
+
+def _count(raw: RawRow, config: RunConfig, planners: dict[str, _Planner], counts: _Counts) -> None:
     job, _ = parse_row(raw, config.defaults, config.prompt_template, config.columns)
     if job.error:
         counts.failing["read"] += 1
         return
+    if config.models:
+        counts.models[job.model or config.model_name] += 1
+    if job.adapter is not None or config.adapters:
+        counts.adapters[job.adapter or (Path(config.adapter).name if config.adapter else BASE_ADAPTER)] += 1
+    planner = planners[config.model_for(job.model)]
+    stage, generator = planner.stage, planner.generator
     counts.media(job)
     media = Media()
     if job.media:

@@ -39,6 +39,7 @@ from ..output.store import strict_json
 from ..output.write import ResultWriter, stats_path
 from .executor import Executor
 from .local import LocalExecutor
+from .passes import ModelPasses
 from .ray import RayExecutor
 from .start import open_job, writer_for
 from .summary import TRACE, Progress, RunSummary, finish
@@ -101,7 +102,12 @@ def run(
         cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         kind = RayExecutor if config.executor == "ray" else LocalExecutor
         try:  # the models are inspected here, before the output is touched
-            executor = kind(config, work, Path(tmp), stop, generator or Generator)
+            make = generator or Generator
+            executor = (
+                ModelPasses(config, work, Path(tmp), stop, make, kind)
+                if config.models
+                else kind(config, work, Path(tmp), stop, make)
+            )
             try:
                 with OutputLock(config.output) as lock:
                     cleanups.append(lambda: lock.path.unlink(missing_ok=True))
@@ -237,7 +243,7 @@ def _generate(
     gen = stats.generation
     summary.media, summary.cache, summary.memory = stats.media, gen.cache, gen.memory
     summary.max_tokens_capped, summary.one_at_a_time = gen.max_tokens_capped, gen.one_at_a_time
-    summary.adapter_switches = gen.adapter_switches
+    summary.adapter_switches, summary.model_loads = gen.adapter_switches, gen.model_loads
     summary.unused_media = stats.unused_media
     summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
     summary.time_limited = caller.time_up.is_set()

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from ..core.budget import human_bytes
 from ..core.errors import gist, plural
-from ..core.figures import CacheStats, MediaStats, MemoryStats
+from ..core.figures import GROUPED_BY, MAX_GROUPS, CacheStats, MediaStats, MemoryStats, RowGroup
 
 __all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE", "FAILED_EXIT",
            "INCOMPLETE_EXIT"]  # fmt: skip
@@ -51,6 +51,7 @@ class RunSummary:
     looped_again: int = 0  # rows an earlier run's loop stop ended, generated again (--redo-repetition)
     one_at_a_time: dict[str, int] = field(default_factory=dict)  # rows that could not batch, by reason
     adapter_switches: int = 0  # times the model's adapter changed between rows (rows naming adapters)
+    model_loads: int = 0  # checkpoints loaded, an engine each (rows naming models load each once)
     unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
     near_misses: dict[str, tuple[int, str]] = field(default_factory=dict)  # field → (rows, the field meant)
     dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
@@ -62,6 +63,7 @@ class RunSummary:
     rows_per_s: float = 0.0
     tokens_per_s: float = 0.0  # completion tokens of this run's rows per second of wall time
     errors_by_stage: dict[str, int] = field(default_factory=dict)
+    groups: dict[str, list[RowGroup]] = field(default_factory=dict)  # "model": each model's rows, if several
     commonest_errors: list[str] = field(default_factory=list)  # "12× fetch: HTTP 404 Not Found", …
     media: MediaStats = field(default_factory=MediaStats)  # downloads, reuses, decodes
     cache: CacheStats | None = None  # prefix hits, misses, tokens saved; None without a prefix cache
@@ -126,6 +128,8 @@ class RunSummary:
         if self.adapter_switches:
             n = self.adapter_switches
             said += f" · {n:,} adapter {'switch' if n == 1 else 'switches'}"
+        if self.model_loads > 1:
+            said += f" · {self.model_loads} model loads"
         said += _memory(self.memory)
         said += "".join(
             f" · warning: {plural(n, 'row')} without media beside column {name!r}, which looks like media "
@@ -220,11 +224,28 @@ def finish(s: RunSummary, table: pa.Table, job_rows: int, wall: float) -> RunSum
             s.errors_by_stage[stage] = s.errors_by_stage.get(stage, 0) + 1
             errors[(stage, gist(message or "", stage))] += 1
     s.commonest_errors = [f"{n}× {stage}: {message}" for (stage, message), n in errors.most_common(3)]
+    for column in GROUPED_BY:
+        if column in table.column_names and len(groups := _groups(table, column)) > 1:
+            s.groups[column] = groups
     s.acceptance_rate = round(s.mtp_accepted / s.mtp_drafts, 4) if s.mtp_drafts else 0.0
     s.wall_s = round(wall, 3)
     s.rows_per_s = round(s.generated / wall, 3) if wall > 0 else 0.0
     s.tokens_per_s = round(s.completion_tokens / wall, 1) if wall > 0 else 0.0
     return s
+
+
+def _groups(table: pa.Table, column: str) -> list[RowGroup]:
+    """The rows of each value of `column` and how many are ok, the largest groups first (at
+    most MAX_GROUPS: one adapter per customer may make thousands)."""
+    ok = pc.cast(pc.equal(table.column("status"), "ok"), pa.int64())
+    keys = pc.fill_null(pc.cast(table.column(column), pa.string()), "")
+    counted = pa.table({"key": keys, "ok": ok}).group_by("key").aggregate([("ok", "sum"), ("ok", "count")])
+    columns = counted.to_pydict()  # by name: the key's place among them differs by pyarrow version
+    groups = [
+        RowGroup(key, rows, ok or 0)
+        for key, rows, ok in zip(columns["key"], columns["ok_count"], columns["ok_sum"], strict=True)
+    ]
+    return sorted(groups, key=lambda g: (-g.rows, g.value))[:MAX_GROUPS]
 
 
 def progress(s: RunSummary, cache: CacheStats | None, elapsed: float) -> str:

@@ -45,6 +45,7 @@ class GenerationStats:
     one_at_a_time: dict[str, int] = field(default_factory=dict)
     memory: MemoryStats = field(default_factory=MemoryStats)
     adapter_switches: int = 0  # times the model's adapter was changed for the next rows
+    model_loads: int = 0  # checkpoints loaded (an engine each)
 
 
 @dataclass(slots=True)
@@ -104,6 +105,13 @@ class Generator:
     def load(self, vision: bool, text: bool) -> None:
         """Load what the first rows need, so it overlaps their downloads."""
         self.router.load(vision, text)
+
+    def close(self) -> None:
+        """Let go of the models and the prefix snapshots (the next model of a run of several
+        loads into the memory they held)."""
+        if self.router.prefixes is not None:
+            self.router.prefixes.shrink(0)
+        self.router.models.release()
 
     def load_drafter(self) -> None:
         """A drafter that cannot pair with its target stops the run here, before any row."""
@@ -205,7 +213,7 @@ class Generator:
         memory = r.memory.stats if r.memory is not None else MemoryStats()
         return GenerationStats(
             r.prefixes.stats() if r.prefixes is not None else None, r.capped, dict(r.one_at_a_time),
-            dataclasses.replace(memory, widths=dict(memory.widths)), r.adapter_switches,
+            dataclasses.replace(memory, widths=dict(memory.widths)), r.adapter_switches, r.models.loads,
         )  # fmt: skip
 
 

@@ -4,12 +4,14 @@ loaders, and the image processor wrapped so rows sharing an image process it onc
 from __future__ import annotations
 
 import copy
+import gc
 import hashlib
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import mlx.core as mx
 from mlx.utils import tree_unflatten
 from PIL import Image
 
@@ -156,6 +158,7 @@ class Models:
         self.applied = adapter  # the adapter the model carries once loaded
         self.digests: dict[str, str] = {}  # each adapter applied: its content as the model took it
         self.switches = 0
+        self.loads = 0  # checkpoints loaded (an engine each)
         self._vlm: tuple[Model, Processor] | None = None
         self._lm: tuple[Model, Tokenizer] | None = None
         self._failed: dict[str, ConfigError] = {}
@@ -167,6 +170,14 @@ class Models:
         found = [pair[0] for pair in (self._vlm, self._lm) if pair is not None]
         drafter = self.drafter.model if self.drafter is not None else None
         return found + ([drafter] if drafter is not None and hasattr(drafter, "parameters") else [])
+
+    def release(self) -> None:
+        """Let go of the loaded weights (a run of several models frees one before the next)."""
+        self._vlm = self._lm = None
+        if self.drafter is not None:
+            self.drafter.model = None
+        gc.collect()
+        mx.clear_cache()
 
     def caches(self) -> list[Any]:
         """The processed-image memo, once the vision model is loaded."""
@@ -197,6 +208,7 @@ class Models:
                     f"model {self.vision_info.name!r}{self._with()}: mlx-vlm cannot load it ({short(e, 400)})"
                 )
                 raise self._failed["vlm"] from e
+            self.loads += 1
             mend_processor(processor)
             if hasattr(processor, "image_processor"):
                 processor.image_processor = SharedImages(processor.image_processor)
@@ -236,6 +248,7 @@ class Models:
                 )  # fmt: skip
                 self.text_on_vlm = True
                 return None
+            self.loads += 1
             if END_OF_TURN in tokenizer.get_vocab():
                 tokenizer.add_eos_token(END_OF_TURN)
             self._lm = (model, tokenizer)

@@ -50,6 +50,7 @@ class Router:
         stop: threading.Event | None = None,
         adapter: str | None = None,
         adapters: tuple[tuple[str, str], ...] = (),
+        named_models: tuple[str, ...] = (),
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
@@ -59,6 +60,7 @@ class Router:
         self.kv = kv
         self.prefixes = prefix_cache
         self.models = Models(self.vision_info, self.text_info, drafter, lazy, adapter, dict(adapters))
+        self.named_models = named_models  # the names rows may give in `model` (--models)
         spec = budget_spec(memory_budget) if not lazy else None
         self.memory = Memory(spec, self.models, prefix_cache) if spec is not None else None
         self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
@@ -101,7 +103,7 @@ class Router:
         return cls(
             config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
             memory_budget=config.memory_budget, kv=kv, stop=stop, adapter=config.adapter,
-            adapters=config.adapters,
+            adapters=config.adapters, named_models=tuple(name for name, _ in config.models),
         )  # fmt: skip
 
     # -- loading ---------------------------------------------------------------
@@ -219,6 +221,9 @@ class Router:
     def plan(self, job: Job, media: Media) -> Plan:
         """Route and tokenize the row; unsupported media raise a `generate` RowError, a model
         that cannot load stops the run (ConfigError), wherever its first row is."""
+        if job.model is not None and job.model not in self.named_models:
+            known = ", ".join(self.named_models) or "none given"
+            raise RowError("read", f"model {job.model!r} is not one of --models ({known})")
         if media:
             self._check_supported(media)
         if media.videos and not self.vision_info.video:  # the frames go in as images, each with its slot

@@ -23,7 +23,7 @@ from ..core.params import (
     is_number,
 )  # fmt: skip
 from ..core.records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef, Scoring
-from ..core.settings import ADAPTER_NAME, Columns
+from ..core.settings import SET_NAME, Columns
 from .messages import (
     PART_TYPES,
     attach_flat_media,
@@ -47,7 +47,7 @@ _MEDIA_NAMES = {"jpg", "jpeg", "png", "webp", "img", "image_url", "image_path", 
 # Every field a row's value can give batchgen: its parts, its parameters, its constraint.
 FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p in PARAMS), *OPENAI_FIELDS,
                     *CONSTRAINT_FIELDS, "video_fps", "video_max_frames", "choices_to_score",
-                    "score_text", "adapter"})  # fmt: skip
+                    "score_text", "adapter", "model"})  # fmt: skip
 
 
 def _scoring(
@@ -218,6 +218,11 @@ def _parse_row(
     if not (value.get("id") is None or valid_id(value["id"])):
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
     _parameters(job, value, defaults, problems)
+    if columns.model is not None:  # the run has a set of models: the row names its own
+        job.model = _set_name(
+            job.asked_model if job.asked_model else value.get(columns.model), "model", problems
+        )
+        job.asked_model = None  # honoured, not ignored
     _turns(job, value, problems)
     mapped = {c for _, c in columns.named()} | set(_fields_of(template))
     if not job.media and not is_batch_request(job.raw):  # a Batch line's `url` is its endpoint
@@ -251,13 +256,16 @@ def _parameters(job: Job, value: dict[str, object], defaults: GenParams, problem
         problems.append(("video_max_frames", f"expected an integer >= 2, got {max_frames!r:.60}"))
     elif max_frames is not None:
         job.video_max_frames = max_frames
-    adapter = value.get("adapter")
-    if adapter is not None and not (isinstance(adapter, str) and ADAPTER_NAME.fullmatch(adapter)):
-        problems.append(
-            ("adapter", f"expected an adapter's name (letters, digits, _ . -), got {adapter!r:.60}")
-        )
-    elif adapter is not None:
-        job.adapter = adapter
+    job.adapter = _set_name(value.get("adapter"), "adapter", problems)
+
+
+def _set_name(value: object, field: str, problems: list[Problem]) -> str | None:
+    """A row's choice of one of the run's adapters or models, by name (the run checks it is one)."""
+    if value is not None and not (isinstance(value, str) and SET_NAME.fullmatch(value)):
+        what = f"{'an' if field[0] in 'aeiou' else 'a'} {field}'s name (letters, digits, _ . : / -)"
+        problems.append((field, f"expected {what}, got {value!r:.60}"))
+        return None
+    return value
 
 
 def _turns(job: Job, value: dict[str, object], problems: list[Problem]) -> None:

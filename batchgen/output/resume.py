@@ -58,6 +58,7 @@ def settings_of(config: RunConfig) -> Fingerprint:
             "shard": list(config.shard) if config.shard else None,
         }
         | ({"kv_cache": kv} if config.kv_bits else {})
+        | ({"models": {n: _canonical(path) for n, path in config.models}} if config.models else {})
         | ({"adapter": _canonical(config.adapter)} if config.adapter else {})
         | ({"adapters": {n: _canonical(path) for n, path in config.adapters}} if config.adapters else {})
         | _sampler(config)

@@ -22,6 +22,7 @@ from .results import (
     Ref,
     asking,
     job_pictures,
+    made_by,
     media_columns,
     media_policy,
     read_results,
@@ -154,8 +155,9 @@ class _Thumbs(dict[str, list[str]]):
         return key
 
 
-def _entry(r: ResultRow, question: str) -> dict[str, Any]:
-    """A row on its card: its question, its answer (or error), its figures and scores."""
+def _entry(r: ResultRow, question: str, made: str) -> dict[str, Any]:
+    """A row on its card: its question, its answer (or error), its figures and scores, and the
+    model and adapter that made it when the run had several."""
     return {
         "id": str(r["id"]),
         "status": r["status"],
@@ -165,7 +167,7 @@ def _entry(r: ResultRow, question: str) -> dict[str, Any]:
         "calls": _calls(r),
         "error": f"{r['error_stage']}: {r['error']}" if r["status"] != "ok" else "",
         "expected": str(r["expected"]) if r.get("expected") is not None else None,
-        "metrics": _metrics(r),
+        "metrics": " · ".join(filter(None, [made, _metrics(r)])),
         "scores": _scores(r),
     }
 
@@ -202,7 +204,9 @@ def write_gallery(
     thumbs, changed = _Thumbs(policy, out.parent), Replaced(policy.path)
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}
-    for r, refs, (question, _) in zip(rows, media, asked, strict=True):
+    several = made_by(rows)
+    made = [" · ".join(f"{c} {v[i]}" for c, v in several.items()) for i in range(len(rows))]
+    for r, refs, (question, _), by in zip(rows, media, asked, made, strict=True):
         keys = []
         for key, shown in from_job.get(id_key(r["id"]), []) if not refs else []:
             thumbs.setdefault(key, shown)
@@ -217,7 +221,7 @@ def write_gallery(
             cards.append(card)
             if keys:
                 by_media[tuple(keys)] = card
-        card["entries"].append(_entry(r, question))
+        card["entries"].append(_entry(r, question, by))
         for ref in changed.refs(r.get("media_files") or []):
             if ref not in card.setdefault("changed", []):
                 card["changed"].append(ref)

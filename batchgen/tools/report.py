@@ -10,7 +10,7 @@ from ..core.errors import gist, one_line, plural
 from ..output.run_files import failed_records, read_stats
 from ..output.store import strict_json
 from ..output.write import COMPLETE_KEY
-from .results import read_results, results_schema
+from .results import made_by, read_results, results_schema
 
 __all__ = ["summarize", "failed_rows"]
 
@@ -80,7 +80,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
     rows = read_results(path)
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [f"{path}: {plural(len(rows), 'row')}, {ok:,} ok, {len(rows) - ok:,} failed"]
-    lines += _error_lines(rows)
+    lines += _error_lines(rows) + _group_lines(rows)
     stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
     stats = read_stats(stats_file)
     if stats == {}:
@@ -115,6 +115,18 @@ def summarize(path: Path, slowest: int = 5) -> str:
         lines.append(f"drafts: {accepted}/{drafted} accepted ({accepted / drafted:.0%})")
     lines += _slowest_lines(rows, recorded, slowest)
     return "\n".join(map(one_line, lines))
+
+
+def _group_lines(rows: list[dict]) -> list[str]:
+    """A run of several models or adapters: each one's rows, and how many are ok."""
+    lines = []
+    for column, values in made_by(rows).items():
+        rows_of = Counter(values)
+        ok_of = Counter(v for v, r in zip(values, rows, strict=True) if r["status"] == "ok")
+        shown = ", ".join(f"{name} {n:,} ({ok_of[name]:,} ok)" for name, n in rows_of.most_common(20))
+        more = f" and {len(rows_of) - 20} more" if len(rows_of) > 20 else ""
+        lines.append(f"by {column}: {shown}{more}")
+    return lines
 
 
 def _error_lines(rows: list[dict]) -> list[str]:

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import BatchgenError, JobFileError
+from ..core.figures import GROUPED_BY
 from ..core.records import MEDIA_COLUMNS, RESULT_COLUMNS, MediaRef, ResultRow, local_path
 from ..core.settings import Columns
 from ..input.parse import asked
@@ -24,7 +25,7 @@ from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_K
 
 __all__ = [
     "read_results", "results_schema", "results_metadata", "MediaPolicy", "media_policy", "job_of",
-    "cell_refs", "media_columns", "job_pictures", "Ref", "Asking", "asking",
+    "cell_refs", "media_columns", "job_pictures", "Ref", "Asking", "asking", "made_by",
 ]  # fmt: skip
 
 _NEEDED = ("id", "status", "error", "error_stage")  # every output keeps these (KEPT_COLUMNS)
@@ -233,3 +234,14 @@ def job_pictures(about: dict[bytes, bytes], wanted: dict[str, str | None], colum
     except (BatchgenError, OSError):  # the job moved or changed since the run
         pass
     return found
+
+
+def made_by(rows: list[ResultRow]) -> dict[str, list[str]]:
+    """What tells the rows of a run of several models or adapters apart: each such column
+    (model, adapter) and each row's value, shortened to its folder's name ("base": none)."""
+    out = {}
+    for column in GROUPED_BY:
+        values = [r.get(column) for r in rows]
+        if len(set(values)) > 1:
+            out[column] = [Path(v).name if isinstance(v, str) else "base" for v in values]
+    return out

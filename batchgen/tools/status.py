@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from ..core.budget import human_duration
 from ..core.errors import ConfigError, one_line, plural
+from ..core.figures import GROUPED_BY, MAX_GROUPS, RowGroup
 from ..core.uris import is_uri
 from ..output.run_files import (
     STATS_BYTES,
@@ -66,6 +67,7 @@ class OutputStatus:
     errors_by_stage: dict[str, int] = field(default_factory=dict)
     last_run: Heartbeat | None = None  # the latest run's heartbeat (the running one's, while it runs)
     shards: list[ShardRows] = field(default_factory=list)
+    groups: dict[str, list[RowGroup]] = field(default_factory=dict)  # several models: each one's rows
     notes: list[str] = field(default_factory=list)  # files left out, and why
 
     @property
@@ -95,7 +97,7 @@ def status_of(output: str) -> OutputStatus:
         raise ConfigError(f"{one_line(output)}: no batchgen run has written here (no heartbeat, no stats)")
     if figures is not None:
         status.rows, status.ok, status.failed, status.pending, status.job_rows = (figures[k] for k in _COUNTS)
-        status.errors_by_stage = figures["errors_by_stage"]
+        status.errors_by_stage, status.groups = figures["errors_by_stage"], figures["groups"]
         status.state = "complete" if figures["complete"] else "incomplete"
     if beat is not None and (figures is None or beat.state not in _CONCLUDED):
         # The latest run ended before writing its figures: its committed rows wait in the parts.
@@ -134,7 +136,34 @@ def _figures(store: Store, path: str) -> dict | None:
         return None
     if not all(isinstance(k, str) and len(k) <= 64 and is_count(v) for k, v in stages.items()):
         return None
-    return {**counts, "errors_by_stage": stages, "complete": data.get("complete") is True}
+    groups = _groups(data.get("groups"))
+    if groups is None:
+        return None
+    return {**counts, "errors_by_stage": stages, "groups": groups, "complete": data.get("complete") is True}
+
+
+def _groups(value: object) -> dict[str, list[RowGroup]] | None:
+    """The stats' rows per model and adapter, each typed and bounded (None: not batchgen's)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not set(value) <= set(GROUPED_BY):
+        return None
+    out: dict[str, list[RowGroup]] = {}
+    for column, items in value.items():
+        if not isinstance(items, list) or len(items) > MAX_GROUPS:
+            return None
+        try:
+            out[column] = [RowGroup(**item) for item in items]
+        except TypeError:  # a missing or unknown key
+            return None
+        if not all(map(_typed, out[column])):
+            return None
+    return out
+
+
+def _typed(group: RowGroup) -> bool:
+    counts = is_count(group.rows) and is_count(group.ok) and group.ok <= group.rows
+    return isinstance(group.value, str) and len(group.value) <= 4096 and counts
 
 
 def _running(output: str, beat: Heartbeat | None) -> bool:
@@ -215,6 +244,10 @@ def render(s: OutputStatus) -> str:
             lines.append(f"  {b.message}")
         if s.state == "incomplete":
             lines.append("  rerun the same command to resume")
+    for column, groups in s.groups.items():
+        for g in groups:
+            ended = f"{g.ok:,} ok, {g.failed:,} failed"
+            lines.append(f"  {column} {g.value or 'none'}: {plural(g.rows, 'row')}, {ended}")
     for shard in s.shards:
         lines.append(
             f"  shard {shard.name}: {plural(shard.rows, 'row')}, {shard.ok:,} ok, {shard.failed:,} failed"

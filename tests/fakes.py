@@ -61,12 +61,15 @@ class ScriptedRouter:
 
     def __init__(self, stop: threading.Event):
         self.stop, self.lane = stop, ScriptedLane()
-        self.capped, self.one_at_a_time, self.adapter_switches = 0, {}, 0
+        self.capped, self.one_at_a_time, self.adapter_switches, self.model_loads = 0, {}, 0, 1
 
     def load(self, vision: bool, text: bool) -> None:
         pass
 
     def load_drafter(self) -> None:
+        pass
+
+    def release(self) -> None:
         pass
 
     def model_for(self, job) -> str:

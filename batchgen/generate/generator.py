@@ -107,11 +107,8 @@ class Generator:
         self.router.load(vision, text)
 
     def close(self) -> None:
-        """Let go of the models and the prefix snapshots (the next model of a run of several
-        loads into the memory they held)."""
-        if self.router.prefixes is not None:
-            self.router.prefixes.shrink(0)
-        self.router.models.release()
+        """The run is done with this model: its weights and snapshots let go (Router.release)."""
+        self.router.release()
 
     def load_drafter(self) -> None:
         """A drafter that cannot pair with its target stops the run here, before any row."""
@@ -213,7 +210,7 @@ class Generator:
         memory = r.memory.stats if r.memory is not None else MemoryStats()
         return GenerationStats(
             r.prefixes.stats() if r.prefixes is not None else None, r.capped, dict(r.one_at_a_time),
-            dataclasses.replace(memory, widths=dict(memory.widths)), r.adapter_switches, r.models.loads,
+            dataclasses.replace(memory, widths=dict(memory.widths)), r.adapter_switches, r.model_loads,
         )  # fmt: skip
 
 

@@ -296,6 +296,17 @@ class Router:
         """Times the model's adapter changed between runs of rows."""
         return self.models.switches
 
+    @property
+    def model_loads(self) -> int:
+        return self.models.loads
+
+    def release(self) -> None:
+        """Let go of the models and the prefix snapshots (the next model of a run of several
+        loads into the memory they held)."""
+        if self.prefixes is not None:
+            self.prefixes.shrink(0)
+        self.models.release()
+
     def prompt_tokens(self, plan: Plan) -> int:
         """The prompt's tokens as the row's generation will count them (media slots expanded)."""
         return plan.lane.prompt_tokens(plan)

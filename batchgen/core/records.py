@@ -25,6 +25,8 @@ __all__ = [
     "MediaRef",
     "MediaFile",
     "local_path",
+    "row_path",
+    "RefusedPath",
     "file_digest",
     "Part",
     "Message",
@@ -140,6 +142,22 @@ def local_path(source: str, base: Path) -> Path:
     """The file a local media reference names: `~` expanded, relative to the job's folder."""
     path = Path(source).expanduser()
     return path if path.is_absolute() else base / path
+
+
+class RefusedPath(ValueError):
+    """A local path the run may not open for a row: why, in a few words."""
+
+
+def row_path(source: str, base: Path | None, root: str | None) -> Path:
+    """A local file or folder a row names, as the run allows it: relative to the job's folder
+    and inside the media root when one is set (RefusedPath: a remote job, whose rows name no
+    path of this machine, or a path outside the root)."""
+    if base is None:
+        raise RefusedPath("a local path in a remote job")
+    path = local_path(source, base)
+    if root is not None and not path.resolve().is_relative_to(Path(root).resolve()):
+        raise RefusedPath(f"outside the media root {Path(root).resolve()}")
+    return path
 
 
 def file_digest(path: Path) -> str:

@@ -20,7 +20,6 @@ from ..core.errors import ConfigError, one_line
 from ..core.params import check_params
 from ..core.records import Constraint, GenParams
 from ..core.settings import (
-    ADAPTER_FILES,
     BASE_ADAPTER,
     FLAG_NAMES,
     GEN_FIELDS,
@@ -28,6 +27,7 @@ from ..core.settings import (
     Columns,
     MediaConfig,
     RunConfig,
+    adapter_config,
 )
 from ..core.uris import checked_location, is_uri
 
@@ -303,10 +303,10 @@ def _adapter_folder(value: object, flag: str) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{flag}: expected a folder, got {value!r:.60}")
     folder = Path(value).expanduser()
-    missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
-    if missing:
-        what = "an adapter folder as mlx-lm or mlx-vlm saves one"
-        raise ConfigError(f"{flag} {value!r}: no {' or '.join(missing)} there ({what})")
+    try:
+        adapter_config(folder)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"{flag} {value!r}: {e}") from None
     return str(folder.resolve())
 
 

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_unflatten
 from PIL import Image
 
 from ..core.errors import ConfigError, RowError, short
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
-from ..core.settings import ADAPTER_FILES, adapter_digest
+from ..core.settings import ADAPTER_FILES, adapter_config, adapter_digest
 from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .models import ModelInfo
@@ -109,6 +110,22 @@ def _check_fits(model: Model, adapter: str) -> None:
     if off:
         raise ValueError(
             f"{len(off)} of its {len(weights)} tensors have no place in the model (first: {off[0]})"
+        )
+
+
+def _check_base(model: Model, config: dict[str, Any]) -> None:
+    """mlx-vlm first quantizes the layers an adapter's `base_quantization` names (it was trained
+    on a quantized base): on layers not quantized here that would change the base model for
+    every row after it, and taking the adapter off would not undo it."""
+    named = config.get("base_quantization") or {}
+    if not isinstance(named, dict):
+        raise ValueError("base_quantization: expected an object")
+    modules = dict(model.named_modules())
+    plain = [name for name in named if isinstance(modules.get(name), (nn.Linear, nn.Embedding))]
+    if plain:
+        raise ValueError(
+            f"it was trained on a quantized base and {len(plain)} of the layers it names are not "
+            f"quantized in this model (first: {plain[0]})"
         )
 
 
@@ -269,9 +286,11 @@ class Models:
             return
         try:
             self.digests[adapter] = adapter_digest(adapter)
+            config = adapter_config(adapter)  # as it is now: a LoRA or DoRA, a rank it can hold
             if vision:
                 from mlx_vlm.trainer.peft.utils import apply_lora_layers
 
+                _check_base(model, config)
                 apply_lora_layers(model, adapter)
                 _check_fits(model, adapter)
             else:

@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 from ..core.budget import budget_spec
-from ..core.errors import BatchgenError, RowError
+from ..core.errors import BatchgenError, RowError, short
 from ..core.families import BIDIRECTIONAL, Family, family
-from ..core.records import Generation, GenParams, Job, Media
-from ..core.settings import BASE_ADAPTER, GenerationSettings
+from ..core.records import Generation, GenParams, Job, Media, row_path
+from ..core.settings import BASE_ADAPTER, GenerationSettings, adapter_config
 from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model
 from .batch_cache import KVQuant
@@ -51,6 +52,8 @@ class Router:
         adapter: str | None = None,
         adapters: tuple[tuple[str, str], ...] = (),
         named_models: tuple[str, ...] = (),
+        job_dir: Path | None = None,
+        media_root: str | None = None,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
@@ -61,6 +64,8 @@ class Router:
         self.prefixes = prefix_cache
         self.models = Models(self.vision_info, self.text_info, drafter, lazy, adapter, dict(adapters))
         self.named_models = named_models  # the names rows may give in `model` (--models)
+        self.job_dir, self.media_root = job_dir, media_root  # where a row's adapter folder may lie
+        self._folders: dict[str, str | RowError] = {}  # each adapter folder a row named, checked once
         spec = budget_spec(memory_budget) if not lazy else None
         self.memory = Memory(spec, self.models, prefix_cache) if spec is not None else None
         self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
@@ -104,6 +109,7 @@ class Router:
             config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
             memory_budget=config.memory_budget, kv=kv, stop=stop, adapter=config.adapter,
             adapters=config.adapters, named_models=tuple(name for name, _ in config.models),
+            job_dir=config.job_dir, media_root=config.media_root,
         )  # fmt: skip
 
     # -- loading ---------------------------------------------------------------
@@ -251,18 +257,42 @@ class Router:
         return plan
 
     def _adapter_of(self, job: Job) -> str | None:
-        """The folder of the adapter the row runs with: the one it names, else the run's."""
+        """The folder of the adapter the row runs with: the one it names (by its name in the
+        run's set, else as a folder), else the run's."""
         name, models = job.adapter, self.models
         if name is None:
             return models.adapter
         if name == BASE_ADAPTER:
             return None
-        if name not in models.adapters:
-            known = ", ".join(sorted(models.adapters)) or "none given"
-            raise RowError(
-                "read", f"adapter {name!r} is not one of --adapters ({known}) nor {BASE_ADAPTER!r}"
-            )
-        return models.adapters[name]
+        if name in models.adapters:
+            return models.adapters[name]
+        folder = self._folder(name)
+        if self.text_info.multimodal and self.model_for(job) != self.vision_info.name:
+            raise RowError(  # its text rows run on mlx-lm, whose model does not carry mlx-vlm's adapters
+                "read", f"adapter {name!r} on a text row of a vision-language model: give it in --adapters, "
+                "which runs the model's text rows on mlx-vlm, where its adapters apply",
+            )  # fmt: skip
+        return folder
+
+    def _folder(self, name: str) -> str:
+        """A row's adapter named by its folder: relative to the job's, inside the media root as
+        a media path must be, and an adapter batchgen can apply (core.settings.adapter_config);
+        each folder checked once however many rows name it."""
+        if name not in self._folders:
+            try:
+                folder = row_path(name, self.job_dir, self.media_root)
+                adapter_config(folder)
+                self._folders[name] = str(folder.resolve())
+            except (OSError, ValueError, RuntimeError) as e:  # refused, missing, not an adapter, a loop
+                known = ", ".join(sorted(self.models.adapters)) or "none given"
+                self._folders[name] = RowError(
+                    "read", f"adapter {name!r}: not one of --adapters ({known}) nor {BASE_ADAPTER!r}, "
+                    f"nor an adapter folder ({short(e, 300)})",
+                )  # fmt: skip
+        found = self._folders[name]
+        if isinstance(found, RowError):
+            raise RowError(found.stage, str(found))
+        return found
 
     def _quantized(self, seq: Sequence, lane: Lane, full: Lane, alone: Lane) -> Lane:
         """A --kv-bits row's lane, by where the engine's generate would quantize its cache: its

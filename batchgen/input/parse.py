@@ -219,9 +219,7 @@ def _parse_row(
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
     _parameters(job, value, defaults, problems)
     if columns.model is not None:  # the run has a set of models: the row names its own
-        job.model = _set_name(
-            job.asked_model if job.asked_model else value.get(columns.model), "model", problems
-        )
+        job.model = _model_name(job.asked_model if job.asked_model else value.get(columns.model), problems)
         job.asked_model = None  # honoured, not ignored
     _turns(job, value, problems)
     mapped = {c for _, c in columns.named()} | set(_fields_of(template))
@@ -256,14 +254,19 @@ def _parameters(job: Job, value: dict[str, object], defaults: GenParams, problem
         problems.append(("video_max_frames", f"expected an integer >= 2, got {max_frames!r:.60}"))
     elif max_frames is not None:
         job.video_max_frames = max_frames
-    job.adapter = _set_name(value.get("adapter"), "adapter", problems)
+    adapter = value.get("adapter")  # a name of the run's set, or a folder (the router tells which)
+    if adapter is not None and not (
+        isinstance(adapter, str) and 0 < len(adapter) <= 1024 and adapter.isprintable()
+    ):
+        problems.append(("adapter", f"expected an adapter's name or folder, got {adapter!r:.60}"))
+    elif adapter is not None:
+        job.adapter = adapter
 
 
-def _set_name(value: object, field: str, problems: list[Problem]) -> str | None:
-    """A row's choice of one of the run's adapters or models, by name (the run checks it is one)."""
+def _model_name(value: object, problems: list[Problem]) -> str | None:
+    """A row's choice of one of the run's models, by name (the router checks it is one)."""
     if value is not None and not (isinstance(value, str) and SET_NAME.fullmatch(value)):
-        what = f"{'an' if field[0] in 'aeiou' else 'a'} {field}'s name (letters, digits, _ . : / -)"
-        problems.append((field, f"expected {what}, got {value!r:.60}"))
+        problems.append(("model", f"expected a model's name (letters, digits, _ . : / -), got {value!r:.60}"))
         return None
     return value
 

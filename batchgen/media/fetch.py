@@ -26,7 +26,7 @@ import urllib3
 
 from ..core.errors import RowError, describe, short
 from ..core.memo import Memo
-from ..core.records import MediaFile, MediaRef, file_digest, local_path
+from ..core.records import MediaFile, MediaRef, RefusedPath, file_digest, row_path
 from ..core.settings import MediaConfig
 from .url_policy import Target, check_url
 
@@ -184,15 +184,11 @@ class Fetcher:
         return Fetched(ref, data=data, mime=mime or None)
 
     def _local_file(self, ref: MediaRef) -> tuple[Path, os.stat_result]:
-        if self.base_dir is None:  # one message whatever the path: nothing says what exists here
-            raise RowError(
-                "fetch", f"{describe(ref.source)}: a local path in a remote job (give a URL or the bytes)"
-            )
-        path = local_path(_text(ref), self.base_dir)
-        if self.config.media_root is not None:
-            root = Path(self.config.media_root).resolve()
-            if not path.resolve().is_relative_to(root):
-                raise RowError("fetch", f"{describe(ref.source)}: outside the media root {root}")
+        try:  # a remote job's: one message whatever the path, nothing says what exists here
+            path = row_path(_text(ref), self.base_dir, self.config.media_root)
+        except RefusedPath as e:
+            hint = " (give a URL or the bytes)" if self.base_dir is None else ""
+            raise RowError("fetch", f"{describe(ref.source)}: {e}{hint}") from None
         if not path.is_file():
             what = "not a regular file" if path.exists() else "no such file"  # a FIFO would block a read
             raise RowError("fetch", f"{describe(ref.source)}: {what} ({describe(str(path))})")

@@ -102,6 +102,13 @@ def test_an_adapter_that_cannot_apply_stops_the_run_before_any_row(tmp_path, lm_
     broken = tmp_path / "broken"
     shutil.copytree(lm_adapter, broken)
     (broken / "adapter_config.json").write_text("{not json")
+    full, wide = (shutil.copytree(lm_adapter, tmp_path / name) for name in ("full", "wide"))
+    for folder, key, value in (
+        (full, "fine_tune_type", "full"),
+        (wide, "lora_parameters", {"rank": 100_000}),
+    ):
+        config = json.loads((folder / "adapter_config.json").read_text())
+        (folder / "adapter_config.json").write_text(json.dumps(config | {key: value}))
     other = make_tiny_adapter(MODELS / "tiny-lm", tmp_path / "wider", seed=3, rank=8)
     config = json.loads((other / "adapter_config.json").read_text())
     config["lora_parameters"]["rank"] = 4  # its tensors are rank 8: shapes the layers do not take
@@ -111,7 +118,12 @@ def test_an_adapter_that_cannot_apply_stops_the_run_before_any_row(tmp_path, lm_
             ("--model", lm, "--adapter", str(tmp_path / "missing")),
             "no adapter_config.json or adapters.safetensors",
         ),
-        (("--model", lm, "--adapter", str(broken)), "mlx-lm cannot load it"),
+        (("--model", lm, "--adapter", str(broken)), "adapter_config.json is not JSON"),
+        (
+            ("--model", lm, "--adapter", str(full)),
+            "a full fine-tune replaces the weights: give it as --model",
+        ),
+        (("--model", lm, "--adapters", f"huge={wide}"), "rank 100000: expected an integer from 1 to 512"),
         (("--model", lm, "--adapter", str(other)), "mlx-lm cannot load it"),
         (("--model", vlm, "--adapter", str(lm_adapter)), "tensors have no place in the model"),
         (("--model", vlm, "--text-model", lm, "--adapter", str(lm_adapter)), "an adapter fits the one model"),
@@ -186,7 +198,10 @@ def test_rows_naming_adapters_each_equal_the_engine_with_theirs(tmp_path, lm_ada
     assert "2 adapter switches" in output
     got = {r["id"]: r for r in read(out)}
     assert got["unknown"]["error_stage"] == "read"
-    assert "adapter 'c' is not one of --adapters (a, b) nor 'base'" in got["unknown"]["error"]
+    assert (
+        "adapter 'c': not one of --adapters (a, b) nor 'base', nor an adapter folder"
+        in got["unknown"]["error"]
+    )
     assert sum(r["cached_tokens"] for r in got.values() if r["error"] is None) > 0  # prefixes were reused
 
     lm = str(MODELS / "tiny-lm")
@@ -204,6 +219,51 @@ def test_rows_naming_adapters_each_equal_the_engine_with_theirs(tmp_path, lm_ada
     assert len(texts) == 3
 
 
+def test_rows_naming_adapter_folders_next_to_the_job_equal_mlx_lm_with_them(tmp_path, lm_adapter):
+    """A row's `adapter` that names no adapter of the set is a folder relative to the job's,
+    under the same rules as a media path (inside --media-root); each folder is checked before
+    its rows run, and one that is missing, outside the root or a full fine-tune is those rows'
+    `read` error naming it. The others equal mlx-lm's generate with that folder."""
+    import mlx_lm
+
+    jobs = tmp_path / "jobs"
+    shutil.copytree(lm_adapter, jobs / "adapters" / "a")
+    make_tiny_adapter(MODELS / "tiny-lm", jobs / "adapters" / "b", seed=2)
+    full = shutil.copytree(lm_adapter, jobs / "adapters" / "full")
+    (full / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "full"}))
+    shutil.copytree(lm_adapter, tmp_path / "outside")
+    rows = [{"id": f"{i}-{name}", "prompt": p, "max_tokens": 8, "adapter": f"adapters/{name}"}
+            for i, p in enumerate(PROMPTS[:3]) for name in ("a", "b")]  # fmt: skip
+    rows += [{"id": "plain", "prompt": PROMPTS[0], "max_tokens": 8}]
+    bad = {"missing": "adapters/c", "outside": "../outside", "full": "adapters/full", "control": "a\x00b"}
+    rows += [{"id": k, "prompt": "Hi", "adapter": v} for k, v in bad.items()]
+    job = write_jsonl(jobs / "jobs.jsonl", rows)
+    out = tmp_path / "out.parquet"
+    lm = str(MODELS / "tiny-lm")
+    code, output = run_cli("run", str(job), "-o", str(out), "--temperature", "0", "--model", lm,
+                           "--media-root", str(jobs))  # fmt: skip
+    assert code == 1, output
+    got = {r["id"]: r for r in read(out)}
+    assert {k for k, r in got.items() if r["status"] != "ok"} == set(bad)
+    assert all(got[k]["error_stage"] == "read" for k in bad)
+    missing = "'adapters/c': not one of --adapters (none given) nor 'base', nor an adapter folder (no "
+    assert missing + "adapter_config.json" in got["missing"]["error"]
+    assert "outside the media root" in got["outside"]["error"]
+    assert "a full fine-tune replaces the weights" in got["full"]["error"]
+    assert "expected an adapter's name or folder" in got["control"]["error"]
+    assert (
+        got["0-a"]["adapter"] == str((jobs / "adapters" / "a").resolve()) and got["plain"]["adapter"] is None
+    )
+    for name in ("a", "b"):
+        model, tokenizer = mlx_lm.load(lm, adapter_path=str(jobs / "adapters" / name))
+        for i, p in enumerate(PROMPTS[:3]):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+            tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=8)]
+            assert got[f"{i}-{name}"]["completion_tokens"] == len(tokens), name
+            text = tokenizer.decode([t for t in tokens if t not in set(tokenizer.eos_token_ids)])
+            assert got[f"{i}-{name}"]["generated_text"] == text, f"{i}-{name}"
+
+
 def test_rows_naming_vision_adapters_equal_mlx_vlm_with_theirs(tmp_path, sensitive_qwen3_vl):
     adapters = {
         n: make_tiny_adapter(sensitive_qwen3_vl, tmp_path / n, seed=s) for n, s in (("x", 4), ("y", 5))
@@ -214,11 +274,19 @@ def test_rows_naming_vision_adapters_equal_mlx_vlm_with_theirs(tmp_path, sensiti
             rows.append({"id": f"{name}{k}", "image": str(MEDIA / picture), "prompt": "What is it?",
                          "max_tokens": 8, "adapter": name})  # fmt: skip
         rows.append({"id": f"{name}-text", "prompt": "Say something.", "max_tokens": 8, "adapter": name})
-    named = ",".join(f"{n}={path}" for n, path in adapters.items())
+    # An adapter trained on a 4-bit base: mlx-vlm would quantize this float model's layers for good.
+    quantized = shutil.copytree(adapters["x"], tmp_path / "q")
+    config = json.loads((quantized / "adapter_config.json").read_text())
+    layer = {"language_model.model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 4, "mode": "affine"}}
+    (quantized / "adapter_config.json").write_text(json.dumps(config | {"base_quantization": layer}))
+    rows.insert(1, {"id": "q", "image": str(MEDIA / "red_circle.png"), "prompt": "What?", "adapter": "q"})
+    named = ",".join(f"{n}={path}" for n, path in [*adapters.items(), ("q", quantized)])
     code, output, out = _run(tmp_path, "named", rows, "--model", str(sensitive_qwen3_vl), "--adapters", named)
-    assert code == 0, output
+    assert code == 1, output
+    (failed,) = (r for r in read(out) if r["status"] != "ok")
+    assert failed["id"] == "q" and "trained on a quantized base" in failed["error"], failed["error"]
     got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
-    for name in ("x", "y", "base"):
+    for name in ("x", "y", "base"):  # the base is as it was: rows after q's equal the engine's
         for row in (r for r in rows if r["adapter"] == name):
             assert got[row["id"]] == _mlx_vlm(sensitive_qwen3_vl, adapters.get(name), row), row["id"]
     assert len({got[f"{n}0"] for n in ("x", "y", "base")}) == 3

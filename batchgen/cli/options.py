@@ -83,7 +83,7 @@ def _generation_options() -> list:
 _SECTIONS = {
     "Input": ("paths", "job_file", "output", "fmt", "limit", "prompts", "extensions", "prompt_template",
               *COLUMN_FLAGS, "shard"),
-    "Models": ("model", "text_model", "adapter", "adapters", "models", "preset"),
+    "Models": ("model", "text_model", "adapter", "adapters", "fuse_adapters", "models", "preset"),
     "Media": MEDIA_FLAGS,
     "Reuse and batching": ("batch_size", "memory_budget", "kv_bits", "kv_group_size", "quantized_kv_start",
                            "continuous", "window", "plan_horizon", "cache", "row_timeout"),
@@ -359,6 +359,9 @@ def run_options(command, columns: bool = True):
         option("--text-model", help="Model for rows without media [--model]."),
         option("--adapter", help="LoRA/DoRA adapter folder for --model, as mlx-lm or mlx-vlm saves one."),
         option("--adapters", help="Adapters rows name in their `adapter` field: name=FOLDER,name=FOLDER."),
+        option("--fuse-adapters", is_flag=True, default=None,
+               help="Fuse each adapter into the weights as it is applied: rows decode at the base model's "
+                    "speed and equal the `mlx_lm fuse`d model's, not the LoRA layers'."),
         option("--models", help="Models rows name in their `model` field: name=PATH,name=PATH."),
         option("-c", "--config", "preset", help="Preset name in configs/ or a YAML path [default]."),
         _TEMPLATE,

@@ -107,6 +107,7 @@ class RunConfig:
     adapter: str | None = None  # a LoRA/DoRA adapter folder (ADAPTER_FILES) applied to `model`
     adapters: tuple[tuple[str, str], ...] = ()  # (name, folder): adapters rows name in their `adapter`
     models: tuple[tuple[str, str], ...] = ()  # (name, path or id): models rows name in their `model`
+    fuse_adapters: bool = False  # adapters fused into the weights as applied (mlx_lm fuse's rows)
     format: str | None = None  # jsonl | parquet | csv; None = from the extension
     prompt_template: str | None = None  # fills each row's prompt from its columns
     columns: Columns = field(default_factory=Columns)  # dataset columns taken as id, prompt, media
@@ -230,6 +231,7 @@ class GenerationSettings:
     adapter: str | None
     adapters: tuple[tuple[str, str], ...]
     models: tuple[tuple[str, str], ...]
+    fuse_adapters: bool
     draft_model: str | None
     num_draft_tokens: int
     draft_kind: str | None

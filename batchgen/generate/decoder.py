@@ -26,7 +26,9 @@ from .sampling import (
     HISTORY,
     Loops,
     Seeded,
+    engine_logprobs,
     final_text,
+    greedy,
     hit_stop,
     logits_processors_for,
     sampler_for,
@@ -241,8 +243,8 @@ class DecodeBatch:
     def _draw(self, rows: list[int], logits: mx.array) -> mx.array:
         """Each row's next token, drawn on the device as `pick` draws it (no host read)."""
         if all(self.samplers[i] is None for i in rows):
-            return mx.argmax(logits, axis=-1)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            return greedy(logits)
+        logprobs = engine_logprobs(logits)
         groups: dict[object, list[int]] = {}  # greedy rows, each seeded recipe, each other sampler
         for j, i in enumerate(rows):
             sampler = self.samplers[i]
@@ -253,7 +255,7 @@ class DecodeBatch:
             at = mx.array(js)
             sampler = self.samplers[rows[js[0]]]
             if sampler is None:
-                values = mx.argmax(logits[at], axis=-1)
+                values = greedy(logits[at])
             elif isinstance(sampler, Seeded):
                 values = Seeded.draw([self.samplers[rows[j]] for j in js], logprobs[at])  # type: ignore[misc]
             else:
@@ -302,7 +304,7 @@ class DecodeBatch:
     def pick(self, rows: list[int], logits: mx.array) -> list[int]:
         """Sample each row's next token and return the rows still running."""
         if all(self.samplers[i] is None and not self.processors[i] for i in rows):
-            picked, shaped = ints(mx.argmax(logits, axis=-1)), None
+            picked, shaped = ints(greedy(logits)), None
         else:
             picked, shaped = self._sampled(rows, logits)
 
@@ -367,11 +369,11 @@ class DecodeBatch:
                 for proc in self.processors[i]:
                     row = proc(history, row)
             shaped.append(row)
-        greedy = [j for j, i in enumerate(rows) if self.samplers[i] is None]
+        plain = [j for j, i in enumerate(rows) if self.samplers[i] is None]  # greedy rows
         picked = [0] * len(rows)
-        if greedy:
-            best = ints(mx.argmax(mx.concatenate([shaped[j] for j in greedy]), axis=-1))
-            for j, token in zip(greedy, best, strict=True):
+        if plain:
+            best = ints(greedy(mx.concatenate([shaped[j] for j in plain])))
+            for j, token in zip(plain, best, strict=True):
                 picked[j] = token
         recipes: dict[tuple, list[tuple[int, Seeded]]] = {}  # seeded rows of one recipe draw together
         for j, i in enumerate(rows):
@@ -380,10 +382,10 @@ class DecodeBatch:
                 recipes.setdefault(sampler.recipe, []).append((j, sampler))
             elif sampler is not None:
                 row = shaped[j]
-                picked[j] = scalar(sampler(row - mx.logsumexp(row, axis=-1, keepdims=True)))
+                picked[j] = scalar(sampler(engine_logprobs(row)))
         for group in recipes.values():
             both = mx.concatenate([shaped[j] for j, _ in group])
-            drawn = Seeded.draw([s for _, s in group], both - mx.logsumexp(both, axis=-1, keepdims=True))
+            drawn = Seeded.draw([s for _, s in group], engine_logprobs(both))
             for (j, _), token in zip(group, ints(drawn), strict=True):
                 picked[j] = token
         return picked, shaped

@@ -168,9 +168,11 @@ class Models:
         lazy: bool = False,
         adapter: str | None = None,
         adapters: dict[str, str] | None = None,
+        fuse: bool = False,
     ):
         self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
-        self.lazy, self.adapter = lazy, adapter
+        self.lazy, self.adapter, self.fuse = lazy, adapter, fuse
+        self._fused: list[tuple[str, nn.Module]] = []  # the adapter's layers, while fused weights stand in
         self.adapters = adapters or {}  # the adapters rows name, by name: their folders
         self.applied = adapter  # the adapter the model carries once loaded
         self.digests: dict[str, str] = {}  # each adapter applied: its content as the model took it
@@ -220,6 +222,7 @@ class Models:
                 )
                 if self.adapter is not None:
                     _check_fits(model, self.adapter)
+                    self._fuse(model)
             except Exception as e:  # loaders fail in many ways; all of them stop the run the same way
                 self._failed["vlm"] = ConfigError(
                     f"model {self.vision_info.name!r}{self._with()}: mlx-vlm cannot load it ({short(e, 400)})"
@@ -252,6 +255,8 @@ class Models:
             try:
                 self._read_digest()
                 model, tokenizer = load_lm(str(self.text_info.path), lazy=self.lazy, adapter=self.adapter)
+                if self.adapter is not None:
+                    self._fuse(model)
             except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...
                 if not self.text_info.multimodal:
                     why = f"mlx-lm cannot load it ({short(e, 400)})"
@@ -280,6 +285,7 @@ class Models:
             return
         vision = self.text_info.multimodal
         model = self.vlm()[0] if vision else self.text()[0]
+        self._unfuse(model)
         _take_off(model)
         self.applied, self.switches = None, self.switches + 1
         if adapter is None:
@@ -297,13 +303,32 @@ class Models:
                 from mlx_lm.tuner.utils import load_adapters
 
                 load_adapters(model, adapter)
+            self._fuse(model)
         except Exception as e:  # an adapter for another base, a broken file: those rows' error
+            self._unfuse(model)
             _take_off(model)
             raise RowError(
                 "generate", f"adapter {adapter!r} cannot apply to {self.text_info.name!r} ({short(e, 300)})"
             ) from e
         model.eval()
         self.applied = adapter
+
+    def _fuse(self, model: Model) -> None:
+        """--fuse-adapters: each of the adapter's layers replaced by the one `mlx_lm fuse` would
+        save (its own `fuse()`: the delta added into the base weights), so rows decode at the
+        base model's cost and equal a run of the fused checkpoint; the adapter's layers are kept
+        to put back before it is taken off."""
+        if not self.fuse or self.lazy:
+            return
+        self._fused = [(name, m) for name, m in model.named_modules() if "lora_a" in m and hasattr(m, "fuse")]
+        fused = [(name, m.fuse()) for name, m in self._fused]
+        model.update_modules(tree_unflatten(fused))
+        mx.eval([m.parameters() for _, m in fused])
+
+    def _unfuse(self, model: Model) -> None:
+        if self._fused:
+            model.update_modules(tree_unflatten(self._fused))
+            self._fused = []
 
     def _read_digest(self) -> None:
         """The run's adapter's content, read as the engine loads it."""

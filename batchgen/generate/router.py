@@ -51,6 +51,7 @@ class Router:
         stop: threading.Event | None = None,
         adapter: str | None = None,
         adapters: tuple[tuple[str, str], ...] = (),
+        fuse_adapters: bool = False,
         named_models: tuple[str, ...] = (),
         job_dir: Path | None = None,
         media_root: str | None = None,
@@ -62,7 +63,9 @@ class Router:
                 kv.check(info.name, info.head_dim)
         self.kv = kv
         self.prefixes = prefix_cache
-        self.models = Models(self.vision_info, self.text_info, drafter, lazy, adapter, dict(adapters))
+        self.models = Models(
+            self.vision_info, self.text_info, drafter, lazy, adapter, dict(adapters), fuse_adapters
+        )
         self.named_models = named_models  # the names rows may give in `model` (--models)
         self.job_dir, self.media_root = job_dir, media_root  # where a row's adapter folder may lie
         self._folders: dict[str, str | RowError] = {}  # each adapter folder a row named, checked once
@@ -108,8 +111,9 @@ class Router:
         return cls(
             config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
             memory_budget=config.memory_budget, kv=kv, stop=stop, adapter=config.adapter,
-            adapters=config.adapters, named_models=tuple(name for name, _ in config.models),
-            job_dir=config.job_dir, media_root=config.media_root,
+            adapters=config.adapters, fuse_adapters=config.fuse_adapters,
+            named_models=tuple(name for name, _ in config.models), job_dir=config.job_dir,
+            media_root=config.media_root,
         )  # fmt: skip
 
     # -- loading ---------------------------------------------------------------

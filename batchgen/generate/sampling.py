@@ -26,6 +26,8 @@ __all__ = [
     "final_text",
     "token_logprobs",
     "log_softmax",
+    "engine_logprobs",
+    "greedy",
     "logprob_records",
 ]
 
@@ -118,6 +120,20 @@ def logits_processors_for(
     elif mask is not None:
         processors.append(mask)
     return processors
+
+
+def engine_logprobs(logits: mx.array) -> mx.array:
+    """What the engines' samplers draw from: the logits less their logsumexp, in the logits' own
+    dtype, as mlx-lm's and mlx-vlm's generate loops compute it (log_softmax, for the logprobs
+    a row reports, works in float32 instead)."""
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def greedy(logits: mx.array) -> mx.array:
+    """The engines' greedy token: the argmax of engine_logprobs, not of the logits. On a bf16
+    model the subtraction rounds near-equal logits to one value, and argmax then takes the lower
+    id, as both engines do; the raw logits' argmax would part from them there."""
+    return mx.argmax(engine_logprobs(logits), axis=-1)
 
 
 def log_softmax(logits: mx.array) -> mx.array:

@@ -37,7 +37,7 @@ from .drafts import Drafter
 from .lanes import TextLane
 from .memory import Footprint, Memory, wired
 from .prefill import prefill_but_last
-from .sampling import final_text
+from .sampling import engine_logprobs, final_text, greedy
 from .vision_lanes import VisionLane
 from .watch import Watch
 
@@ -142,13 +142,13 @@ class SpeculativeBatch(DecodeBatch):
         as mlx-lm's loop draws them: greedy rows by argmax, a sampling row by its sampler over
         those positions in one call (a seeded row's keys follow its positions on, as the one
         sampler mlx-lm's loop shares between drafter and target does); argmax elsewhere."""
-        chosen = mx.argmax(logits, axis=-1)
+        chosen = greedy(logits)
         sampled = [j for j, i in enumerate(rows) if self.samplers[i] is not None and draws[j]]
         for j in sampled:  # rows' draws in row order: unseeded samplers share the global state
             row = logits[j, : draws[j]]
             sampler = self.samplers[rows[j]]
             assert sampler is not None
-            drawn = sampler(row - mx.logsumexp(row, axis=-1, keepdims=True))
+            drawn = sampler(engine_logprobs(row))
             chosen[j, : draws[j]] = drawn.astype(chosen.dtype).reshape(-1)
         return chosen
 

@@ -61,6 +61,7 @@ def settings_of(config: RunConfig) -> Fingerprint:
         | ({"models": {n: _canonical(path) for n, path in config.models}} if config.models else {})
         | ({"adapter": _canonical(config.adapter)} if config.adapter else {})
         | ({"adapters": {n: _canonical(path) for n, path in config.adapters}} if config.adapters else {})
+        | ({"adapters_fused": True} if config.fuse_adapters else {})
         | _sampler(config)
     )  # absent when off: earlier outputs resume; an adapter's content is its rows' (adapter_sha256)
 

@@ -4,6 +4,7 @@ any row; the adapter's content is part of the output's settings."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 
@@ -217,6 +218,48 @@ def test_rows_naming_adapters_each_equal_the_engine_with_theirs(tmp_path, lm_ada
                 assert (got[row]["generated_text"], got[row]["completion_tokens"]) == want, row
     texts = {got[f"0-{name}"]["generated_text"] for name in ("a", "b", "base")}
     assert len(texts) == 3
+
+
+def test_fused_adapters_equal_the_fused_checkpoints_rows(tmp_path):
+    """--fuse-adapters: each adapter fused into the weights as `mlx_lm fuse` fuses it (each
+    LoRA layer's own fuse()), the base put back between them: every row equals mlx-lm's
+    generate on that fused model. In bf16 the fused weights round otherwise than the LoRA
+    layers' sum, so the rows tell the two apart; the run with the layers equals mlx-lm's
+    generate with them (bf16 logprobs tie where the logits do not, and the engines' greedy
+    pick breaks the tie as batchgen's must). An output made with the layers is not resumed
+    with them fused."""
+    import mlx.core as mx
+    import mlx_lm
+    from mlx.utils import tree_unflatten
+
+    lm = shutil.copytree(MODELS / "tiny-lm", tmp_path / "tiny-lm-bf16")
+    for f in lm.glob("*.safetensors"):
+        mx.save_safetensors(str(f), {k: v.astype(mx.bfloat16) for k, v in mx.load(str(f)).items()})
+    adapters = {name: make_tiny_adapter(lm, tmp_path / name, seed=k) for k, name in enumerate("ab")}
+    rows = [{"id": f"{i}-{name}", "prompt": p, "max_tokens": 12, "adapter": name}
+            for i, p in enumerate(PROMPTS[:3]) for name in ("a", "base", "b")]  # fmt: skip
+    flags = ("--model", str(lm), "--adapters", ",".join(f"{n}={p}" for n, p in adapters.items()))
+    code, output, out = _run(tmp_path, "fused", rows, *flags, "--fuse-adapters")
+    assert code == 0, output
+    got = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(out)}
+    code, output, layers = _run(tmp_path, "layers", rows, *flags)
+    assert code == 0, output
+    unfused = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in read(layers)}
+    for name, fuse in itertools.product(("a", "b", "base"), (True, False)):
+        model, tokenizer = mlx_lm.load(str(lm), adapter_path=str(adapters[name]) if name != "base" else None)
+        if fuse:
+            fused = [(n, m.fuse()) for n, m in model.named_modules() if hasattr(m, "fuse")]
+            model.update_modules(tree_unflatten(fused))
+        eos = set(tokenizer.eos_token_ids)
+        for i, p in enumerate(PROMPTS[:3]):
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True)
+            tokens = [r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=12)]
+            want = (tokenizer.decode([t for t in tokens if t not in eos]), len(tokens))
+            assert (got if fuse else unfused)[f"{i}-{name}"] == want, (f"{i}-{name}", fuse)
+    assert sum(got[k] != unfused[k] for k in got if not k.endswith("base")) >= 3  # fusing changed them
+    assert all(got[k] == unfused[k] for k in got if k.endswith("base"))  # and the base was put back
+    code, output, _ = _run(tmp_path, "layers", rows, *flags, "--fuse-adapters")
+    assert code == 2 and "adapters_fused" in output, output
 
 
 def test_rows_naming_adapter_folders_next_to_the_job_equal_mlx_lm_with_them(tmp_path, lm_adapter):

@@ -57,7 +57,7 @@ class ScriptedRouter:
     row goes to the scripted lane."""
 
     vision_info = text_info = INFO
-    prefixes = memory = None
+    prefixes = memory = applied = None
 
     def __init__(self, stop: threading.Event):
         self.stop, self.lane = stop, ScriptedLane()

@@ -151,7 +151,7 @@ class Generator:
         width, plans = self.settings.batch_size, planned.plans
         got: dict[int, list[tuple[int, Generation | RowError]]] = {}
         spent: dict[int, float] = {}
-        for run in schedule(plans, None if self.settings.continuous else width):
+        for run in schedule(plans, None if self.settings.continuous else width, self.router.applied):
             done: list[Generated] = []
             last = started = time.perf_counter()
             tokens = 0

@@ -331,6 +331,11 @@ class Router:
         return self.models.switches
 
     @property
+    def applied(self) -> str | None:
+        """The adapter the model carries now (its folder; None: none)."""
+        return self.models.applied
+
+    @property
     def model_loads(self) -> int:
         return self.models.loads
 

@@ -25,7 +25,9 @@ class Schedulable(Protocol):
     def span(self) -> int: ...  # the most tokens the row's cache may hold: prompt + max_tokens
 
 
-def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[int]]:
+def schedule(
+    rows: Sequence[Schedulable], batch_size: int | None, applied: str | None = None
+) -> list[list[int]]:
     """Runs of row indices. Rows of one group (same prompt prefix, same images) run back to
     back so the first one's prefill serves the rest; lanes never mix; solo rows run alone.
     Groups keep the order in which they first appear in the window. A run holds at most
@@ -36,7 +38,9 @@ def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[i
     to attend over; under a memory budget, long rows run narrow together and the short ones
     wide after them, where mixed they would hold every slot to the longest's size). Rows of
     different adapters never share a run, and one adapter's runs come one after another (each
-    change of adapter is a switch of the model's layers)."""
+    change of adapter is a switch of the model's layers), the one the model carries (`applied`)
+    first (None: the model bare, the base's rows first): a window that goes on with the last
+    one's adapter switches one time fewer."""
     groups: dict[tuple[Hashable, Hashable], list[int]] = {}
     for i, row in enumerate(rows):
         groups.setdefault(((row.lane, row.adapter), row.group), []).append(i)
@@ -57,5 +61,5 @@ def schedule(rows: Sequence[Schedulable], batch_size: int | None) -> list[list[i
                 batches.append(batch)
                 open_batch[lane] = []
     batches += [b for b in open_batch.values() if b]
-    order = list(dict.fromkeys(rows[b[0]].adapter for b in batches))
+    order = list(dict.fromkeys([applied, *(rows[b[0]].adapter for b in batches)]))
     return sorted(batches, key=lambda b: order.index(rows[b[0]].adapter))

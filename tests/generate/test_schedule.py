@@ -56,6 +56,15 @@ def test_continuous_runs_put_the_longest_spans_first_and_keep_groups_together():
 
 def test_rows_of_different_adapters_never_share_a_run_and_each_adapter_runs_in_one_stretch():
     rows = [Row("lm", ("p",), adapter=a) for a in ("x", None, "x", "y", None, "y", "x")]
-    runs = schedule(rows, None)
+    runs = schedule(rows, None, applied="x")
     assert [[rows[i].adapter for i in run] for run in runs] == [["x", "x", "x"], [None, None], ["y", "y"]]
-    assert schedule(rows, 2) == [[0, 2], [6], [1, 4], [3, 5]]  # x's runs, then the base's, then y's
+    assert schedule(rows, 2, applied="x") == [[0, 2], [6], [1, 4], [3, 5]]  # x's runs, the base's, y's
+
+
+def test_the_adapter_the_model_carries_runs_first():
+    """A window that goes on with the adapter the last window ended on switches once fewer."""
+    rows = [Row("lm", ("p",), adapter=a) for a in ("x", None, "y", "x")]
+    runs = schedule(rows, 4, applied="y")
+    assert [[rows[i].adapter for i in run] for run in runs] == [["y"], ["x", "x"], [None]]
+    assert schedule(rows, 4, applied="z") == [[0, 3], [1], [2]]  # one no row names: as first seen
+    assert schedule(rows, 4) == [[1], [0, 3], [2]]  # the model bare: the base's rows first

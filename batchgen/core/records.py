@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, TypedDict, get_args
 
 from .errors import Stage
@@ -24,10 +22,6 @@ __all__ = [
     "GenParams",
     "MediaRef",
     "MediaFile",
-    "local_path",
-    "row_path",
-    "RefusedPath",
-    "file_digest",
     "Part",
     "Message",
     "Job",
@@ -136,37 +130,6 @@ class MediaRef:
 
     kind: MediaKind
     source: str | bytes  # bytes: the media themselves, from a binary column
-
-
-def local_path(source: str, base: Path) -> Path:
-    """The file a local media reference names: `~` expanded, relative to the job's folder."""
-    path = Path(source).expanduser()
-    return path if path.is_absolute() else base / path
-
-
-class RefusedPath(ValueError):
-    """A local path the run may not open for a row: why, in a few words."""
-
-
-def row_path(source: str, base: Path | None, root: str | None) -> Path:
-    """A local file or folder a row names, as the run allows it: relative to the job's folder
-    and inside the media root when one is set (RefusedPath: a remote job, whose rows name no
-    path of this machine, or a path outside the root)."""
-    if base is None:
-        raise RefusedPath("a local path in a remote job")
-    path = local_path(source, base)
-    if root is not None and not path.resolve().is_relative_to(Path(root).resolve()):
-        raise RefusedPath(f"outside the media root {Path(root).resolve()}")
-    return path
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file's whole content, read a MiB at a time (MediaFile.sha256)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(slots=True, frozen=True)

@@ -4,8 +4,6 @@ and the executors take); execution/config builds them from presets, files and fl
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +11,7 @@ from typing import Any, Literal
 
 from .budget import budget_spec
 from .errors import ConfigError
-from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams, file_digest
+from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams
 
 __all__ = [
     "MediaConfig",
@@ -275,53 +273,9 @@ def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
     return WorkSettings(generation, c.media, c.defaults, c.prompt_template, c.columns, c.window, job_dir)
 
 
-# An adapter folder as mlx-lm and mlx-vlm save one: its settings and its weights.
-ADAPTER_FILES = ("adapter_config.json", "adapters.safetensors")
 # How rows name an adapter or model of the run's set (an OpenAI body's model: org/name:tag).
 SET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}")
 BASE_ADAPTER = "base"  # a row's `adapter` for the model as it is, beside a run's --adapter
-
-
-ADAPTER_KINDS = ("lora", "dora")  # what is applied and taken off between rows (fine_tune_type)
-MAX_ADAPTER_RANK = 512  # LoRA layers of a higher rank would hold a model's worth of memory
-_ADAPTER_CONFIG_BYTES = 1 << 20
-
-
-def adapter_config(folder: str | Path) -> dict[str, Any]:
-    """An adapter folder's settings, once it is one batchgen can switch in and out of a model:
-    its two files regular files, its config a small JSON object, a LoRA or DoRA (a full
-    fine-tune replaces the weights: it is a model, for --model) of a rank from 1 to
-    MAX_ADAPTER_RANK, which the engines read before any tensor (ValueError: what is wrong)."""
-    folder = Path(folder)
-    missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
-    if missing:
-        what = "an adapter folder as mlx-lm or mlx-vlm saves one"
-        raise ValueError(f"no {' or '.join(missing)} there ({what})")
-    path = folder / ADAPTER_FILES[0]
-    if path.stat().st_size > _ADAPTER_CONFIG_BYTES:
-        raise ValueError(f"{ADAPTER_FILES[0]} is over {_ADAPTER_CONFIG_BYTES >> 20} MiB")
-    try:
-        config = json.loads(path.read_bytes())
-    except ValueError as e:
-        raise ValueError(f"{ADAPTER_FILES[0]} is not JSON ({str(e)[:80]})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{ADAPTER_FILES[0]}: expected an object")
-    kind = config.get("fine_tune_type", "lora")
-    if kind not in ADAPTER_KINDS:
-        full = "a full fine-tune replaces the weights: give it as --model"
-        raise ValueError(f"fine_tune_type {kind!r:.40}: expected a LoRA or DoRA adapter ({full})")
-    lora = config.get("lora_parameters", config)  # mlx-vlm's older adapters keep the rank at the top
-    rank = lora.get("rank") if isinstance(lora, dict) else None
-    if not (_number(rank, int) and 1 <= rank <= MAX_ADAPTER_RANK):  # type: ignore[operator]
-        raise ValueError(f"rank {rank!r:.40}: expected an integer from 1 to {MAX_ADAPTER_RANK}")
-    return config
-
-
-def adapter_digest(folder: str | Path) -> str:
-    """An adapter's content (its two files) as one sha256: the row's `adapter_sha256`, by which a
-    rerun sees an adapter trained again under the same folder (OSError: a file gone)."""
-    digests = " ".join(file_digest(Path(folder) / name) for name in ADAPTER_FILES)
-    return hashlib.sha256(digests.encode()).hexdigest()
 
 
 KV_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize packs

@@ -17,6 +17,7 @@ import yaml
 from ..core.budget import parse_duration
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, one_line
+from ..core.files import adapter_config
 from ..core.params import check_params
 from ..core.records import Constraint, GenParams
 from ..core.settings import (
@@ -27,7 +28,6 @@ from ..core.settings import (
     Columns,
     MediaConfig,
     RunConfig,
-    adapter_config,
 )
 from ..core.uris import checked_location, is_uri
 

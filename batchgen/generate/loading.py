@@ -17,9 +17,9 @@ from mlx.utils import tree_unflatten
 from PIL import Image
 
 from ..core.errors import ConfigError, RowError, short
+from ..core.files import ADAPTER_FILES, adapter_config, adapter_digest
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
-from ..core.settings import ADAPTER_FILES, adapter_config, adapter_digest
 from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .models import ModelInfo

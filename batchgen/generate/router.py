@@ -14,8 +14,9 @@ from pathlib import Path
 from ..core.budget import budget_spec
 from ..core.errors import BatchgenError, RowError, short
 from ..core.families import BIDIRECTIONAL, Family, family
-from ..core.records import Generation, GenParams, Job, Media, row_path
-from ..core.settings import BASE_ADAPTER, GenerationSettings, adapter_config
+from ..core.files import adapter_config, row_path
+from ..core.records import Generation, GenParams, Job, Media
+from ..core.settings import BASE_ADAPTER, GenerationSettings
 from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model
 from .batch_cache import KVQuant

@@ -25,8 +25,9 @@ from urllib.parse import urljoin, urlsplit
 import urllib3
 
 from ..core.errors import RowError, describe, short
+from ..core.files import RefusedPath, file_digest, row_path
 from ..core.memo import Memo
-from ..core.records import MediaFile, MediaRef, RefusedPath, file_digest, row_path
+from ..core.records import MediaFile, MediaRef
 from ..core.settings import MediaConfig
 from .url_policy import Target, check_url
 

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.errors import ConfigError, OutputLockedError
-from ..core.records import ResultRow, file_digest
+from ..core.files import file_digest
+from ..core.records import ResultRow
 from ..core.uris import is_uri
 from .store import Store, json_object, read_small, strict_json
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from PIL import Image
 
 from ..core.errors import ConfigError, describe, short
-from ..core.records import file_digest
+from ..core.files import file_digest
 from ..input.read import id_key
 from ..output.store import TEMP_PREFIX, TEMP_SUFFIX, atomic_write, strict_json
 from .export_files import Folders, common_root, inside, left_out, named, sha256

@@ -15,7 +15,8 @@ import pyarrow.parquet as pq
 
 from ..core.errors import BatchgenError, JobFileError
 from ..core.figures import GROUPED_BY
-from ..core.records import MEDIA_COLUMNS, RESULT_COLUMNS, MediaRef, ResultRow, local_path
+from ..core.files import local_path
+from ..core.records import MEDIA_COLUMNS, RESULT_COLUMNS, MediaRef, ResultRow
 from ..core.settings import Columns
 from ..input.parse import asked
 from ..input.read import id_key, iter_rows

@@ -10,9 +10,16 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "local_path", "row_path", "RefusedPath", "file_digest", "ADAPTER_FILES", "ADAPTER_KINDS",
-    "MAX_ADAPTER_RANK", "adapter_config", "adapter_digest",
-]  # fmt: skip
+    "local_path",
+    "row_path",
+    "RefusedPath",
+    "file_digest",
+    "ADAPTER_FILES",
+    "ADAPTER_KINDS",
+    "MAX_ADAPTER_RANK",
+    "adapter_config",
+    "adapter_digest",
+]
 
 
 def local_path(source: str, base: Path) -> Path:

@@ -30,8 +30,15 @@ class ModelPasses(Executor):
     `--model`'s pass, whose generator says what is wrong with them. Every model is inspected
     here, before any work: a path that is no model stops the run now."""
 
-    def __init__(self, config: RunConfig, work: WorkSettings, tmp_dir: Path, stop: threading.Event,
-                 generator: GeneratorFactory, kind: type[Executor]):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        work: WorkSettings,
+        tmp_dir: Path,
+        stop: threading.Event,
+        generator: GeneratorFactory,
+        kind: type[Executor],
+    ):
         super().__init__(config, work, tmp_dir, stop, generator)
         self.kind = kind
         self.configs = [dataclasses.replace(config, model=path) for path in config.model_paths]

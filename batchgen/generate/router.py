@@ -273,10 +273,11 @@ class Router:
             return models.adapters[name]
         folder = self._folder(name)
         if self.text_info.multimodal and self.model_for(job) != self.vision_info.name:
-            raise RowError(  # its text rows run on mlx-lm, whose model does not carry mlx-vlm's adapters
-                "read", f"adapter {name!r} on a text row of a vision-language model: give it in --adapters, "
-                "which runs the model's text rows on mlx-vlm, where its adapters apply",
-            )  # fmt: skip
+            # Its text rows run on mlx-lm, whose model does not carry mlx-vlm's adapters.
+            why = (
+                "give it in --adapters, which runs the model's text rows on mlx-vlm, where its adapters apply"
+            )
+            raise RowError("read", f"adapter {name!r} on a text row of a vision-language model: {why}")
         return folder
 
     def _folder(self, name: str) -> str:
@@ -290,10 +291,8 @@ class Router:
                 self._folders[name] = str(folder.resolve())
             except (OSError, ValueError, RuntimeError) as e:  # refused, missing, not an adapter, a loop
                 known = ", ".join(sorted(self.models.adapters)) or "none given"
-                self._folders[name] = RowError(
-                    "read", f"adapter {name!r}: not one of --adapters ({known}) nor {BASE_ADAPTER!r}, "
-                    f"nor an adapter folder ({short(e, 300)})",
-                )  # fmt: skip
+                why = f"not one of --adapters ({known}) nor {BASE_ADAPTER!r}, nor an adapter folder"
+                self._folders[name] = RowError("read", f"adapter {name!r}: {why} ({short(e, 300)})")
         found = self._folders[name]
         if isinstance(found, RowError):
             raise RowError(found.stage, str(found))

@@ -236,8 +236,8 @@ def test_fused_adapters_equal_the_fused_checkpoints_rows(tmp_path):
     for f in lm.glob("*.safetensors"):
         mx.save_safetensors(str(f), {k: v.astype(mx.bfloat16) for k, v in mx.load(str(f)).items()})
     adapters = {name: make_tiny_adapter(lm, tmp_path / name, seed=k) for k, name in enumerate("ab")}
-    rows = [{"id": f"{i}-{name}", "prompt": p, "max_tokens": 12, "adapter": name}
-            for i, p in enumerate(PROMPTS[:3]) for name in ("a", "base", "b")]  # fmt: skip
+    pairs = itertools.product(enumerate(PROMPTS[:3]), ("a", "base", "b"))
+    rows = [{"id": f"{i}-{name}", "prompt": p, "max_tokens": 12, "adapter": name} for (i, p), name in pairs]
     flags = ("--model", str(lm), "--adapters", ",".join(f"{n}={p}" for n, p in adapters.items()))
     code, output, out = _run(tmp_path, "fused", rows, *flags, "--fuse-adapters")
     assert code == 0, output
@@ -275,16 +275,18 @@ def test_rows_naming_adapter_folders_next_to_the_job_equal_mlx_lm_with_them(tmp_
     full = shutil.copytree(lm_adapter, jobs / "adapters" / "full")
     (full / "adapter_config.json").write_text(json.dumps({"fine_tune_type": "full"}))
     shutil.copytree(lm_adapter, tmp_path / "outside")
-    rows = [{"id": f"{i}-{name}", "prompt": p, "max_tokens": 8, "adapter": f"adapters/{name}"}
-            for i, p in enumerate(PROMPTS[:3]) for name in ("a", "b")]  # fmt: skip
+    pairs = itertools.product(enumerate(PROMPTS[:3]), ("a", "b"))
+    rows = [
+        {"id": f"{i}-{n}", "prompt": p, "max_tokens": 8, "adapter": f"adapters/{n}"} for (i, p), n in pairs
+    ]
     rows += [{"id": "plain", "prompt": PROMPTS[0], "max_tokens": 8}]
     bad = {"missing": "adapters/c", "outside": "../outside", "full": "adapters/full", "control": "a\x00b"}
     rows += [{"id": k, "prompt": "Hi", "adapter": v} for k, v in bad.items()]
     job = write_jsonl(jobs / "jobs.jsonl", rows)
     out = tmp_path / "out.parquet"
     lm = str(MODELS / "tiny-lm")
-    code, output = run_cli("run", str(job), "-o", str(out), "--temperature", "0", "--model", lm,
-                           "--media-root", str(jobs))  # fmt: skip
+    flags = ("--temperature", "0", "--model", lm, "--media-root", str(jobs))
+    code, output = run_cli("run", str(job), "-o", str(out), *flags)
     assert code == 1, output
     got = {r["id"]: r for r in read(out)}
     assert {k for k, r in got.items() if r["status"] != "ok"} == set(bad)

@@ -22,7 +22,7 @@ from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
 from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
-from .models import ModelInfo
+from .models import ModelInfo, weights_path
 from .prompts import END_OF_TURN
 
 __all__ = ["Models", "SharedImages", "SHARED_IMAGE_BYTES", "mend_processor"]
@@ -218,7 +218,7 @@ class Models:
             try:
                 self._read_digest()
                 model, processor = mlx_vlm.load(
-                    str(self.vision_info.path), lazy=self.lazy, adapter_path=self.adapter
+                    weights_path(self.vision_info), lazy=self.lazy, adapter_path=self.adapter
                 )
                 if self.adapter is not None:
                     _check_fits(model, self.adapter)
@@ -254,7 +254,7 @@ class Models:
         if self._lm is None and not self.text_on_vlm:
             try:
                 self._read_digest()
-                model, tokenizer = load_lm(str(self.text_info.path), lazy=self.lazy, adapter=self.adapter)
+                model, tokenizer = load_lm(weights_path(self.text_info), lazy=self.lazy, adapter=self.adapter)
                 if self.adapter is not None:
                     self._fuse(model)
             except Exception as e:  # an architecture mlx-lm lacks (ValueError), missing weights, ...

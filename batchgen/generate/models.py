@@ -9,7 +9,7 @@ from typing import Any
 
 from ..core.errors import ConfigError
 
-__all__ = ["ModelInfo", "inspect_model", "is_multimodal", "has_keys"]
+__all__ = ["ModelInfo", "inspect_model", "weights_path", "is_multimodal", "has_keys"]
 
 _VISION_KEYS = (
     "vision_config",
@@ -57,7 +57,15 @@ def is_multimodal(config: dict[str, Any], name: str = "") -> bool:
     return any(hint in lowered for hint in _VLM_NAME_HINTS)
 
 
-def _model_path(name: str) -> Path:
+# A hub checkpoint's files that say what it is (config, processor, tokenizer, chat template):
+# mlx-vlm's download patterns less the weights, which only loading it needs.
+_DESCRIBED_BY = ["*.json", "*.jsonl", "*.py", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+
+
+def _model_path(name: str, weights: bool = False) -> Path:
+    """The checkpoint's local folder: a folder as given, else the hub snapshot of `name` with
+    the files that describe it, and its weights too where they will be loaded (a Ray driver or
+    a plan that reads no weights downloads none)."""
     path = Path(name).expanduser()
     if path.is_dir():
         return path
@@ -66,9 +74,15 @@ def _model_path(name: str) -> Path:
     try:
         from mlx_vlm.utils import get_model_path
 
-        return Path(get_model_path(name))
+        return Path(get_model_path(name, allow_patterns=None if weights else _DESCRIBED_BY))
     except Exception as e:  # hub errors come in many types
         raise ConfigError(f"model {name!r}: cannot find it locally or on the hub ({e})") from e
+
+
+def weights_path(info: ModelInfo) -> str:
+    """Where the checkpoint's weights are, downloaded first when it came from the hub (its
+    inspection fetched only what describes it)."""
+    return str(_model_path(info.name, weights=True))
 
 
 def inspect_model(name: str) -> ModelInfo:

@@ -106,3 +106,36 @@ def test_a_rows_model_field_is_data_without_a_model_set(tmp_path):
     (row,) = read(out)
     assert row["input_model"] == "gpt-4" and row["status"] == "ok"
     assert json.dumps(row["model"]).endswith('tiny-lm"')
+
+
+def test_a_hub_checkpoint_is_inspected_without_its_weights(tmp_path, monkeypatch):
+    """A model given as a hub id: inspecting it (what a Ray driver does, which loads nothing)
+    fetches the files that describe it, never its weights; loading it fetches them. The hub is
+    a folder here: the snapshot copies what each call's patterns allow of tiny-lm."""
+    import fnmatch
+    import shutil
+
+    import mlx_vlm.utils
+
+    from batchgen.generate.models import inspect_model
+
+    asked: list[list[str] | None] = []
+    snapshot = tmp_path / "hub" / "tiny-lm"
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None, force_download=False):
+        asked.append(allow_patterns)
+        snapshot.mkdir(parents=True, exist_ok=True)
+        for f in (MODELS / "tiny-lm").iterdir():
+            if allow_patterns is None or any(fnmatch.fnmatch(f.name, p) for p in allow_patterns):
+                shutil.copy(f, snapshot / f.name)
+        return str(snapshot)
+
+    monkeypatch.setattr(mlx_vlm.utils, "snapshot_download", snapshot_download)
+    info = inspect_model("someone/tiny-lm")
+    assert not info.multimodal and len(asked) == 1 and "*.safetensors" not in asked[0], asked
+    assert (snapshot / "config.json").is_file() and not list(snapshot.glob("*.safetensors"))
+    code, output, out = _run(tmp_path, "hub", [{"id": 1, "prompt": PROMPTS[0]}], "--model", "someone/tiny-lm")
+    assert code == 0, output
+    assert "*.safetensors" in asked[-1] and list(snapshot.glob("*.safetensors"))
+    (row,) = read(out)
+    assert row["status"] == "ok" and row["completion_tokens"] > 0

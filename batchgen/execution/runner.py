@@ -97,7 +97,8 @@ def run(
     stop = stop if stop is not None else Stop()
     index = open_job(config)
     work = work_settings(config, index.base)
-    cleanups = getattr(stop, "cleanups", [])
+    cleanups: list[Callable[[], None]] = getattr(stop, "cleanups", [])
+    held = len(cleanups)  # the caller's own, kept when this run's go
     with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         kind = RayExecutor if config.executor == "ray" else LocalExecutor
@@ -115,7 +116,7 @@ def run(
             finally:
                 executor.close()
         finally:
-            cleanups.clear()
+            del cleanups[held:]
 
 
 @dataclass(slots=True)

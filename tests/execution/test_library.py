@@ -49,15 +49,16 @@ def test_a_set_stop_ends_the_run_between_batches_and_keeps_what_it_finished(tmp_
     job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "prompt": f"Item {i}."} for i in range(8)])
     out = tmp_path / "out.parquet"
     stop = Stop()
+    stop.cleanups.append(mine := lambda: None)  # the caller's own, before the run
 
     def progress(report):
         if report.rows:
             stop.set()  # as a signal handler would, after the first committed batch
-            assert stop.cleanups  # the lock and the temp folder, for a caller's hard exit
+            assert len(stop.cleanups) == 3  # the lock and the temp folder, for a caller's hard exit
 
     with pytest.raises(Interrupted, match="finished rows are kept in .*out.parquet.partial, rerun to resume"):
         batchgen.run(_config(job, out), progress=progress, stop=stop)
-    assert not stop.cleanups  # released with the run
+    assert stop.cleanups == [mine]  # the run's released with it, the caller's kept
     assert not (tmp_path / "out.parquet.lock").exists()
     summary = batchgen.run(_config(job, out), stop=threading.Event())  # a plain Event does too
     assert summary.ok == 8 and 0 < summary.generated < 8

@@ -27,7 +27,6 @@ import signal
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TypedDict
 
@@ -39,7 +38,7 @@ from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..core.uris import is_uri
 from ..generate.generator import Generator, GeneratorFactory
 from ..input.plan import Grouping
-from ..input.read import Mark, RawRow, iter_rows
+from ..input.read import Mark, RawRow, RowPicker
 from ..input.source import Source
 from ..output.pending import Pending
 from ..output.tables import RESULT_SCHEMA
@@ -126,29 +125,6 @@ def _absolute(source: Source) -> Source:
 
 def wanted_rows(first: int, want: bytes) -> list[int]:
     return [first + i for i in range(len(want) * 8) if want[i // 8] >> (i % 8) & 1]
-
-
-class RowPicker:
-    """Reads chosen rows of a job, a few at a time, in job order: each pick continues where
-    the last one stopped when that is no further back than the mark it is given."""
-
-    def __init__(self, source: Source, id_column: str | None = None):
-        self.source, self.id_column = source, id_column
-        self._rows: Iterator[RawRow] | None = None
-        self._next = -1  # the index the open reader yields next
-
-    def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
-        """The rows at `indices` (ascending, none before `mark`)."""
-        if self._rows is None or not mark.index <= self._next <= indices[0]:
-            self._rows, self._next = iter_rows(self.source, start=mark, id_column=self.id_column), mark.index
-        wanted, out = set(indices), []
-        for row in self._rows:
-            self._next = row.index + 1
-            if row.index in wanted:
-                out.append(row)
-            if row.index >= indices[-1]:
-                break
-        return out
 
 
 class RowWorker:

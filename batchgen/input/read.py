@@ -26,7 +26,7 @@ from .rows import START, Mark, RawRow, ReadPolicy, checked, valid_id
 from .source import Source, resolve
 
 __all__ = [
-    "RawRow", "Mark", "Rows", "JobIndex", "iter_rows", "scan", "id_key", "valid_id", "shard_of",
+    "RawRow", "Mark", "RowPicker", "Rows", "JobIndex", "iter_rows", "scan", "id_key", "valid_id", "shard_of",
     "holds_bytes", "checked",
 ]  # fmt: skip
 _DIGEST = 16  # bytes of a row's fingerprint (RawRow.digest, 32 hex digits)
@@ -305,3 +305,26 @@ def _unified(schemas: list[pa.Schema]) -> pa.Schema | None:
         return pa.unify_schemas(schemas, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError):
         return None
+
+
+class RowPicker:
+    """Reads chosen rows of a job, a few at a time, in job order: each pick continues where
+    the last one stopped when that is no further back than the mark it is given."""
+
+    def __init__(self, source: Source, id_column: str | None = None):
+        self.source, self.id_column = source, id_column
+        self._rows: Iterator[RawRow] | None = None
+        self._next = -1  # the index the open reader yields next
+
+    def pick(self, mark: Mark, indices: list[int]) -> list[RawRow]:
+        """The rows at `indices` (ascending, none before `mark`)."""
+        if self._rows is None or not mark.index <= self._next <= indices[0]:
+            self._rows, self._next = iter_rows(self.source, start=mark, id_column=self.id_column), mark.index
+        wanted, out = set(indices), []
+        for row in self._rows:
+            self._next = row.index + 1
+            if row.index in wanted:
+                out.append(row)
+            if row.index >= indices[-1]:
+                break
+        return out

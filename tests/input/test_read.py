@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from batchgen.execution.ray import RowPicker, pending_items, wanted_rows
-from batchgen.input.read import iter_rows, scan
+from batchgen.execution.ray import pending_items, wanted_rows
+from batchgen.input.read import RowPicker, iter_rows, scan
 from batchgen.output.resume import Pending
 
 

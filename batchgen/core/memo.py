@@ -1,14 +1,16 @@
-"""`Memo`: a content-keyed, bounded memo shared by threads (downloads, decodes, processor outputs)."""
+"""`Memo`: a content-keyed, bounded memo shared by threads (downloads, decodes, processor outputs);
+`PerObject`: what is worked out once for an object (a tokenizer's markers), kept while it lives."""
 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Generic, TypeVar
 
-__all__ = ["Memo"]
+__all__ = ["Memo", "PerObject"]
 
 V = TypeVar("V")
 
@@ -85,3 +87,23 @@ class Memo(Generic[V]):
 
     def __len__(self) -> int:
         return len(self._done)
+
+
+class PerObject(Generic[V]):
+    """`get(obj, compute)`: what `compute()` made for this very object, made once while it
+    lives (a tokenizer's thinking markers, its tool-call format, llguidance's view of it).
+    Keyed by the object itself, weakly, never by its id(): a later object that Python puts at
+    a freed one's address is a new key, and a model let go takes its entries with it."""
+
+    def __init__(self) -> None:
+        self._known: weakref.WeakKeyDictionary[object, V] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, obj: object, compute: Callable[[], V]) -> V:
+        with self._lock:
+            if obj not in self._known:
+                self._known[obj] = compute()
+            return self._known[obj]
+
+    def __len__(self) -> int:
+        return len(self._known)

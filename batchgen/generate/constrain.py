@@ -11,7 +11,6 @@ token is allowed, so the row stops there.
 from __future__ import annotations
 
 import json
-import threading
 
 import llguidance as llg
 import llguidance.hf
@@ -20,25 +19,21 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
 from ..core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
+from ..core.memo import PerObject
 from ..core.records import Constraint
 from .arrays import Tokenizer, scalar
 
 __all__ = ["processor"]
 
 
-_TOKENIZERS: dict[int, tuple[Tokenizer, llg.LLTokenizer]] = {}  # the tokenizer kept: its id stays its own
-_LOCK = threading.Lock()
+_TOKENIZERS: PerObject[llg.LLTokenizer] = PerObject()
 
 
 def _llg_tokenizer(tokenizer: Tokenizer, eos: list[int]) -> llg.LLTokenizer:
-    """llguidance's view of a tokenizer (a walk over the vocabulary: once per run and tokenizer)."""
-    key = id(tokenizer)
-    with _LOCK:
-        if key not in _TOKENIZERS:
-            # mlx-lm wraps the Hugging Face tokenizer (mlx-vlm's processors hold it as it is).
-            hf = tokenizer._tokenizer if type(tokenizer).__name__ == "TokenizerWrapper" else tokenizer
-            _TOKENIZERS[key] = (tokenizer, llguidance.hf.from_tokenizer(hf, eos_token=eos))
-        return _TOKENIZERS[key][1]
+    """llguidance's view of a tokenizer (a walk over the vocabulary: once per tokenizer)."""
+    # mlx-lm wraps the Hugging Face tokenizer (mlx-vlm's processors hold it as it is).
+    hf = tokenizer._tokenizer if type(tokenizer).__name__ == "TokenizerWrapper" else tokenizer
+    return _TOKENIZERS.get(tokenizer, lambda: llguidance.hf.from_tokenizer(hf, eos_token=eos))
 
 
 def _term(tokenizer: Tokenizer, text: str) -> str:

@@ -17,7 +17,6 @@ ThinkingAwareLogitsProcessor's rule), so a schema row may think first and still 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -26,6 +25,7 @@ import mlx.core as mx
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from ..core.memo import PerObject
 from ..core.records import Generation, GenParams
 from .arrays import Tokenizer, scalar
 from .constrain import Masking
@@ -150,26 +150,24 @@ def _rfind(ids: list[int], marker: tuple[int, ...]) -> int:
     return -1
 
 
-_KNOWN: dict[int, tuple[Tokenizer, Markers | None]] = {}
-_LOCK = threading.Lock()
+_MARKERS: PerObject[Markers | None] = PerObject()
 
 
 def markers_of(tokenizer: Tokenizer) -> Markers | None:
     """The tokenizer's markers, or None for a model that does not think. mlx-lm's wrapper knows
     them; a Hugging Face tokenizer (what mlx-vlm's processors hold) is asked through one."""
-    key = id(tokenizer)
-    with _LOCK:
-        if key not in _KNOWN:
-            wrapper = tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
-            found = None
-            start, end = wrapper.think_start_tokens, wrapper.think_end_tokens
-            if wrapper.has_thinking and start and end:
-                tool = (wrapper.tool_call_start, wrapper.tool_call_end) if wrapper.has_tool_calling else None
-                tool_ids = tuple(wrapper.encode(tool[0], add_special_tokens=False)) if tool else ()
-                found = Markers(wrapper.think_start, wrapper.think_end, tuple(start), tuple(end),
-                                make_text_state_machine(wrapper), tool, tool_ids)  # fmt: skip
-            _KNOWN[key] = (tokenizer, found)  # the tokenizer kept: its id is never reused meanwhile
-        return _KNOWN[key][1]
+    return _MARKERS.get(tokenizer, lambda: _markers(tokenizer))
+
+
+def _markers(tokenizer: Tokenizer) -> Markers | None:
+    wrapper = tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+    start, end = wrapper.think_start_tokens, wrapper.think_end_tokens
+    if not (wrapper.has_thinking and start and end):
+        return None
+    tool = (wrapper.tool_call_start, wrapper.tool_call_end) if wrapper.has_tool_calling else None
+    tool_ids = tuple(wrapper.encode(tool[0], add_special_tokens=False)) if tool else ()
+    machine = make_text_state_machine(wrapper)
+    return Markers(wrapper.think_start, wrapper.think_end, tuple(start), tuple(end), machine, tool, tool_ids)
 
 
 def initial_part(markers: Markers | None, p: GenParams, ids: list[int]) -> Part:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from mlx_lm.tokenizer_utils import _infer_tool_parser
 
 from ..core.constraints import TOOL_CALL_FORMAT
 from ..core.errors import RowError
+from ..core.memo import PerObject
 from ..core.records import Generation, GenParams, ToolCall
 from .arrays import Tokenizer
 from .reasoning import segments
@@ -42,26 +42,24 @@ class ToolFormat:
     parse: Callable[[str, Any], Any]
 
 
-_KNOWN: dict[int, tuple[Tokenizer, ToolFormat | None]] = {}
-_LOCK = threading.Lock()
+_FORMATS: PerObject[ToolFormat | None] = PerObject()
 
 
 def format_of(tokenizer: Tokenizer) -> ToolFormat | None:
     """The tokenizer's tool-call format, or None: the one mlx-lm's loader chose (a
     TokenizerWrapper keeps its parser), else inferred as that loader infers it (a Hugging Face
     tokenizer, as mlx-vlm's processors hold)."""
-    key = id(tokenizer)
-    with _LOCK:
-        if key not in _KNOWN:
-            hf: Tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
-            name = hf.init_kwargs.get("tool_parser_type") if hasattr(hf, "init_kwargs") else None
-            name = name or _infer_tool_parser(hf)
-            found = None
-            if name is not None:
-                module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
-                found = ToolFormat(name, module.tool_call_start, module.tool_call_end, module.parse_tool_call)
-            _KNOWN[key] = (tokenizer, found)  # the tokenizer kept: its id is never reused meanwhile
-        return _KNOWN[key][1]
+    return _FORMATS.get(tokenizer, lambda: _format(tokenizer))
+
+
+def _format(tokenizer: Tokenizer) -> ToolFormat | None:
+    hf: Tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
+    name = hf.init_kwargs.get("tool_parser_type") if hasattr(hf, "init_kwargs") else None
+    name = name or _infer_tool_parser(hf)
+    if name is None:
+        return None
+    module = importlib.import_module(f"mlx_lm.tool_parsers.{name}")
+    return ToolFormat(name, module.tool_call_start, module.tool_call_end, module.parse_tool_call)
 
 
 def _offered(p: GenParams) -> bool:

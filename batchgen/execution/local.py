@@ -19,14 +19,14 @@ from ..core.errors import RowError, one_line, plural
 from ..core.records import TOTALS, Finished, Job, Media, Result
 from ..core.settings import RunConfig, WorkSettings
 from ..generate.generator import Generated, Generator, GeneratorFactory
-from ..input.parse import near_miss, parse_row
+from ..input.parse import near_miss, parse_job
 from ..input.plan import Grouping
 from ..input.read import RawRow, id_key
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.pending import Pending
 from .executor import Batches, Executor, ExecutorStats
 
-__all__ = ["LocalExecutor", "generate_window"]
+__all__ = ["LocalExecutor", "generate_window", "media_stage"]
 
 FIRST_WINDOW_PATIENCE = 1.0  # seconds the first window waits for rows whose media are resolving
 
@@ -61,6 +61,14 @@ def _result(job: Job, prepared: Prepared | None, outcome: Generated | RowError) 
         result.status, result.error, result.error_stage = "error", one_line(error.message), error.stage
         result.transient = error.transient
     return result
+
+
+def media_stage(
+    work: WorkSettings, tmp: Path, generator: Generator, stop: threading.Event | None = None
+) -> MediaStage:
+    """The media stage for a generator's rows: frames and pictures bounded as its model takes them."""
+    info = generator.vision_info
+    return MediaStage(work.media, work.base_dir, tmp, info.audio, info.max_pixels, stop)
 
 
 def generate_window(window: list[tuple[Job, Prepared | None]], generator: Generator
@@ -100,8 +108,7 @@ class LocalExecutor(Executor):
         super().__init__(config, work, tmp_dir, stop, generator)
         self.generator = generator(work.generation, stop)  # the models inspected, none loaded yet
         self.generator.load_drafter()  # a drafter that cannot pair with its target stops the run here
-        info = self.generator.vision_info
-        self.stage = MediaStage(work.media, work.base_dir, tmp_dir, info.audio, info.max_pixels, stop)
+        self.stage = media_stage(work, tmp_dir, self.generator, stop)
         self.pool = ThreadPoolExecutor(work.media.fetch_workers, thread_name_prefix="batchgen-media")
         self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
         self.near_misses: dict[str, int] = {}  # rows with a field one slip from a field of ours
@@ -144,7 +151,7 @@ class LocalExecutor(Executor):
     def generate(self, rows: Iterable[RawRow]) -> Batches:
         """Finished rows for these raw rows (a Ray actor's share, or the pending rows here)."""
         c = self.work
-        parsed = (parse_row(raw, c.defaults, c.prompt_template, c.columns)[0] for raw in rows)
+        parsed = (parse_job(raw, c) for raw in rows)
         jobs = (self._counted(self._redone(job)) for job in parsed)
         prefetcher = Prefetcher(jobs, self.stage, self.pool, c.window, stop=self.stop)
         prefetcher.start()

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..core.errors import plural
 from ..core.settings import RunConfig, WorkSettings, work_settings
 from ..generate.generator import GeneratorFactory
-from ..input.parse import parse_row
+from ..input.parse import parse_job
 from ..input.read import id_key
 from ..output.pending import Pending
 from .executor import Batches, Executor, ExecutorStats
@@ -74,10 +74,9 @@ class ModelPasses(Executor):
     def _owners(self, todo: Pending) -> dict[str, int]:
         """The pass of each pending row that names a model of the set other than --model's
         (the rest are the first pass's)."""
-        c = self.work
         owners: dict[str, int] = {}
         for raw in todo.rows():
-            job, _ = parse_row(raw, c.defaults, c.prompt_template, c.columns)
+            job = parse_job(raw, self.work)
             if job.model is not None and not job.error:
                 owner = self.config.model_paths.index(self.config.model_for(job.model))
                 if owner:

@@ -21,13 +21,12 @@ from ..core.records import Job, Media
 from ..core.settings import BASE_ADAPTER, RunConfig, WorkSettings, work_settings
 from ..generate.generator import Generator
 from ..generate.router import Plan
-from ..input.parse import parse_row
+from ..input.parse import parse_job
 from ..input.plan import Grouping
 from ..input.read import RawRow
 from ..media.resolve import MediaStage
-from ..output.resume import Resume
-from .local import generate_window
-from .start import open_job, writer_for
+from .local import generate_window, media_stage
+from .start import open_job, resume_of, writer_for
 
 __all__ = ["PlanReport", "Calibration", "plan_job"]
 
@@ -172,9 +171,7 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     index = open_job(config)
     scan_s = time.perf_counter() - started
     writer = writer_for(config, index)
-    resume = Resume(writer.peek(), writer.store, index, writer.settings, config.max_attempts,
-                    config.retry_failed, config.changed,
-                    config.redo_repetition is not None)  # fmt: skip
+    resume = resume_of(config, index, writer, writer.peek())
     grouping = Grouping(index, resume.done)
     if calibrate and config.models:
         raise ConfigError("--calibrate with --models: calibrate each model's rows in a plan of their own")
@@ -211,12 +208,11 @@ class _Planner:
 
     def __init__(self, work: WorkSettings, tmp: Path):
         self.generator = Generator(work.generation, threading.Event(), lazy=True)
-        info = self.generator.vision_info
-        self.stage = MediaStage(work.media, work.base_dir, tmp, info.audio, info.max_pixels)
+        self.stage = media_stage(work, tmp, self.generator)
 
 
 def _count(raw: RawRow, config: RunConfig, planners: dict[str, _Planner], counts: _Counts) -> None:
-    job, _ = parse_row(raw, config.defaults, config.prompt_template, config.columns)
+    job = parse_job(raw, config)
     if job.error:
         counts.failing["read"] += 1
         return
@@ -247,10 +243,9 @@ def _calibrate(work: WorkSettings, rows: list[RawRow], todo: int, scan_s: float)
     """Run `rows` for real (into no output) as Calibration says, and project the whole run."""
     generator = Generator(work.generation, threading.Event())
     half = max(1, len(rows) // 2)
-    jobs = [parse_row(r, work.defaults, work.prompt_template, work.columns)[0] for r in rows]
+    jobs = [parse_job(r, work) for r in rows]
     with tempfile.TemporaryDirectory(prefix="batchgen-calibrate-") as tmp:
-        info = generator.vision_info
-        stage = MediaStage(work.media, work.base_dir, Path(tmp), info.audio, info.max_pixels)
+        stage = media_stage(work, Path(tmp), generator)
         t0 = time.perf_counter()
         generator.load(vision=any(j.media for j in jobs), text=any(not j.media for j in jobs))
         load_s = time.perf_counter() - t0

@@ -41,7 +41,7 @@ from .executor import Executor
 from .local import LocalExecutor
 from .passes import ModelPasses
 from .ray import RayExecutor
-from .start import open_job, writer_for
+from .start import open_job, resume_of, writer_for
 from .summary import TRACE, Progress, RunSummary, finish
 
 __all__ = ["run", "record_row"]
@@ -178,9 +178,7 @@ def _run(
     config: RunConfig, index: JobIndex, executor: Executor, caller: _Caller, started: float
 ) -> RunSummary:
     writer = writer_for(config, index)
-    resume = Resume(writer.open(), writer.store, index, writer.settings, config.max_attempts,
-                    config.retry_failed, config.changed,
-                    config.redo_repetition is not None)  # fmt: skip
+    resume = resume_of(config, index, writer, writer.open())
     writer.expect(resume.pending)
     todo = resume.todo
     summary = RunSummary(output=str(config.output), job_rows=len(index.output_ids),

@@ -17,8 +17,8 @@ from ..input.plan import share_keys
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..output.openai_batch import BatchOutput
-from ..output.parts import partial_dir
-from ..output.resume import settings_of
+from ..output.parts import Earlier, partial_dir
+from ..output.resume import Resume, settings_of
 from ..output.run_files import OutputLock, errors_owned, errors_path, heartbeat_path
 from ..output.shards import MirroredShards, Shards
 from ..output.store import Store
@@ -34,7 +34,7 @@ from ..output.write import (
     stats_path,
 )
 
-__all__ = ["open_job", "writer_for", "check_paths", "check_columns"]
+__all__ = ["open_job", "writer_for", "resume_of", "check_paths", "check_columns"]
 
 
 def open_job(config: RunConfig) -> JobIndex:
@@ -50,6 +50,15 @@ def open_job(config: RunConfig) -> JobIndex:
     if config.shard is not None or config.limit is not None:
         index = index.narrow(config.shard, config.limit)
     return index
+
+
+def resume_of(config: RunConfig, index: JobIndex, writer: ResultWriter, earlier: Earlier) -> Resume:
+    """What earlier runs on the output leave this one to do, under its settings (`earlier`: the
+    output as the run opens it, or as a plan peeks at it)."""
+    c, redo_looped = config, config.redo_repetition is not None
+    return Resume(
+        earlier, writer.store, index, writer.settings, c.max_attempts, c.retry_failed, c.changed, redo_looped
+    )
 
 
 def writer_for(config: RunConfig, index: JobIndex) -> ResultWriter:

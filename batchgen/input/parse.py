@@ -9,7 +9,7 @@ import json
 import re
 import string
 from collections import Counter
-from typing import Any
+from typing import Any, Protocol
 
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of, with_tool_choice
 from ..core.errors import ConfigError, short
@@ -36,7 +36,17 @@ from .messages import (
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
 
-__all__ = ["parse_row", "asked", "shared_parts", "media_like", "template_fields", "near_miss", "FIELDS"]
+__all__ = [
+    "parse_row",
+    "parse_job",
+    "Reading",
+    "asked",
+    "shared_parts",
+    "media_like",
+    "template_fields",
+    "near_miss",
+    "FIELDS",
+]
 
 # Names of columns that usually hold media (img2dataset's `jpg`, web crawls' `url`): a row
 # without media beside one of them is probably a mapping the user forgot.
@@ -185,6 +195,24 @@ def parse_row(
         problem = ("row", f"cannot read it ({type(e).__name__}: {short(e)})")
         job = Job(index=row.index, id=row.id, line=row.line, error=problem[1])
         return job, [problem]
+
+
+class Reading(Protocol):
+    """What reading a row takes from a run's settings (a RunConfig or an executor's WorkSettings)."""
+
+    @property
+    def defaults(self) -> GenParams: ...
+
+    @property
+    def prompt_template(self) -> str | None: ...
+
+    @property
+    def columns(self) -> Columns: ...
+
+
+def parse_job(row: RawRow, settings: Reading) -> Job:
+    """A pending row's Job as the run reads it (its problems in `job.error`)."""
+    return parse_row(row, settings.defaults, settings.prompt_template, settings.columns)[0]
 
 
 def _parse_row(

@@ -20,18 +20,42 @@ if TYPE_CHECKING:
     from .execution.runner import run
     from .execution.summary import Progress, RunSummary
 
-__all__ = ["BatchgenError", "ConfigError", "JobFileError", "OutputLockedError", "Interrupted",
-           "FailFastError", "RunFailedError", "RunConfig", "RunSummary", "Progress", "build_config",
-           "run"]  # fmt: skip
+__all__ = [
+    "BatchgenError",
+    "ConfigError",
+    "JobFileError",
+    "OutputLockedError",
+    "Interrupted",
+    "FailFastError",
+    "RunFailedError",
+    "RunConfig",
+    "RunSummary",
+    "Progress",
+    "build_config",
+    "run",
+]
 __version__ = "0.1.0"
 
 # Loaded on first use: `batchgen status` and `--help` start without MLX and transformers.
 _HOMES = {
-    **dict.fromkeys(("BatchgenError", "ConfigError", "JobFileError", "OutputLockedError", "Interrupted",
-                     "FailFastError", "RunFailedError"), ".core.errors"),
-    "RunConfig": ".core.settings", "build_config": ".execution.config", "run": ".execution.runner",
-    "RunSummary": ".execution.summary", "Progress": ".execution.summary",
-}  # fmt: skip
+    **dict.fromkeys(
+        (
+            "BatchgenError",
+            "ConfigError",
+            "JobFileError",
+            "OutputLockedError",
+            "Interrupted",
+            "FailFastError",
+            "RunFailedError",
+        ),
+        ".core.errors",
+    ),
+    "RunConfig": ".core.settings",
+    "build_config": ".execution.config",
+    "run": ".execution.runner",
+    "RunSummary": ".execution.summary",
+    "Progress": ".execution.summary",
+}
 
 
 def __getattr__(name: str) -> Any:

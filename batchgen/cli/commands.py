@@ -62,8 +62,11 @@ def _crashed(e: Exception) -> None:
         where = f"full traceback in {path}"
     except OSError:
         where = "the traceback could not be saved"
-    say(f"error: internal error {type(e).__name__}: {short(e)} ({where}); finished rows are kept, "
-        "rerun to resume", "ERROR")  # fmt: skip
+    say(
+        f"error: internal error {type(e).__name__}: {short(e)} ({where}); finished rows are kept, "
+        "rerun to resume",
+        "ERROR",
+    )
     sys.exit(CRASH_EXIT)
 
 
@@ -71,9 +74,10 @@ def _crashed(e: Exception) -> None:
 @click.version_option(package_name="batchgen")
 @option("-v", "--verbose", count=True, help="More log lines: -v a line per window and lane, -vv per row.")
 @option(
-    "--log-level", type=click.Choice(["trace", "debug", "info", "warning", "error"]),
+    "--log-level",
+    type=click.Choice(["trace", "debug", "info", "warning", "error"]),
     help="batchgen's log level [info; -v debug, -vv trace]; other libraries log warnings.",
-)  # fmt: skip
+)
 def main(verbose: int, log_level: str | None) -> None:
     """Batch generation with MLX: a job in (JSONL, Parquet, CSV, an OpenAI Batch file, or a
     folder, glob or URI of such shards or of WebDataset tars), a Parquet of results out.
@@ -172,14 +176,21 @@ def _plan(job_file: str, output: str, calibrate: int = 0, as_json: bool = False,
 @option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Result Parquet.")
 @option("-p", "--prompt", "prompts", multiple=True, help="A question for every file (repeatable).")
 @option("--ext", "extensions", multiple=True, help="File extensions to take [common image and video ones].")
-@option("--write-captions", type=click.Choice(["txt", "imagefolder"]),
-              help="Then export: a .txt beside each image (prompts' answers joined by a space), or an "
-                   "imagefolder metadata.jsonl (see `export`).")  # fmt: skip
+@option(
+    "--write-captions",
+    type=click.Choice(["txt", "imagefolder"]),
+    help="Then export: a .txt beside each image (prompts' answers joined by a space), or an "
+    "imagefolder metadata.jsonl (see `export`).",
+)
 @caption_options
 def caption(
-    paths: tuple[str, ...], output: Path, prompts: tuple[str, ...], extensions: tuple[str, ...],
-    write_captions: str | None, **flags,
-):  # fmt: skip
+    paths: tuple[str, ...],
+    output: Path,
+    prompts: tuple[str, ...],
+    extensions: tuple[str, ...],
+    write_captions: str | None,
+    **flags,
+):
     """Caption image and video files: PATHS are files, folders (recursive) or globs; one row
     per file and prompt. A rerun skips files already captioned and takes new ones, and exits 1
     only for pictures that failed in it (--fail-on new, caption's default: a picture broken for
@@ -295,7 +306,7 @@ def env() -> None:
                 f"  LD_PRELOAD={e.faster_blas} OPENBLAS_NUM_THREADS=1 batchgen run ...",
                 "  (measured on a 2-core x86 box: captioning and text runs 2.3x faster, identical greedy",
                 "  tokens; old OpenBLAS builds miscompute on some CPUs: compare a few rows with and without)",
-            ]  # fmt: skip
+            ]
     click.echo("\n".join(lines))
 
 

@@ -113,8 +113,15 @@ class ProgressDisplay:
         if c.models:  # rows name theirs; those that name none run on --model's
             models = f"models {', '.join(name for name, _ in c.models)} (rows naming none: {c.model_name})"
         engine = f"ray, {c.workers} workers" if c.executor == "ray" else "local"
-        log.info("start: %s → %s · %s rows, %s to do · %s · engine %s", c.input, c.output,
-                 f"{report.summary.job_rows:,}", f"{report.total:,}", models, engine)  # fmt: skip
+        log.info(
+            "start: %s → %s · %s rows, %s to do · %s · engine %s",
+            c.input,
+            c.output,
+            f"{report.summary.job_rows:,}",
+            f"{report.total:,}",
+            models,
+            engine,
+        )
         if report.done_before and report.total:
             again = f", {report.retried:,} failed rows tried again" if report.retried else ""
             again += f", {report.redone:,} changed rows generated again" if report.redone else ""

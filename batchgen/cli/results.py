@@ -52,21 +52,41 @@ def inspect_results(results: Path, slowest: int, failed: bool, as_json: bool) ->
 )
 @option("-o", "--output", type=click.Path(path_type=Path), help="wide / jsonl: the file to write.")
 @option("--caption-extension", default=".txt", show_default=True, help="txt: the caption files' extension.")
-@option("--caption-name", type=click.Choice(["stem", "with-extension"]), default="stem", show_default=True,
-              help="txt: a.png's caption in a.txt, or in a.png.txt (two pictures share a stem).")  # fmt: skip
+@option(
+    "--caption-name",
+    type=click.Choice(["stem", "with-extension"]),
+    default="stem",
+    show_default=True,
+    help="txt: a.png's caption in a.txt, or in a.png.txt (two pictures share a stem).",
+)
 @option("--prompt", help="Only this prompt's answers (its number, from 0, or its text).")
 @option("--join", help="Every prompt's answers, in prompt order, joined by this.")
 @option("--field", help="A JSON-schema answer's field as the caption (a list of tags joined by ', ').")
 @option("--prefix", default="", help="Written before every caption (trigger words; include a separator).")
 @option("--suffix", default="", help="Written after every caption.")
-@option("--on-existing", type=click.Choice(["skip", "overwrite", "append", "prepend"]), default="skip",
-              show_default=True, help="txt: what to do with a caption file already there.")  # fmt: skip
-@option("--link", type=click.Choice(["copy", "hard", "symbolic"]), default="copy", show_default=True,
-              help="imagefolder --to: copies of the pictures (a reflink where the filesystem can), "
-                   "so editing them never touches the originals; or hard or symbolic links.")  # fmt: skip
-@option("--changed", type=click.Choice(["refuse", "keep"]), default="refuse", show_default=True,
-              help="A picture replaced since the run (a re-crop): leave it out, naming it (rerun with "
-                   "--changed redo to caption it again), or write its old caption anyway.")  # fmt: skip
+@option(
+    "--on-existing",
+    type=click.Choice(["skip", "overwrite", "append", "prepend"]),
+    default="skip",
+    show_default=True,
+    help="txt: what to do with a caption file already there.",
+)
+@option(
+    "--link",
+    type=click.Choice(["copy", "hard", "symbolic"]),
+    default="copy",
+    show_default=True,
+    help="imagefolder --to: copies of the pictures (a reflink where the filesystem can), "
+    "so editing them never touches the originals; or hard or symbolic links.",
+)
+@option(
+    "--changed",
+    type=click.Choice(["refuse", "keep"]),
+    default="refuse",
+    show_default=True,
+    help="A picture replaced since the run (a re-crop): leave it out, naming it (rerun with "
+    "--changed redo to caption it again), or write its old caption anyway.",
+)
 def export(results: Path, fmt: str, to: Path | None, output: Path | None, **options) -> None:
     """Write a results file's answers where training tools read them, one caption per image.
 
@@ -85,13 +105,19 @@ def export_results(results: Path, options: ExportOptions) -> None:
         summary = run_export(results, options)
     except BatchgenError as e:
         fail(e)
-    counts = ((summary.current, "up to date"), (summary.skipped, "already there, not batchgen's, kept"),
-              (len(summary.changed), "changed since the run"), (summary.failed, "failed"),
-              (summary.empty, "empty, not written"), (summary.missing, "media not found"),
-              (summary.remote, "fetched from a URL, no local file"),
-              (summary.as_bytes, "held as bytes, no file"), (summary.without_media, "without media"),
-              (len(summary.refused), "left alone"),
-              (len(summary.errors), "could not be written"))  # fmt: skip
+    counts = (
+        (summary.current, "up to date"),
+        (summary.skipped, "already there, not batchgen's, kept"),
+        (len(summary.changed), "changed since the run"),
+        (summary.failed, "failed"),
+        (summary.empty, "empty, not written"),
+        (summary.missing, "media not found"),
+        (summary.remote, "fetched from a URL, no local file"),
+        (summary.as_bytes, "held as bytes, no file"),
+        (summary.without_media, "without media"),
+        (len(summary.refused), "left alone"),
+        (len(summary.errors), "could not be written"),
+    )
     left = ", ".join(f"{n} {what}" for n, what in counts if n) or "nothing left out"
     how = {"copy": "copied", "hard": "hard-linked", "symbolic": "linked"}[options.link]
     pictures = f"; {summary.pictures} pictures {how} or written there" if summary.pictures else ""
@@ -106,8 +132,11 @@ def export_results(results: Path, options: ExportOptions) -> None:
             more = f" and {len(names) - 3} more" if len(names) > 3 else ""
             say(f"{label}: {'; '.join(names[:3])}{more}", "WARNING")
     if summary.skipped:
-        say(f"{summary.skipped} caption file(s) batchgen did not write (or edited since) kept as they are: "
-            "--on-existing overwrite replaces them", "WARNING")  # fmt: skip
+        say(
+            f"{summary.skipped} caption file(s) batchgen did not write (or edited since) kept as they are: "
+            "--on-existing overwrite replaces them",
+            "WARNING",
+        )
     if summary.note:
         say(summary.note)
     if not summary.ok:
@@ -117,11 +146,17 @@ def export_results(results: Path, options: ExportOptions) -> None:
 @click.command()
 @click.argument("results", type=click.Path(path_type=Path, exists=True))
 @option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The HTML page to write.")
-@option("--media-base", type=click.Path(path_type=Path, file_okay=False),
-              help="Folder the job's relative media paths start from [as the run recorded].")  # fmt: skip
-@option("--media-column", multiple=True,
-              help="Also show the pictures in this column (paths, URLs or bytes; repeatable) "
-                   "[image, images, the run's --image-column].")  # fmt: skip
+@option(
+    "--media-base",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Folder the job's relative media paths start from [as the run recorded].",
+)
+@option(
+    "--media-column",
+    multiple=True,
+    help="Also show the pictures in this column (paths, URLs or bytes; repeatable) "
+    "[image, images, the run's --image-column].",
+)
 def report(results: Path, output: Path, media_base: Path | None, media_column: tuple[str, ...]) -> None:
     """Write a self-contained HTML gallery of a results file, one card per picture."""
     from ..tools.gallery import write_gallery
@@ -133,20 +168,31 @@ def report(results: Path, output: Path, media_base: Path | None, media_column: t
     if missing:
         shown = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
         where = f"relative paths start at {base}" if base else "a remote job's local paths are not opened"
-        say(f"warning: {len(missing)} media not found, unreadable or refused: {shown} ({where}; "
-            "--media-base to change it)", "WARNING")  # fmt: skip
+        say(
+            f"warning: {len(missing)} media not found, unreadable or refused: {shown} ({where}; "
+            "--media-base to change it)",
+            "WARNING",
+        )
     if changed:
         shown = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
-        say(f"warning: {len(changed)} picture(s) changed since the run: {shown} (their cards say so: the "
-            "answers are the old picture's; rerun with --changed redo)", "WARNING")  # fmt: skip
+        say(
+            f"warning: {len(changed)} picture(s) changed since the run: {shown} (their cards say so: the "
+            "answers are the old picture's; rerun with --changed redo)",
+            "WARNING",
+        )
     say(f"wrote {output} ({cards} cards)")
 
 
 @click.command()
 @click.argument("parts", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True))
 @option("-o", "--output", type=click.Path(path_type=Path), required=True, help="The merged Parquet.")
-@option("--job", "job_file", type=click.Path(path_type=Path), required=True,
-              help="The job file the shards ran: it gives the order and the ids to expect.")  # fmt: skip
+@option(
+    "--job",
+    "job_file",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="The job file the shards ran: it gives the order and the ids to expect.",
+)
 @option("--format", "fmt", type=click.Choice(list(FORMATS)), help="Job file format.")
 def merge(parts: tuple[Path, ...], output: Path, job_file: Path, fmt: str | None) -> None:
     """Combine shard outputs (--shard i/N) into one, in job order; exit 1 if ids are missing

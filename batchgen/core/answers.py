@@ -25,10 +25,17 @@ MAX_FIELD_NAME = 100
 def _value_kind(values: list[object]) -> str:
     """The kind of an `enum` / `const`: one scalar type for all its values, else JSON."""
     kinds = {
-        "boolean" if isinstance(v, bool) else "integer" if isinstance(v, int)
-        else "number" if isinstance(v, float) else "string" if isinstance(v, str) else "json"
+        "boolean"
+        if isinstance(v, bool)
+        else "integer"
+        if isinstance(v, int)
+        else "number"
+        if isinstance(v, float)
+        else "string"
+        if isinstance(v, str)
+        else "json"
         for v in values
-    }  # fmt: skip
+    }
     if kinds == {"integer", "number"}:
         return "number"
     return kinds.pop() if len(kinds) == 1 else "json"

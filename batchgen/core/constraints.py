@@ -23,9 +23,19 @@ from .params import Problem, tool_problems
 from .records import Constraint, GenParams
 
 __all__ = [
-    "KINDS", "LIMITS", "TOOL_CALL_FORMAT", "CONSTRAINT_FIELDS", "tool_constraint", "with_tool_choice",
-    "constraint_of", "closed", "grammar", "check", "satisfied", "requested_kinds",
-]  # fmt: skip
+    "KINDS",
+    "LIMITS",
+    "TOOL_CALL_FORMAT",
+    "CONSTRAINT_FIELDS",
+    "tool_constraint",
+    "with_tool_choice",
+    "constraint_of",
+    "closed",
+    "grammar",
+    "check",
+    "satisfied",
+    "requested_kinds",
+]
 
 KINDS = ("json_schema", "json_object", "regex", "choice", "tool_call")
 
@@ -115,8 +125,12 @@ def closed(schema: Any) -> Any:
     return schema
 
 
-_COMPACT = {"item_separator": ", ", "key_separator": ": ", "whitespace_flexible": False,
-            "whitespace_pattern": ""}  # fmt: skip
+_COMPACT = {
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "whitespace_flexible": False,
+    "whitespace_pattern": "",
+}
 
 
 @functools.lru_cache(maxsize=1024)  # rows share a few constraints; a hostile job's many stay bounded
@@ -156,8 +170,13 @@ def with_tool_choice(
     if tool is None:
         return constraint
     if constraint is not None:
-        problems.append(("tool_choice", f"{p.tool_choice!r} constrains the answer to a tool call: give it or "
-                                        "an output constraint, not both"))  # fmt: skip
+        problems.append(
+            (
+                "tool_choice",
+                f"{p.tool_choice!r} constrains the answer to a tool call: give it or "
+                "an output constraint, not both",
+            )
+        )
         return None
     if why := check(tool):
         problems.append(("tools", f"the parameters cannot be compiled ({why})"))
@@ -169,10 +188,13 @@ def _tool_grammar(functions: list[dict[str, object]], markers: tuple[str, str]) 
     """One call in the JSON format, as Lark with a compact JSON schema per function."""
     alternatives = []
     for f in functions:
-        schema = {"type": "object", "properties": {"name": {"const": f["name"]},
-                                                    "arguments": closed(f["parameters"])},
-                  "required": ["name", "arguments"], "additionalProperties": False,
-                  "x-guidance": _COMPACT}  # fmt: skip
+        schema = {
+            "type": "object",
+            "properties": {"name": {"const": f["name"]}, "arguments": closed(f["parameters"])},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+            "x-guidance": _COMPACT,
+        }
         alternatives.append(f"%json {json.dumps(schema)}")
     lark = f'start: {markers[0]} "\\n" call "\\n" {markers[1]}\n'
     lark += "call: " + " | ".join(alternatives)

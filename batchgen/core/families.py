@@ -58,7 +58,7 @@ FAMILIES: dict[str, Family] = {
             "single",
             why_unbatched="its prompt prefix attends both ways, so padding and "
             "prefix snapshots change results",
-        ),  # fmt: skip
+        ),
     )
 }
 

@@ -53,9 +53,16 @@ class MemoryStats:
             for w, n in p.widths.items():
                 widths[int(w)] = widths.get(int(w), 0) + n
         ceilings = [p.ceiling for p in parts if p.ceiling is not None]
-        return cls(parts[0].budget, parts[0].how, parts[0].weights, min(ceilings) if ceilings else None,
-                   sum(p.out_of_memory for p in parts), sum(p.retried for p in parts),
-                   sum(p.too_big for p in parts), widths)  # fmt: skip
+        return cls(
+            parts[0].budget,
+            parts[0].how,
+            parts[0].weights,
+            min(ceilings) if ceilings else None,
+            sum(p.out_of_memory for p in parts),
+            sum(p.retried for p in parts),
+            sum(p.too_big for p in parts),
+            widths,
+        )
 
 
 @dataclass(slots=True)

@@ -186,54 +186,141 @@ class Param:
 MAX_REASONING = 32768
 
 PARAMS = (
-    Param("max_tokens", _rule(lambda v: is_int(v) and v >= 1, "a positive integer"),
-          "Most new tokens per row (capped at what the model's context leaves)", int,
-          ("max_tokens", "max_completion_tokens")),
-    Param("temperature", _rule(lambda v: is_number(v) and v >= 0, "a number >= 0", float),
-          "Sampling temperature; 0 is greedy", float, ("temperature",)),
-    Param("top_p", _rule(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]", float),
-          "Nucleus sampling", float, ("top_p",)),
-    Param("top_k", _rule(lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
-          "Top-k sampling; 0 is off", int, ("top_k",)),
-    Param("min_p", _rule(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", float),
-          "Min-p sampling", float, ("min_p",)),
-    Param("repetition_penalty", _rule(lambda v: is_number(v) and v > 0, "a number > 0", float),
-          "Repetition penalty; 1 is off", float, ("repetition_penalty",)),
-    Param("presence_penalty", _rule(is_number, "a number", float), "Presence penalty", float,
-          ("presence_penalty",)),
-    Param("frequency_penalty", _rule(is_number, "a number", float), "Frequency penalty", float,
-          ("frequency_penalty",)),
-    Param("logit_bias", _logit_bias, "Bias by token id, e.g. {\"42\": -100}", None, ("logit_bias",)),
-    Param("completions", _rule(lambda v: is_int(v) and 1 <= v <= _MOST_CHOICES,
-                               f"an integer in [1, {_MOST_CHOICES}]"),
-          "Completions per row (OpenAI's n)", int, ("n",)),
+    Param(
+        "max_tokens",
+        _rule(lambda v: is_int(v) and v >= 1, "a positive integer"),
+        "Most new tokens per row (capped at what the model's context leaves)",
+        int,
+        ("max_tokens", "max_completion_tokens"),
+    ),
+    Param(
+        "temperature",
+        _rule(lambda v: is_number(v) and v >= 0, "a number >= 0", float),
+        "Sampling temperature; 0 is greedy",
+        float,
+        ("temperature",),
+    ),
+    Param(
+        "top_p",
+        _rule(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]", float),
+        "Nucleus sampling",
+        float,
+        ("top_p",),
+    ),
+    Param(
+        "top_k",
+        _rule(lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
+        "Top-k sampling; 0 is off",
+        int,
+        ("top_k",),
+    ),
+    Param(
+        "min_p",
+        _rule(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", float),
+        "Min-p sampling",
+        float,
+        ("min_p",),
+    ),
+    Param(
+        "repetition_penalty",
+        _rule(lambda v: is_number(v) and v > 0, "a number > 0", float),
+        "Repetition penalty; 1 is off",
+        float,
+        ("repetition_penalty",),
+    ),
+    Param(
+        "presence_penalty",
+        _rule(is_number, "a number", float),
+        "Presence penalty",
+        float,
+        ("presence_penalty",),
+    ),
+    Param(
+        "frequency_penalty",
+        _rule(is_number, "a number", float),
+        "Frequency penalty",
+        float,
+        ("frequency_penalty",),
+    ),
+    Param("logit_bias", _logit_bias, 'Bias by token id, e.g. {"42": -100}', None, ("logit_bias",)),
+    Param(
+        "completions",
+        _rule(lambda v: is_int(v) and 1 <= v <= _MOST_CHOICES, f"an integer in [1, {_MOST_CHOICES}]"),
+        "Completions per row (OpenAI's n)",
+        int,
+        ("n",),
+    ),
     Param("stop", _stop, "Stop sequence (repeatable)", str, ("stop",)),
-    Param("seed", _rule(lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's range
-          "Sampling seed", int, ("seed",)),
+    Param(
+        "seed",
+        _rule(lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's range
+        "Sampling seed",
+        int,
+        ("seed",),
+    ),
     Param("system", _rule(lambda v: isinstance(v, str), "a string"), "System prompt", str),
-    Param("chat_template_kwargs", _rule(lambda v: isinstance(v, dict), "an object", dict),
-          "Chat template keywords", None, ("chat_template_kwargs",)),
-    Param("logprobs", _rule(lambda v: isinstance(v, bool), "true or false"),
-          "Record each generated token's log-probability (a logprobs column)", bool, ("logprobs",)),
-    Param("top_logprobs", _rule(lambda v: is_int(v) and 0 <= v <= _MOST_TOP, f"an integer in [0, {_MOST_TOP}]"),  # noqa: E501
-          "... and its k likeliest alternatives", int, ("top_logprobs",)),
+    Param(
+        "chat_template_kwargs",
+        _rule(lambda v: isinstance(v, dict), "an object", dict),
+        "Chat template keywords",
+        None,
+        ("chat_template_kwargs",),
+    ),
+    Param(
+        "logprobs",
+        _rule(lambda v: isinstance(v, bool), "true or false"),
+        "Record each generated token's log-probability (a logprobs column)",
+        bool,
+        ("logprobs",),
+    ),
+    Param(
+        "top_logprobs",
+        _rule(lambda v: is_int(v) and 0 <= v <= _MOST_TOP, f"an integer in [0, {_MOST_TOP}]"),  # noqa: E501
+        "... and its k likeliest alternatives",
+        int,
+        ("top_logprobs",),
+    ),
     Param("choices_to_score", _answers, "An answer to score (repeatable): choice_scores", str),
-    Param("score_only", _rule(lambda v: isinstance(v, bool), "true or false"),
-          "Score the row's choices or text without generating", bool),
-    Param("stop_repetition", _loop_span,
-          "End a row whose last N tokens repeat a cycle of up to 32 tokens (finish_reason repetition, "
-          "its text up to the first repeat); 0 is off", int),
-    Param("thinking", _on_off,
-          "on / off: a thinking model reasons before answering (its template's enable_thinking, or "
-          "an empty closed block); unset, on for a thinking model, as mlx-lm renders it", str),
-    Param("reasoning_budget", _rule(lambda v: is_int(v) and 0 <= v <= MAX_REASONING,
-                                    f"an integer from 0 to {MAX_REASONING:,} (the most allowed)"),
-          "A thinking model's most reasoning tokens: then its end marker is written and the answer "
-          "gets max_tokens", int, ("reasoning_budget", "thinking_token_budget")),
+    Param(
+        "score_only",
+        _rule(lambda v: isinstance(v, bool), "true or false"),
+        "Score the row's choices or text without generating",
+        bool,
+    ),
+    Param(
+        "stop_repetition",
+        _loop_span,
+        "End a row whose last N tokens repeat a cycle of up to 32 tokens (finish_reason repetition, "
+        "its text up to the first repeat); 0 is off",
+        int,
+    ),
+    Param(
+        "thinking",
+        _on_off,
+        "on / off: a thinking model reasons before answering (its template's enable_thinking, or "
+        "an empty closed block); unset, on for a thinking model, as mlx-lm renders it",
+        str,
+    ),
+    Param(
+        "reasoning_budget",
+        _rule(
+            lambda v: is_int(v) and 0 <= v <= MAX_REASONING,
+            f"an integer from 0 to {MAX_REASONING:,} (the most allowed)",
+        ),
+        "A thinking model's most reasoning tokens: then its end marker is written and the answer "
+        "gets max_tokens",
+        int,
+        ("reasoning_budget", "thinking_token_budget"),
+    ),
     Param("tools", _tools, "OpenAI function tools, given to the chat template", None, ("tools",)),
-    Param("tool_choice", _tool_choice, "auto, none, required or a function: its call constrained", None,
-          ("tool_choice",)),
-)  # fmt: skip
+    Param(
+        "tool_choice",
+        _tool_choice,
+        "auto, none, required or a function: its call constrained",
+        None,
+        ("tool_choice",),
+    ),
+)
 
 NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells
 OPENAI_FIELDS = {field: p.name for p in PARAMS for field in p.openai}  # body field → parameter

@@ -88,8 +88,12 @@ class Columns:
 
     def named(self) -> list[tuple[str, str]]:
         """(flag, column) for each mapped column."""
-        pairs = [("--id-column", self.id), ("--prompt-column", self.prompt), ("--system-column", self.system),
-                 ("--score-column", self.score)]  # fmt: skip
+        pairs = [
+            ("--id-column", self.id),
+            ("--prompt-column", self.prompt),
+            ("--system-column", self.system),
+            ("--score-column", self.score),
+        ]
         pairs += [("--image-column", c) for c in self.image] + [("--video-column", c) for c in self.video]
         return [(flag, c) for flag, c in pairs if c]
 
@@ -283,8 +287,12 @@ KV_GROUPS = (32, 64, 128)
 # Settings whose flag (and preset key) is named otherwise than their field.
 FLAG_NAMES = {"executor": "engine"}
 # The settings that name one of a few ways, and those ways.
-_CHOICES = {"changed": ("refuse", "redo", "keep"), "executor": ("local", "ray"),
-            "fail_on": ("any", "new", "none"), "result_columns": ("all", "slim")}  # fmt: skip
+_CHOICES = {
+    "changed": ("refuse", "redo", "keep"),
+    "executor": ("local", "ray"),
+    "fail_on": ("any", "new", "none"),
+    "result_columns": ("all", "slim"),
+}
 
 
 def _number(value: object, kind: type | tuple[type, ...]) -> bool:

@@ -25,9 +25,25 @@ def is_uri(text: str) -> bool:
 # the URL policy media go through, so they are refused, in a chain (`zip://...::http://...`)
 # as anywhere else.
 STORAGE_PROTOCOLS = frozenset(
-    {"s3", "s3a", "gs", "gcs", "hf", "az", "abfs", "abfss", "adl", "file", "local",
-     "zip", "tar", "simplecache", "filecache", "blockcache"}
-)  # fmt: skip
+    {
+        "s3",
+        "s3a",
+        "gs",
+        "gcs",
+        "hf",
+        "az",
+        "abfs",
+        "abfss",
+        "adl",
+        "file",
+        "local",
+        "zip",
+        "tar",
+        "simplecache",
+        "filecache",
+        "blockcache",
+    }
+)
 
 
 def checked_location(given: str, role: str) -> str:

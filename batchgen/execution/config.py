@@ -31,8 +31,14 @@ from ..core.settings import (
 )
 from ..core.uris import checked_location, is_uri
 
-__all__ = ["find_preset", "load_preset", "read_settings_file", "read_json_settings", "build_config",
-           "build_columns"]  # fmt: skip
+__all__ = [
+    "find_preset",
+    "load_preset",
+    "read_settings_file",
+    "read_json_settings",
+    "build_config",
+    "build_columns",
+]
 
 PROJECT_CONFIGS = Path(__file__).resolve().parents[2] / "configs"  # a checkout's presets
 

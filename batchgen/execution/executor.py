@@ -47,12 +47,19 @@ class ExecutorStats:
         gens = [p.generation for p in parts]
         caches = [g.cache for g in gens if g.cache is not None]
         generation = GenerationStats(
-            CacheStats.added(caches) if caches else None, sum(g.max_tokens_capped for g in gens),
-            _add([g.one_at_a_time for g in gens]), MemoryStats.added([g.memory for g in gens]),
-            sum(g.adapter_switches for g in gens), sum(g.model_loads for g in gens),
-        )  # fmt: skip
-        return cls(MediaStats.added([p.media for p in parts]), generation,
-                   _add([p.unused_media for p in parts]), _add([p.near_misses for p in parts]))  # fmt: skip
+            CacheStats.added(caches) if caches else None,
+            sum(g.max_tokens_capped for g in gens),
+            _add([g.one_at_a_time for g in gens]),
+            MemoryStats.added([g.memory for g in gens]),
+            sum(g.adapter_switches for g in gens),
+            sum(g.model_loads for g in gens),
+        )
+        return cls(
+            MediaStats.added([p.media for p in parts]),
+            generation,
+            _add([p.unused_media for p in parts]),
+            _add([p.near_misses for p in parts]),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -62,9 +69,14 @@ class ExecutorStats:
         gen = value["generation"]
         cache, memory = gen.get("cache"), dict(gen.get("memory") or {})
         memory["widths"] = {int(w): n for w, n in (memory.get("widths") or {}).items()}  # JSON keys are text
-        generation = GenerationStats(CacheStats(**cache) if cache else None, gen["max_tokens_capped"],
-                                     gen["one_at_a_time"], MemoryStats(**memory),
-                                     gen.get("adapter_switches", 0), gen.get("model_loads", 0))  # fmt: skip
+        generation = GenerationStats(
+            CacheStats(**cache) if cache else None,
+            gen["max_tokens_capped"],
+            gen["one_at_a_time"],
+            MemoryStats(**memory),
+            gen.get("adapter_switches", 0),
+            gen.get("model_loads", 0),
+        )
         return cls(MediaStats(**value["media"]), generation, value["unused_media"], value["near_misses"])
 
 
@@ -73,8 +85,14 @@ class Executor(ABC):
     `stop` ends the run between two lists (the caller commits what came out before). Every
     executor is made the same way; `generator` makes the generator wherever rows run."""
 
-    def __init__(self, config: RunConfig, work: WorkSettings, tmp_dir: Path, stop: threading.Event,
-                 generator: GeneratorFactory = Generator):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        work: WorkSettings,
+        tmp_dir: Path,
+        stop: threading.Event,
+        generator: GeneratorFactory = Generator,
+    ):
         self.config, self.work, self.tmp_dir, self.stop = config, work, tmp_dir, stop
         self.make_generator = generator
 

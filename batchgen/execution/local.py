@@ -54,7 +54,10 @@ def _result(job: Job, prepared: Prepared | None, outcome: Generated | RowError) 
             result.reasoning, result.tool_calls = gen.reasoning, gen.tool_calls
             result.logprobs, result.choice_scores = gen.logprobs, gen.choice_scores
             result.score_logprob, result.score_mean, result.score_tokens = (
-                gen.score_logprob, gen.score_mean, gen.score_tokens)  # fmt: skip
+                gen.score_logprob,
+                gen.score_mean,
+                gen.score_tokens,
+            )
             for name in TOTALS:
                 setattr(result, name, getattr(gen, name))
     if error is not None:
@@ -71,8 +74,9 @@ def media_stage(
     return MediaStage(work.media, work.base_dir, tmp, info.audio, info.max_pixels, stop)
 
 
-def generate_window(window: list[tuple[Job, Prepared | None]], generator: Generator
-                    ) -> Iterator[list[tuple[Job, Result]]]:  # fmt: skip
+def generate_window(
+    window: list[tuple[Job, Prepared | None]], generator: Generator
+) -> Iterator[list[tuple[Job, Result]]]:
     """Results for a window of rows, a list at a time: the rows that failed before generation
     (reading, media, planning), then the generated rows as they finish."""
     failed: list[tuple[Job, Result]] = []
@@ -103,8 +107,14 @@ class LocalExecutor(Executor):
     A set `stop` ends the wait for media at once and generation between decode steps
     (StopRequested); the caller commits what came out before."""
 
-    def __init__(self, config: RunConfig, work: WorkSettings, tmp_dir: Path, stop: threading.Event,
-                 generator: GeneratorFactory = Generator):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        work: WorkSettings,
+        tmp_dir: Path,
+        stop: threading.Event,
+        generator: GeneratorFactory = Generator,
+    ):
         super().__init__(config, work, tmp_dir, stop, generator)
         self.generator = generator(work.generation, stop)  # the models inspected, none loaded yet
         self.generator.load_drafter()  # a drafter that cannot pair with its target stops the run here
@@ -127,12 +137,20 @@ class LocalExecutor(Executor):
             self.unused_media[name] = self.unused_media.get(name, 0) + 1
         if job.asked_model and not self.said_model:
             self.said_model = True
-            log.warning("%s: body.model %r is not used: the rows run on %s", job.where, job.asked_model[:80],
-                        self.generator.model_for(job))  # fmt: skip
+            log.warning(
+                "%s: body.model %r is not used: the rows run on %s",
+                job.where,
+                job.asked_model[:80],
+                self.generator.model_for(job),
+            )
         for name in job.near_misses:
             if name not in self.near_misses:  # the first row with it: said at once, counted at the end
-                log.warning("%s: field %r is not one batchgen reads; did you mean %r? (kept as data)",
-                            job.where, name, near_miss(name))  # fmt: skip
+                log.warning(
+                    "%s: field %r is not one batchgen reads; did you mean %r? (kept as data)",
+                    job.where,
+                    name,
+                    near_miss(name),
+                )
             self.near_misses[name] = self.near_misses.get(name, 0) + 1
         return job
 
@@ -142,9 +160,14 @@ class LocalExecutor(Executor):
         if self.config.plan_horizon:  # rows sharing a picture or prefix brought together over the job
             grouping = Grouping(todo.index, todo.done)
             f = grouping.figures
-            log.info("plan: %s to do, %s in %s sharing a picture or prefix (largest %s), %s alone",
-                     plural(f.rows, "row"), f"{f.grouped:,}", plural(f.groups, "group"), f"{f.largest:,}",
-                     f"{f.alone:,}")  # fmt: skip
+            log.info(
+                "plan: %s to do, %s in %s sharing a picture or prefix (largest %s), %s alone",
+                plural(f.rows, "row"),
+                f"{f.grouped:,}",
+                plural(f.groups, "group"),
+                f"{f.largest:,}",
+                f"{f.alone:,}",
+            )
             rows = grouping.ordered(rows, self.config.plan_horizon * 2**20, self.work.window)
         return self.generate(rows)
 
@@ -167,15 +190,19 @@ class LocalExecutor(Executor):
             if self.stop.is_set():  # a download the stop cut short is no row's failure: the rows run again
                 return
             least, patience = batch_size, 0.0
-            log.debug("window: %d rows (%d with media, %d failed before generation)", len(window),
-                      sum(bool(job.media) for job, _ in window),
-                      sum(bool(job.error or (p is not None and p.error)) for job, p in window))  # fmt: skip
+            log.debug(
+                "window: %d rows (%d with media, %d failed before generation)",
+                len(window),
+                sum(bool(job.media) for job, _ in window),
+                sum(bool(job.error or (p is not None and p.error)) for job, p in window),
+            )
             for done in generate_window(window, self.generator):
                 yield [Finished(job.raw, job.where, result) for job, result in done]
 
     def stats(self) -> ExecutorStats:
-        return ExecutorStats(self.stage.stats(), self.generator.stats(), dict(self.unused_media),
-                             dict(self.near_misses))  # fmt: skip
+        return ExecutorStats(
+            self.stage.stats(), self.generator.stats(), dict(self.unused_media), dict(self.near_misses)
+        )
 
     def close(self) -> None:
         # Downloads in flight are abandoned, not awaited: Ctrl-C must not wait on a server.

@@ -84,8 +84,11 @@ class PlanReport:
         return self.reused_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "rows_per_picture": round(self.rows_per_picture, 3),
-                "reused_share": round(self.reused_share, 4)}  # fmt: skip
+        return {
+            **asdict(self),
+            "rows_per_picture": round(self.rows_per_picture, 3),
+            "reused_share": round(self.reused_share, 4),
+        }
 
     def lines(self) -> list[str]:
         """The report as a person reads it."""
@@ -106,12 +109,16 @@ class PlanReport:
         if self.failing:
             out.append("fail before generating: " + ", ".join(f"{s} {n:,}" for s, n in self.failing.items()))
         if (c := self.calibration) is not None:
-            out.append(f"calibration: {c.rows} rows, {c.row_s:.2f} s a row ({c.prefill_s:.2f} s prefill, "
-                       f"{c.decode_s:.2f} s decode; +{c.once_s:.1f} s once, {c.load_s:.1f} s model load); "
-                       f"projected run: {_duration(c.projected_s)}")  # fmt: skip
+            out.append(
+                f"calibration: {c.rows} rows, {c.row_s:.2f} s a row ({c.prefill_s:.2f} s prefill, "
+                f"{c.decode_s:.2f} s decode; +{c.once_s:.1f} s once, {c.load_s:.1f} s model load); "
+                f"projected run: {_duration(c.projected_s)}"
+            )
         elif self.todo:
-            out.append("time: not projected (the weights are not read); --calibrate N generates N rows "
-                       "and projects the run's wall time from them")  # fmt: skip
+            out.append(
+                "time: not projected (the weights are not read); --calibrate N generates N rows "
+                "and projects the run's wall time from them"
+            )
         out.append(f"planned in {self.plan_s:.1f} s")
         return out
 
@@ -192,11 +199,23 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     for planner in planners.values():
         one_at_a_time.update(planner.generator.stats().one_at_a_time)
     report = PlanReport(
-        len(index.output_ids), resume.todo, resume.done_before, f.grouped, f.groups, len(counts.pictures),
-        len(counts.clips), counts.media_rows, counts.prompt_tokens, counts.media_tokens, counts.reused,
-        dict(counts.lanes), dict(counts.models), dict(counts.adapters), dict(one_at_a_time),
+        len(index.output_ids),
+        resume.todo,
+        resume.done_before,
+        f.grouped,
+        f.groups,
+        len(counts.pictures),
+        len(counts.clips),
+        counts.media_rows,
+        counts.prompt_tokens,
+        counts.media_tokens,
+        counts.reused,
+        dict(counts.lanes),
+        dict(counts.models),
+        dict(counts.adapters),
+        dict(one_at_a_time),
         dict(counts.failing),
-    )  # fmt: skip
+    )
     report.plan_s = time.perf_counter() - started
     if first:
         report.calibration = _calibrate(works[config.model], first, resume.todo, scan_s)

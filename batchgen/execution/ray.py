@@ -117,8 +117,10 @@ def pending_items(todo: Pending, per_item: int) -> list[Item]:
 
 def _absolute(source: Source) -> Source:
     """The source with local paths made absolute: actors do not share the driver's folder."""
-    shards = tuple(s if is_uri(s.path) else dataclasses.replace(s, path=str(Path(s.path).resolve()))
-                   for s in source.shards)  # fmt: skip
+    shards = tuple(
+        s if is_uri(s.path) else dataclasses.replace(s, path=str(Path(s.path).resolve()))
+        for s in source.shards
+    )
     base = str(Path(source.base).resolve()) if source.base is not None else None
     return dataclasses.replace(source, shards=shards, base=base)
 
@@ -130,8 +132,13 @@ def wanted_rows(first: int, want: bytes) -> list[int]:
 class RowWorker:
     """A Ray actor: loads the models once, then reads and runs batches of items."""
 
-    def __init__(self, config: RunConfig, source: Source, tmp_root: str | None = None,
-                 generator: GeneratorFactory = Generator):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        source: Source,
+        tmp_root: str | None = None,
+        generator: GeneratorFactory = Generator,
+    ):
         for shard in source.shards:  # a shared folder or a copy: Ray Data's own readers ask the same
             path = Path(shard.path)
             if not is_uri(shard.path) and not (path.is_file() and path.stat().st_size == shard.size):
@@ -196,8 +203,13 @@ def _start_ray(config: RunConfig, temp_dir: str) -> bool:
         else:
             # More logical CPUs than actors: actors holding every CPU would starve Ray's read task.
             cpus = max(os.cpu_count() or 1, config.workers) + 2
-            ray.init(num_cpus=cpus, include_dashboard=False, _temp_dir=temp_dir,
-                     logging_level=logging.WARNING, log_to_driver=False)  # fmt: skip
+            ray.init(
+                num_cpus=cpus,
+                include_dashboard=False,
+                _temp_dir=temp_dir,
+                logging_level=logging.WARNING,
+                log_to_driver=False,
+            )
     finally:
         if threading.current_thread() is threading.main_thread():
             for sig, handler in handlers.items():
@@ -210,8 +222,14 @@ class RayExecutor(Executor):
     """The pending rows in, results out, like LocalExecutor; the rows are read and run in Ray
     actors (the driver loads no model). A set `stop` ends the run between two result batches."""
 
-    def __init__(self, config: RunConfig, work: WorkSettings, tmp_dir: Path, stop: threading.Event,
-                 generator: GeneratorFactory = Generator):  # fmt: skip
+    def __init__(
+        self,
+        config: RunConfig,
+        work: WorkSettings,
+        tmp_dir: Path,
+        stop: threading.Event,
+        generator: GeneratorFactory = Generator,
+    ):
         try:
             import ray  # noqa: F401
         except ImportError as e:
@@ -249,13 +267,17 @@ class RayExecutor(Executor):
             source = _absolute(todo.index.source)  # type: ignore[arg-type]
             results = ds.map_batches(
                 RowWorker,
-                fn_constructor_kwargs=dict(config=c, source=source, tmp_root=temp_dir if local else None,
-                                           generator=self.make_generator),
+                fn_constructor_kwargs=dict(
+                    config=c,
+                    source=source,
+                    tmp_root=temp_dir if local else None,
+                    generator=self.make_generator,
+                ),
                 compute=ActorPoolStrategy(size=min(c.workers, blocks)),
                 batch_size=per_batch,
                 batch_format="pyarrow",
                 num_cpus=0.5,  # fractional: leaves room for Ray's own tasks
-            )  # fmt: skip
+            )
             try:
                 for batch in results.iter_batches(batch_format="pyarrow", batch_size=None):
                     if self.stop.is_set():

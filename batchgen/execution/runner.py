@@ -60,8 +60,11 @@ def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config
         )
     writer.add(done.values, result)
     if log.isEnabledFor(TRACE):
-        what = f"{result.completion_tokens} tokens, {result.finish_reason}" if result.status == "ok" else (
-            f"{result.error_stage}: {result.error}")  # fmt: skip
+        what = (
+            f"{result.completion_tokens} tokens, {result.finish_reason}"
+            if result.status == "ok"
+            else (f"{result.error_stage}: {result.error}")
+        )
         log.log(TRACE, "row %s: %s, %s (%.0f ms)", done.where, result.status, what, result.generate_ms)
     summary.generated += 1
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
@@ -181,10 +184,13 @@ def _run(
     resume = resume_of(config, index, writer, writer.open())
     writer.expect(resume.pending)
     todo = resume.todo
-    summary = RunSummary(output=str(config.output), job_rows=len(index.output_ids),
-                         dropped_columns=sorted(writer.skip),
-                         private_urls_allowed=config.media.allow_private_urls,
-                         looped_again=len(resume.pending.looped))  # fmt: skip
+    summary = RunSummary(
+        output=str(config.output),
+        job_rows=len(index.output_ids),
+        dropped_columns=sorted(writer.skip),
+        private_urls_allowed=config.media.allow_private_urls,
+        looped_again=len(resume.pending.looped),
+    )
 
     def report(rows: int, cache: CacheStats | None) -> Progress:
         elapsed = time.perf_counter() - started
@@ -203,10 +209,16 @@ def _run(
 
 
 def _generate(
-    config: RunConfig, executor: Executor, caller: _Caller, resume: Resume, writer: ResultWriter,
-    summary: RunSummary, report: Callable[[int, CacheStats | None], Progress], tick: Callable[[float], None],
+    config: RunConfig,
+    executor: Executor,
+    caller: _Caller,
+    resume: Resume,
+    writer: ResultWriter,
+    summary: RunSummary,
+    report: Callable[[int, CacheStats | None], Progress],
+    tick: Callable[[float], None],
     clock: _Clock,
-) -> set:  # fmt: skip
+) -> set:
     """The pending rows through the executor, committed batch by batch until done, stopped or
     out of time; the executor's figures into `summary`. Returns the ids this run failed."""
     this_run: set = set()  # apart from earlier runs' failures
@@ -306,8 +318,19 @@ def _conclude(
         # Nothing to do (a cron rerun): the last real run's figures stay, the no-op is noted.
         try:
             previous = json.loads(writer.store.read_text(path))
-            kept = ("rows", "ok", "failed", "failed_now", "failed_earlier", "job_rows", "pending", "complete",
-                    "time_limited", "errors_file", "errors_sha256")  # fmt: skip
+            kept = (
+                "rows",
+                "ok",
+                "failed",
+                "failed_now",
+                "failed_earlier",
+                "job_rows",
+                "pending",
+                "complete",
+                "time_limited",
+                "errors_file",
+                "errors_sha256",
+            )
             now = {k: figures[k] for k in kept}
             figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         except (OSError, ValueError):

@@ -65,14 +65,27 @@ def writer_for(config: RunConfig, index: JobIndex) -> ResultWriter:
     """The run's writer, in the output's layout, with the OpenAI Batch file as a sink if asked
     (a plan only peeks at what it holds)."""
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
-    options = WriteOptions(config.flush_rows, config.flush_seconds, config.shard_rows, config.overwrite,
-                           config.left_out, _answer_columns(config, index))  # fmt: skip
+    options = WriteOptions(
+        config.flush_rows,
+        config.flush_seconds,
+        config.shard_rows,
+        config.overwrite,
+        config.left_out,
+        _answer_columns(config, index),
+    )
     layout: type[ResultWriter] = SingleFile
     if config.output_shards:  # a folder job (of several job files) gets a shard per job file
         layout = MirroredShards if index.source is not None and index.source.folder else Shards
     sinks = [BatchOutput(config.openai_output)] if config.openai_output is not None else []
-    return layout(config.output, index, settings_of(config), options, skip=dropped,
-                  about=_about(config, index, dropped), sinks=sinks)  # fmt: skip
+    return layout(
+        config.output,
+        index,
+        settings_of(config),
+        options,
+        skip=dropped,
+        about=_about(config, index, dropped),
+        sinks=sinks,
+    )
 
 
 def check_paths(config: RunConfig, source: Source) -> None:
@@ -119,8 +132,11 @@ def _check_errors(errors: Path, config: RunConfig, written: list[tuple[Path, str
     failed, before). Before any work, so nothing is lost."""
     output, sharded = Path(config.output), config.output_shards
     where = errors.resolve()
-    own = [(Path(heartbeat_path(output, sharded)), "the heartbeat"), (OutputLock(output).path, "the lock"),
-           *(pair for pair in written if pair[1] != "--errors-file")]  # fmt: skip
+    own = [
+        (Path(heartbeat_path(output, sharded)), "the heartbeat"),
+        (OutputLock(output).path, "the lock"),
+        *(pair for pair in written if pair[1] != "--errors-file"),
+    ]
     for path, what in own:
         if where == path.resolve() or what == "the parts folder" and where.is_relative_to(path.resolve()):
             raise ConfigError(f"--errors-file {errors}: is {what} of this run; choose another name")
@@ -153,8 +169,11 @@ def check_columns(config: RunConfig, index: JobIndex) -> None:
     file's: a typo stops the run before any work, listing the columns there are."""
     if not index.ids:
         return
-    named = [*config.columns.named(), *(("--keep-columns", c) for c in config.keep_columns),
-             *(("--drop-columns", c) for c in config.drop_columns)]  # fmt: skip
+    named = [
+        *config.columns.named(),
+        *(("--keep-columns", c) for c in config.keep_columns),
+        *(("--drop-columns", c) for c in config.drop_columns),
+    ]
     if config.prompt_template is not None:
         named += [("--prompt-template", name) for name in template_fields(config.prompt_template)]
     missing = [f"{flag} {name!r}" for flag, name in named if name not in index.columns]
@@ -192,14 +211,16 @@ def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes,
         about[TEMPLATE_KEY] = config.prompt_template
     source = index.source
     local = source if source is not None and base is not None else None
-    about[JOB_KEY] = json.dumps({  # the gallery shows pictures the output does not carry (bytes) from here
-        "path": str(Path(local.given).resolve()) if local is not None else None,
-        "format": source.format if source is not None else None,
-        "id_column": config.columns.id,
-        "prompt": config.columns.prompt,  # the gallery and export read each row's question as the run did
-        "system": config.columns.system,
-        "image": list(config.columns.image),
-        "video": list(config.columns.video),
-        "not_carried": sorted(dropped),  # the columns only the job holds (a dataset's image bytes)
-    })  # fmt: skip
+    about[JOB_KEY] = json.dumps(
+        {  # the gallery shows pictures the output does not carry (bytes) from here
+            "path": str(Path(local.given).resolve()) if local is not None else None,
+            "format": source.format if source is not None else None,
+            "id_column": config.columns.id,
+            "prompt": config.columns.prompt,  # the gallery and export read each row's question as the run did
+            "system": config.columns.system,
+            "image": list(config.columns.image),
+            "video": list(config.columns.video),
+            "not_carried": sorted(dropped),  # the columns only the job holds (a dataset's image bytes)
+        }
+    )
     return about

@@ -14,8 +14,7 @@ from ..core.budget import human_bytes
 from ..core.errors import gist, plural
 from ..core.figures import GROUPED_BY, MAX_GROUPS, CacheStats, MediaStats, MemoryStats, RowGroup
 
-__all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE", "FAILED_EXIT",
-           "INCOMPLETE_EXIT"]  # fmt: skip
+__all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE", "FAILED_EXIT", "INCOMPLETE_EXIT"]
 
 FAILED_EXIT = 1  # failed rows (which ones count: --fail-on)
 INCOMPLETE_EXIT = 4  # rows left to do (--limit, --time-limit), under --require-complete

@@ -10,8 +10,20 @@ from typing import Any, cast
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-__all__ = ["ints", "floats", "int_rows", "float_rows", "scalar", "parameters", "load_lm", "Model",
-           "Tokenizer", "Processor", "TemplateOwner", "ModelConfig"]  # fmt: skip
+__all__ = [
+    "ints",
+    "floats",
+    "int_rows",
+    "float_rows",
+    "scalar",
+    "parameters",
+    "load_lm",
+    "Model",
+    "Tokenizer",
+    "Processor",
+    "TemplateOwner",
+    "ModelConfig",
+]
 
 # The engines type none of these (their attributes differ by family): the one place they are Any.
 Model = Any  # an mlx-lm or mlx-vlm model: an mlx.nn.Module of its family

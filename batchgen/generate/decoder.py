@@ -87,10 +87,18 @@ class DecodeBatch:
     """
 
     def __init__(
-        self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
-        prefixes: PrefixCache | None, watch: Watch | None, width: int | None, tokenizer: Tokenizer,
-        memory: tuple[Memory, Footprint | None] | None = None, kv: KVQuant | None = None,
-    ):  # fmt: skip
+        self,
+        adapter: Adapter,
+        seqs: list[Sequence],
+        eos: set[int],
+        decode: Callable[[list[int]], str],
+        prefixes: PrefixCache | None,
+        watch: Watch | None,
+        width: int | None,
+        tokenizer: Tokenizer,
+        memory: tuple[Memory, Footprint | None] | None = None,
+        kv: KVQuant | None = None,
+    ):
         self.adapter, self.seqs, self.eos, self.decode, self.prefixes = adapter, seqs, eos, decode, prefixes
         self.memory, self.kv = memory, kv
         self.watch = watch or Watch()

@@ -25,8 +25,19 @@ from .memory import device_memory
 
 __all__ = ["Environment", "environment"]
 
-_PACKAGES = ("batchgen", "mlx", "mlx-lm", "mlx-vlm", "transformers", "tokenizers", "llguidance", "pyarrow",
-             "pillow", "opencv-python", "ray")  # fmt: skip
+_PACKAGES = (
+    "batchgen",
+    "mlx",
+    "mlx-lm",
+    "mlx-vlm",
+    "transformers",
+    "tokenizers",
+    "llguidance",
+    "pyarrow",
+    "pillow",
+    "opencv-python",
+    "ray",
+)
 
 
 @dataclass(slots=True)
@@ -53,8 +64,13 @@ def _version(name: str) -> str | None:
 
 def _loaded_libraries() -> list[str]:
     try:
-        return sorted({line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines()
-                       if line.endswith(".so") or ".so." in line.rsplit("/", 1)[-1]})  # fmt: skip
+        return sorted(
+            {
+                line.split()[-1]
+                for line in Path("/proc/self/maps").read_text().splitlines()
+                if line.endswith(".so") or ".so." in line.rsplit("/", 1)[-1]
+            }
+        )
     except OSError:
         return []
 
@@ -80,9 +96,12 @@ def environment() -> Environment:
     metal = getattr(mx, "metal", None)
     cuda = getattr(mx, "cuda", None)
     backend = (
-        "metal" if metal is not None and metal.is_available()
-        else "cuda" if cuda is not None and cuda.is_available() else "cpu"
-    )  # fmt: skip
+        "metal"
+        if metal is not None and metal.is_available()
+        else "cuda"
+        if cuda is not None and cuda.is_available()
+        else "cpu"
+    )
     env = Environment(
         platform=platform.platform(),
         python=platform.python_version(),
@@ -93,8 +112,11 @@ def environment() -> Environment:
     env.memory_budget, env.memory_how = device_memory()
     if sys.platform.startswith("linux") and backend == "cpu":
         mlx_dir = Path(mx.__file__).resolve().parents[1]  # site-packages: mlx/, mlx_cpu.libs/
-        ours = [p for p in _loaded_libraries()
-                if "blas" in Path(p).name.lower() and p.startswith(str(mlx_dir)) and "mlx" in p]  # fmt: skip
+        ours = [
+            p
+            for p in _loaded_libraries()
+            if "blas" in Path(p).name.lower() and p.startswith(str(mlx_dir)) and "mlx" in p
+        ]
         env.blas = ours[0] if ours else None
         env.reference_blas = env.blas is not None and "openblas" not in Path(env.blas).name
         env.preloaded = "openblas" in os.environ.get("LD_PRELOAD", "")

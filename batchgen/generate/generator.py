@@ -92,8 +92,13 @@ class Generator:
     """Rows in, `Generated` out, over the run's models and lanes. `stop` ends a batch between
     decode steps (StopRequested); `lazy` inspects and plans without reading weights (`plan`)."""
 
-    def __init__(self, settings: GenerationSettings, stop: threading.Event, router: Router | None = None,
-                 lazy: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        settings: GenerationSettings,
+        stop: threading.Event,
+        router: Router | None = None,
+        lazy: bool = False,
+    ):
         self.settings = settings
         self.router = router if router is not None else Router.from_settings(settings, stop, lazy)
 
@@ -175,8 +180,13 @@ class Generator:
                     done = []
             if log.isEnabledFor(logging.DEBUG):
                 lane = plans[run[0]].lane.name if run else "-"
-                log.debug("lane %s: %d rows, %d completion tokens in %.1f s", lane, len(run), tokens,
-                          time.perf_counter() - started)  # fmt: skip
+                log.debug(
+                    "lane %s: %d rows, %d completion tokens in %.1f s",
+                    lane,
+                    len(run),
+                    tokens,
+                    time.perf_counter() - started,
+                )
             if done:
                 yield done
 
@@ -209,9 +219,13 @@ class Generator:
         r = self.router
         memory = r.memory.stats if r.memory is not None else MemoryStats()
         return GenerationStats(
-            r.prefixes.stats() if r.prefixes is not None else None, r.capped, dict(r.one_at_a_time),
-            dataclasses.replace(memory, widths=dict(memory.widths)), r.adapter_switches, r.model_loads,
-        )  # fmt: skip
+            r.prefixes.stats() if r.prefixes is not None else None,
+            r.capped,
+            dict(r.one_at_a_time),
+            dataclasses.replace(memory, widths=dict(memory.widths)),
+            r.adapter_switches,
+            r.model_loads,
+        )
 
 
 # How an executor makes its generator: `Generator` itself, or a test's scripted one.
@@ -227,19 +241,28 @@ def _joined(outcomes: list[Generation | RowError]) -> Generation | RowError:
     if len(gens) < len(outcomes):
         return next(o for o in outcomes if isinstance(o, RowError))
     return dataclasses.replace(
-        gens[0], completion_tokens=sum(g.completion_tokens for g in gens),
+        gens[0],
+        completion_tokens=sum(g.completion_tokens for g in gens),
         reasoning_tokens=sum(g.reasoning_tokens for g in gens),
-        mtp_drafts=sum(g.mtp_drafts for g in gens), mtp_accepted=sum(g.mtp_accepted for g in gens),
+        mtp_drafts=sum(g.mtp_drafts for g in gens),
+        mtp_accepted=sum(g.mtp_accepted for g in gens),
         capped=any(g.capped for g in gens),
-    )  # fmt: skip
+    )
 
 
 def _choices(gens: list[Generation | RowError]) -> str:
     """Every completion of a row, as the `choices` column's JSON."""
-    return json.dumps([
-        {"text": g.text, "finish_reason": g.finish_reason, "completion_tokens": g.completion_tokens,
-         **({"reasoning": g.reasoning} if g.reasoning is not None else {}),
-         **({"tool_calls": g.tool_calls} if g.tool_calls else {}),
-         **({"logprobs": g.logprobs} if g.logprobs is not None else {})}
-        for g in gens if isinstance(g, Generation)
-    ])  # fmt: skip
+    return json.dumps(
+        [
+            {
+                "text": g.text,
+                "finish_reason": g.finish_reason,
+                "completion_tokens": g.completion_tokens,
+                **({"reasoning": g.reasoning} if g.reasoning is not None else {}),
+                **({"tool_calls": g.tool_calls} if g.tool_calls else {}),
+                **({"logprobs": g.logprobs} if g.logprobs is not None else {}),
+            }
+            for g in gens
+            if isinstance(g, Generation)
+        ]
+    )

@@ -29,8 +29,17 @@ __all__ = ["Models", "SharedImages", "SHARED_IMAGE_BYTES", "mend_processor"]
 
 log = logging.getLogger(__name__)
 
-_TEXT_ONLY_KWARGS = frozenset({"padding", "padding_side", "truncation", "max_length", "add_special_tokens",
-                               "pad_to_multiple_of", "return_attention_mask"})  # fmt: skip
+_TEXT_ONLY_KWARGS = frozenset(
+    {
+        "padding",
+        "padding_side",
+        "truncation",
+        "max_length",
+        "add_special_tokens",
+        "pad_to_multiple_of",
+        "return_attention_mask",
+    }
+)
 
 
 SHARED_IMAGE_BYTES = 256 * 2**20  # processed pixels kept for rows sharing their images
@@ -266,8 +275,10 @@ class Models:
                 # TypeError in a model class): mlx-vlm, which loads it, serves the text rows.
                 log.warning(
                     "mlx-lm cannot load %s (%s: %s); text rows use mlx-vlm",
-                    self.text_info.name, type(e).__name__, short(e),
-                )  # fmt: skip
+                    self.text_info.name,
+                    type(e).__name__,
+                    short(e),
+                )
                 self.text_on_vlm = True
                 return None
             self.loads += 1

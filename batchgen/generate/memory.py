@@ -35,16 +35,26 @@ from .arrays import Model, parameters
 from .loading import Models
 from .prefix_cache import PrefixCache
 
-__all__ = ["Footprint", "Memory", "PREFILL_STEP", "batch_need", "device_memory", "footprint", "out_of_memory",
-           "weights_bytes", "wired"]  # fmt: skip
+__all__ = [
+    "Footprint",
+    "Memory",
+    "PREFILL_STEP",
+    "batch_need",
+    "device_memory",
+    "footprint",
+    "out_of_memory",
+    "weights_bytes",
+    "wired",
+]
 
 CPU_SHARE = 0.6  # `auto` on the CPU backend: this share of RAM (media decoding and Python keep the rest)
 COPIES = 3  # the joiners' own caches, the merged batch cache, and its grown copy
 STEP = 256  # mlx's KV caches grow this many tokens at a time
 PREFILL_STEP = 2048  # tokens per prefill forward (the decoder's): bounds activation memory on long prompts
 LOWER = 0.75  # after an out-of-memory, the batch bytes that failed times this is the new ceiling
-_OOM = re.compile(r"malloc\]|out of memory|outofmemory|insufficient memory|resource limit|unable to allocate",
-                  re.IGNORECASE)  # fmt: skip
+_OOM = re.compile(
+    r"malloc\]|out of memory|outofmemory|insufficient memory|resource limit|unable to allocate", re.IGNORECASE
+)
 
 
 def out_of_memory(e: BaseException) -> bool:

@@ -22,9 +22,20 @@ _VISION_KEYS = (
 _AUDIO_KEYS = ("audio_config", "audio_tower", "audio_token_id", "audio_token_index")
 _VIDEO_KEYS = ("video_token_id", "video_token_index")
 _VLM_NAME_HINTS = (
-    "-vl", "vl-", "llava", "idefics", "paligemma", "gemma-3", "pixtral", "molmo",
-    "phi-3-vision", "internvl", "minicpm-v", "florence", "deepseek-vl",
-)  # fmt: skip
+    "-vl",
+    "vl-",
+    "llava",
+    "idefics",
+    "paligemma",
+    "gemma-3",
+    "pixtral",
+    "molmo",
+    "phi-3-vision",
+    "internvl",
+    "minicpm-v",
+    "florence",
+    "deepseek-vl",
+)
 
 
 @dataclass(frozen=True, slots=True)

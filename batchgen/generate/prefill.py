@@ -22,8 +22,9 @@ __all__ = ["prefill", "prefill_but_last", "feed_tails"]
 _SHORT_TAIL = 32  # prompt tokens after the last boundary that go through with the last token
 
 
-def prefill(adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch,
-            kv: KVQuant | None = None) -> tuple[Cache, int]:  # fmt: skip
+def prefill(
+    adapter: Adapter, seq: Sequence, prefixes: PrefixCache | None, watch: Watch, kv: KVQuant | None = None
+) -> tuple[Cache, int]:
     """Resume from the longest cached prefix and fill the row's cache up to its tail, storing
     the row's boundaries on the way; return the cache and where the tail starts. The tail,
     whose logits are wanted, is left for `feed_tails`, which feeds rows' tails together."""
@@ -90,7 +91,8 @@ def feed_tails(
             yield ids, logits, merge_caches([cache])
             continue
         merged = merge_caches([cache for _, cache, _, _ in group])
-        logits = adapter.forward_batch([seqs[i] for i in ids], merged, [a for *_, a, _ in group],
-                                       [e for *_, e in group])  # fmt: skip
+        logits = adapter.forward_batch(
+            [seqs[i] for i in ids], merged, [a for *_, a, _ in group], [e for *_, e in group]
+        )
         mx.eval(logits)
         yield ids, logits, merged

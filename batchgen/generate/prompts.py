@@ -13,8 +13,19 @@ from .arrays import ModelConfig, TemplateOwner, Tokenizer
 from .models import ModelInfo
 from .reasoning import markers_of
 
-__all__ = ["END_OF_TURN", "apply_template", "render", "template_of", "template_kwargs", "text_only",
-           "template_parts", "frames_as_images", "message_bounds", "after_media", "check_length"]  # fmt: skip
+__all__ = [
+    "END_OF_TURN",
+    "apply_template",
+    "render",
+    "template_of",
+    "template_kwargs",
+    "text_only",
+    "template_parts",
+    "frames_as_images",
+    "message_bounds",
+    "after_media",
+    "check_length",
+]
 
 END_OF_TURN = "<|im_end|>"  # Qwen-style templates end a turn here even when eos differs
 
@@ -125,9 +136,13 @@ def template_parts(messages: list[Message]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for m in messages:
         content = m["content"]
-        shown: str | list[dict[str, Any]] = content if isinstance(content, str) else [
-            {**p, "content": p["text"]} if p["type"] == "text" else {"type": p["type"]} for p in content
-        ]  # fmt: skip
+        shown: str | list[dict[str, Any]] = (
+            content
+            if isinstance(content, str)
+            else [
+                {**p, "content": p["text"]} if p["type"] == "text" else {"type": p["type"]} for p in content
+            ]
+        )
         out.append({"role": m["role"], "content": shown})
     return out
 

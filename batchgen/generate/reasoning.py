@@ -205,8 +205,14 @@ class Thinking:
     With a budget, `max_tokens` (the row's own, before `budgeted`) is the answer's: it counts
     from the token after the end marker, however early the row closed its block."""
 
-    def __init__(self, markers: Markers, part: Part, budget: int | None, mask: Masking | None = None,
-                 max_tokens: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        markers: Markers,
+        part: Part,
+        budget: int | None,
+        mask: Masking | None = None,
+        max_tokens: int | None = None,
+    ):
         self.markers, self.part, self.budget, self.mask = markers, part, budget, mask
         self.answer_max = (
             max_tokens - _room(budget, markers, part) if budget is not None and max_tokens else None

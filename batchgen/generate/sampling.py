@@ -99,9 +99,12 @@ def _position_key(seed: int, position: int) -> int:
 
 
 def logits_processors_for(
-    p: GenParams, tokenizer: Tokenizer = None, eos: set[int] | None = None, markers: Markers | None = None,
+    p: GenParams,
+    tokenizer: Tokenizer = None,
+    eos: set[int] | None = None,
+    markers: Markers | None = None,
     part: Part = "answer",
-) -> list[Callable]:  # fmt: skip
+) -> list[Callable]:
     """The row's penalties and biases (mlx-lm's), then its output constraint's mask, which
     needs the tokenizer and the end tokens it allows once the output is complete; a row that
     may reason (`part`) gets them through its Thinking, which keeps the mask for the answer and
@@ -159,8 +162,10 @@ def token_logprobs(
         mx.eval(chosen, top, values)
         rows = zip(int_rows(top), float_rows(values), ks, strict=True)
         # a token a constraint masked has logprob -inf: no alternative (and no number JSON can hold)
-        tops = [sorted(((u, x) for u, x in zip(t, v, strict=True) if x > -math.inf), key=lambda x: -x[1])[:n]
-                for t, v, n in rows]  # fmt: skip
+        tops = [
+            sorted(((u, x) for u, x in zip(t, v, strict=True) if x > -math.inf), key=lambda x: -x[1])[:n]
+            for t, v, n in rows
+        ]
     else:
         mx.eval(chosen)
         tops = [[] for _ in picked]
@@ -174,10 +179,14 @@ def logprob_records(
 ) -> list[TokenLogprobs]:
     """The `logprobs` column of a row: per generated token its text, id, logprob and top alternatives."""
     return [
-        {"token": decode([t]), "id": t, "logprob": lp,
-         "top_logprobs": [{"token": decode([u]), "id": u, "logprob": v} for u, v in top]}
+        {
+            "token": decode([t]),
+            "id": t,
+            "logprob": lp,
+            "top_logprobs": [{"token": decode([u]), "id": u, "logprob": v} for u, v in top],
+        }
         for t, (lp, top) in zip(tokens, logprobs, strict=True)
-    ]  # fmt: skip
+    ]
 
 
 MAX_PERIOD = 32  # the longest cycle the loop stop looks for, in tokens

@@ -62,9 +62,14 @@ class Scores:
 
 
 def score(
-    adapter: Adapter, seq: Sequence, answers: list[list[int]], prefixes: PrefixCache | None, watch: Watch,
-    lead: list[int] | None = None, kv: KVQuant | None = None,
-) -> list[float]:  # fmt: skip
+    adapter: Adapter,
+    seq: Sequence,
+    answers: list[list[int]],
+    prefixes: PrefixCache | None,
+    watch: Watch,
+    lead: list[int] | None = None,
+    kv: KVQuant | None = None,
+) -> list[float]:
     """Each answer's total log-probability after the row's prompt and `lead` (tokens every
     answer follows without being scored: a thinking model's closed block). With `kv`, on the
     row's quantized cache: a quantized cache quantizes a pass's own keys before they are
@@ -84,8 +89,12 @@ def score(
         n = max(len(ans) - 1 for _, ans in part)
         feed = mx.array([ans[:-1] + [0] * (n + 1 - len(ans)) for _, ans in part])
         target = mx.array([ans[1:] + [0] * (n + 1 - len(ans)) for _, ans in part])
-        mask = mx.array([[float(k >= len(lead)) for k in range(1, len(ans))] + [0.0] * (n + 1 - len(ans))
-                         for _, ans in part])  # fmt: skip
+        mask = mx.array(
+            [
+                [float(k >= len(lead)) for k in range(1, len(ans))] + [0.0] * (n + 1 - len(ans))
+                for _, ans in part
+            ]
+        )
         lp = log_softmax(adapter.continue_all(seq, merge_caches([copy.deepcopy(cache) for _ in part]), feed))
         picked = mx.take_along_axis(lp, target[..., None], axis=-1)[..., 0]
         for (j, _), total in zip(part, floats((picked * mask).sum(axis=-1)), strict=True):
@@ -95,9 +104,16 @@ def score(
 
 
 def score_row(
-    adapter: Adapter, seq: Sequence, scoring: Scoring, tokenizer: Tokenizer, eos: set[int],
-    prefixes: PrefixCache | None, watch: Watch, context: int | None, kv: KVQuant | None = None,
-) -> Scores:  # fmt: skip
+    adapter: Adapter,
+    seq: Sequence,
+    scoring: Scoring,
+    tokenizer: Tokenizer,
+    eos: set[int],
+    prefixes: PrefixCache | None,
+    watch: Watch,
+    context: int | None,
+    kv: KVQuant | None = None,
+) -> Scores:
     """A row's choices and text scored; an answer past the model's context is the row's error.
     A thinking model's row that would reason first scores its answers after its prompt with
     thinking off (`seq.scored_after`: exactly what the template writes then, its cached prefix

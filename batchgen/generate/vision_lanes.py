@@ -36,8 +36,14 @@ class _MediaLane(BatchedLane):
 
     adapter: type[VLMAdapter] = VLMAdapter
 
-    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
-                 memory: Memory | None = None, kv: KVQuant | None = None):  # fmt: skip
+    def __init__(
+        self,
+        models: Models,
+        info: ModelInfo,
+        prefixes: PrefixCache | None = None,
+        memory: Memory | None = None,
+        kv: KVQuant | None = None,
+    ):
         super().__init__(models, info, None if kv else prefixes, memory)
         self.kv = kv
 
@@ -50,10 +56,13 @@ class _MediaLane(BatchedLane):
         prompt = render(processor, messages, job.params)
         check_length(prompt, None, self.info)
         inputs = prepare_inputs(
-            processor, images=media.images or None, videos=media.videos or None, prompts=prompt,
+            processor,
+            images=media.images or None,
+            videos=media.videos or None,
+            prompts=prompt,
             image_token_index=getattr(model.config, "image_token_index", None),
             add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
-        )  # fmt: skip
+        )
         ids = inputs["input_ids"][0].tolist()
         check_length(prompt, ids, self.info)
         return model, processor, inputs, ids
@@ -76,8 +85,14 @@ class VisionLane(_MediaLane):
 
     name = "vlm"
 
-    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
-                 memory: Memory | None = None, kv: KVQuant | None = None):  # fmt: skip
+    def __init__(
+        self,
+        models: Models,
+        info: ModelInfo,
+        prefixes: PrefixCache | None = None,
+        memory: Memory | None = None,
+        kv: KVQuant | None = None,
+    ):
         super().__init__(models, info, prefixes, memory, kv)
         self._features: Memo[mx.array] = Memo(64)  # vision-tower outputs by image digests
         self._layouts: Memo[tuple[mx.array, int]] = Memo(64)  # mRoPE positions up to the last media

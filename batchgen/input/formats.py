@@ -131,8 +131,9 @@ def _capped(batch: pa.RecordBatch, policy: ReadPolicy) -> tuple[pa.RecordBatch, 
         if not pc.any(over).as_py():
             continue
         for i in pc.indices_nonzero(over).to_pylist():
-            problems.setdefault(i, f"column {name!r}: {lengths[i].as_py():,} bytes, over the {kind} cap "
-                                   f"({cap:,} bytes)")  # fmt: skip
+            problems.setdefault(
+                i, f"column {name!r}: {lengths[i].as_py():,} bytes, over the {kind} cap ({cap:,} bytes)"
+            )
         columns[k] = pc.if_else(over, pa.nulls(len(column), column.type), column)
     return (pa.RecordBatch.from_arrays(columns, schema=batch.schema) if problems else batch), problems
 

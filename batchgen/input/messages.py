@@ -7,8 +7,15 @@ from __future__ import annotations
 from ..core.params import Problem
 from ..core.records import MediaKind, MediaRef, Message, Part
 
-__all__ = ["PART_TYPES", "source_of", "media_values", "part_reference", "messages_of", "attach_flat_media",
-           "in_slot_order"]  # fmt: skip
+__all__ = [
+    "PART_TYPES",
+    "source_of",
+    "media_values",
+    "part_reference",
+    "messages_of",
+    "attach_flat_media",
+    "in_slot_order",
+]
 
 # OpenAI content-part types and (kind, key holding the reference).
 PART_TYPES: dict[str, tuple[MediaKind, str]] = {
@@ -39,9 +46,12 @@ def media_values(name: str, value: object, problems: list[Problem]) -> list[str 
     sources = [source_of(v) for v in values]
     if not sources or not all(sources):
         problems.append(
-            (name, f"expected a URL, path, data URL, bytes or {{bytes, path}} struct, or a list of them, "
-                   f"got {_shown(value)}")
-        )  # fmt: skip
+            (
+                name,
+                f"expected a URL, path, data URL, bytes or {{bytes, path}} struct, or a list of them, "
+                f"got {_shown(value)}",
+            )
+        )
         return []
     return sources  # type: ignore[return-value]
 

@@ -25,7 +25,7 @@ def row_id(value: dict[str, object]) -> object:
 # Body fields that do not change the answer: taken and left alone.
 _HARMLESS = {"model", "user", "metadata", "store", "service_tier", "messages"}
 # Fields whose default (or these values) asks nothing of the engine; any other value is refused.
-_ONLY_DEFAULT = {"stream": (False,), "parallel_tool_calls": (True, False)}  # fmt: skip
+_ONLY_DEFAULT = {"stream": (False,), "parallel_tool_calls": (True, False)}
 _TAKEN = {"response_format"}  # carried to the row as they are (parse.constraint_of reads it)
 
 
@@ -49,8 +49,12 @@ def from_batch_request(value: dict[str, object]) -> tuple[dict[str, object] | No
             if field is None:
                 continue
             if param in named and row[param] != field:  # max_tokens beside max_completion_tokens
-                problems.append((f"body.{name}", f"{field!r:.30} but body.{named[param]} is "
-                                                 f"{row[param]!r:.30}: give one of them"))  # fmt: skip
+                problems.append(
+                    (
+                        f"body.{name}",
+                        f"{field!r:.30} but body.{named[param]} is {row[param]!r:.30}: give one of them",
+                    )
+                )
             row[param], named[param] = field, name
         elif name in _TAKEN:
             row[name] = field

@@ -21,7 +21,7 @@ from ..core.params import (
     check_params,
     is_int,
     is_number,
-)  # fmt: skip
+)
 from ..core.records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef, Scoring
 from ..core.settings import SET_NAME, Columns
 from .messages import (
@@ -50,14 +50,41 @@ __all__ = [
 
 # Names of columns that usually hold media (img2dataset's `jpg`, web crawls' `url`): a row
 # without media beside one of them is probably a mapping the user forgot.
-_MEDIA_NAMES = {"jpg", "jpeg", "png", "webp", "img", "image_url", "image_path", "image_bytes", "url", "mp4",
-                "video_url", "picture", "photo"}  # fmt: skip
+_MEDIA_NAMES = {
+    "jpg",
+    "jpeg",
+    "png",
+    "webp",
+    "img",
+    "image_url",
+    "image_path",
+    "image_bytes",
+    "url",
+    "mp4",
+    "video_url",
+    "picture",
+    "photo",
+}
 
 
 # Every field a row's value can give batchgen: its parts, its parameters, its constraint.
-FIELDS = frozenset({"id", "prompt", "messages", *MEDIA_COLUMNS, *(p.name for p in PARAMS), *OPENAI_FIELDS,
-                    *CONSTRAINT_FIELDS, "video_fps", "video_max_frames", "choices_to_score",
-                    "score_text", "adapter", "model"})  # fmt: skip
+FIELDS = frozenset(
+    {
+        "id",
+        "prompt",
+        "messages",
+        *MEDIA_COLUMNS,
+        *(p.name for p in PARAMS),
+        *OPENAI_FIELDS,
+        *CONSTRAINT_FIELDS,
+        "video_fps",
+        "video_max_frames",
+        "choices_to_score",
+        "score_text",
+        "adapter",
+        "model",
+    }
+)
 
 
 def _scoring(
@@ -72,8 +99,12 @@ def _scoring(
         given = json.loads(constraint.spec)
         choices = given if len(given) <= MOST_SCORED else None  # a longer list constrains, unscored
         if choices is None and params.score_only:
-            problems.append(("score_only", f"a guided_choice of {len(given):,} choices is over the "
-                                           f"{MOST_SCORED} that can be scored"))  # fmt: skip
+            problems.append(
+                (
+                    "score_only",
+                    f"a guided_choice of {len(given):,} choices is over the {MOST_SCORED} that can be scored",
+                )
+            )
     twice = [c for c, n in Counter(choices or ()).items() if n > 1]
     if twice:
         problems.append(("guided_choice", f"{twice[0]!r:.60} given twice: give each answer once"))
@@ -133,8 +164,12 @@ def _mapped(value: dict[str, object], columns: Columns, problems: list[Problem])
     """The row under batchgen's own column names: the mapped id, prompt and system columns,
     and the mapped media columns in place of `image(s)` / `video(s)`."""
     out = dict(value)
-    for key, name in (("id", columns.id), ("prompt", columns.prompt), ("system", columns.system),
-                      ("score_text", columns.score)):  # fmt: skip
+    for key, name in (
+        ("id", columns.id),
+        ("prompt", columns.prompt),
+        ("system", columns.system),
+        ("score_text", columns.score),
+    ):
         if name:
             out[key] = value.get(name)
     for kind, names in (("image", columns.image), ("video", columns.video)):

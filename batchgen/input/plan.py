@@ -100,9 +100,11 @@ class Grouping:
         del rows, inverse, renumber
         self.size = counts[shared].astype(np.int64)
         self.figures = PlanFigures(
-            pending, int(shared.sum()), int(counts[shared].sum()),
+            pending,
+            int(shared.sum()),
+            int(counts[shared].sum()),
             int(counts.max()) if counts.size else 0,
-        )  # fmt: skip
+        )
         positions = index.rows.positions
         self._positions = np.asarray(positions, dtype=np.int64) if positions is not None else None
 

@@ -121,8 +121,13 @@ def resolve(given: str | Path, fmt: str | None = None) -> Source:
         found = ", ".join(f"{len(v)} {k}" for k, v in sorted(kinds.items()))
         raise JobFileError(f"{given}: shards of several formats ({found}); pass --format to choose one")
     ((kind, shards),) = kinds.items()
-    return Source(given, kind, tuple(Shard(p, n, s) for p, n, s in sorted(shards, key=lambda e: e[1])),
-                  _base(given, is_dir=not _GLOB.search(given)), folder=True)  # fmt: skip
+    return Source(
+        given,
+        kind,
+        tuple(Shard(p, n, s) for p, n, s in sorted(shards, key=lambda e: e[1])),
+        _base(given, is_dir=not _GLOB.search(given)),
+        folder=True,
+    )
 
 
 def _base(given: str, is_dir: bool) -> str | None:
@@ -146,8 +151,10 @@ def _listed_local(given: str) -> list[tuple[str, str, int]]:
     if _GLOB.search(given):
         root = Path(_fixed(given))
         matched = sorted(glob_files(given))  # a bounded walk: a symlink loop cannot hang it
-        return [(str(p), str(p.relative_to(root)) if p.is_relative_to(root) else str(p), p.stat().st_size)
-                for p in matched]  # fmt: skip
+        return [
+            (str(p), str(p.relative_to(root)) if p.is_relative_to(root) else str(p), p.stat().st_size)
+            for p in matched
+        ]
     if path.is_dir():
         out = []
         for p in sorted(files_under(path)):

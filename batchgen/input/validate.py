@@ -155,8 +155,10 @@ def _said(
         said = f"in {plural(n, 'row')}, not one batchgen reads (did you mean {meant!r}? it is kept as data)"
         yield Finding(str(file), f"field {name!r}", said, warning=True)
     for name, n in unused.items():
-        said = (f"looks like media, beside {plural(n, 'row')} without media; --image-column {name} or "
-                f"--video-column {name} to use it")  # fmt: skip
+        said = (
+            f"looks like media, beside {plural(n, 'row')} without media; --image-column {name} or "
+            f"--video-column {name} to use it"
+        )
         yield Finding(str(file), f"column {name!r}", said, warning=True)
     groups.clear()
     slips.clear()

@@ -55,9 +55,13 @@ def _frame_count(path: Path) -> int:
 
 
 def extract_frames(
-    path: Path, fps: float, min_frames: int, max_frames: int, max_pixels: int | None = None,
+    path: Path,
+    fps: float,
+    min_frames: int,
+    max_frames: int,
+    max_pixels: int | None = None,
     budget: int | None = None,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Frames as a (T, H, W, 3) uint8 RGB array.
 
     Frames larger than `max_pixels` (what the model takes) are downscaled as they are read,

@@ -66,9 +66,14 @@ class MediaStage:
     """The run's media resolver: one fetcher, decode memos, a bound on CPU-heavy work."""
 
     def __init__(
-        self, config: MediaConfig, base_dir: Path | None, tmp_dir: Path, audio_from_video: bool = False,
-        model_pixels: int | None = None, stop: threading.Event | None = None,
-    ):  # fmt: skip
+        self,
+        config: MediaConfig,
+        base_dir: Path | None,
+        tmp_dir: Path,
+        audio_from_video: bool = False,
+        model_pixels: int | None = None,
+        stop: threading.Event | None = None,
+    ):
         self.config = config
         self.tmp_dir = tmp_dir
         self.fetcher = Fetcher(config, base_dir, tmp_dir, stop)
@@ -83,9 +88,16 @@ class MediaStage:
     def stats(self) -> MediaStats:
         f = self.fetcher
         return MediaStats(
-            f.downloads, f.download_bytes, f.retries, f.url_reuses, f.cache_hits,
-            self.images.misses, self.images.hits, self.frames.misses, self.frames.hits,
-        )  # fmt: skip
+            f.downloads,
+            f.download_bytes,
+            f.retries,
+            f.url_reuses,
+            f.cache_hits,
+            self.images.misses,
+            self.images.hits,
+            self.frames.misses,
+            self.frames.hits,
+        )
 
     def resolve(self, job: Job) -> Prepared:
         """Never raises for a row problem: the failure comes back in `Prepared.error`, named
@@ -127,8 +139,11 @@ class MediaStage:
         data = ref.source if isinstance(ref.source, bytes) else ref.source.encode()
         cap = self.config.caps.of(ref.kind)
         if len(ref.source) > cap:
-            raise RowError("fetch", f"{describe(ref.source)}: {len(ref.source):,} bytes is over the "
-                                    f"{ref.kind} cap ({cap:,} bytes)")  # fmt: skip
+            raise RowError(
+                "fetch",
+                f"{describe(ref.source)}: {len(ref.source):,} bytes is over the "
+                f"{ref.kind} cap ({cap:,} bytes)",
+            )
         return Fetched(ref, data=data)
 
     def _budget_left(self, out: Prepared) -> int:
@@ -197,8 +212,23 @@ class MediaStage:
         out = self.tmp_dir / f"{item.digest}.wav"
         if self._ffmpeg is None:
             return None
-        cmd = [self._ffmpeg, "-nostdin", "-v", "error", "-y", "-i", str(self._on_disk(item)),
-               "-vn", "-ac", "1", "-ar", "16000", "-f", "wav", str(out)]  # fmt: skip
+        cmd = [
+            self._ffmpeg,
+            "-nostdin",
+            "-v",
+            "error",
+            "-y",
+            "-i",
+            str(self._on_disk(item)),
+            "-vn",
+            "-ac",
+            "1",
+            "-ar",
+            "16000",
+            "-f",
+            "wav",
+            str(out),
+        ]
         with self._cpu:
             done = subprocess.run(cmd, capture_output=True, timeout=self.config.video_timeout)
         return str(out) if done.returncode == 0 and out.exists() and out.stat().st_size > 44 else None
@@ -211,9 +241,14 @@ class Prefetcher:
     stay under `max_bytes` (before any row is known, one row per fetch worker is in flight)."""
 
     def __init__(
-        self, jobs: Iterator[Job], stage: MediaStage, pool: ThreadPoolExecutor, depth: int,
-        max_bytes: int | None = None, stop: threading.Event | None = None,
-    ):  # fmt: skip
+        self,
+        jobs: Iterator[Job],
+        stage: MediaStage,
+        pool: ThreadPoolExecutor,
+        depth: int,
+        max_bytes: int | None = None,
+        stop: threading.Event | None = None,
+    ):
         self.jobs, self.stage, self.pool, self.depth = jobs, stage, pool, depth
         self.max_bytes = max_bytes if max_bytes is not None else stage.config.window_media_bytes
         self.stop = stop or threading.Event()

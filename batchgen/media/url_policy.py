@@ -27,8 +27,10 @@ def _resolve(host: str, port: int) -> list[str]:
 
 
 # IPv6 ranges that carry an IPv4 address in their low 32 bits: a private v4 hides in them.
-_V4_IN_V6 = [ipaddress.ip_network(n) for n in ("::/96", "::ffff:0:0/96", "::ffff:0:0:0/96",
-                                                 "64:ff9b::/96", "64:ff9b:1::/48")]  # fmt: skip
+_V4_IN_V6 = [
+    ipaddress.ip_network(n)
+    for n in ("::/96", "::ffff:0:0/96", "::ffff:0:0:0/96", "64:ff9b::/96", "64:ff9b:1::/48")
+]
 
 
 def _embedded_ipv4(ip: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:

@@ -55,8 +55,12 @@ def _logprobs(records: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     alternatives alike (a token that is part of a character decodes to U+FFFD: its bytes are those)."""
     if records is None:
         return None
-    return {"content": [{**_token(r), "top_logprobs": [_token(t) for t in r["top_logprobs"] or []]}
-                        for r in records], "refusal": None}  # fmt: skip
+    return {
+        "content": [
+            {**_token(r), "top_logprobs": [_token(t) for t in r["top_logprobs"] or []]} for r in records
+        ],
+        "refusal": None,
+    }
 
 
 def _request_id(custom_id: object) -> str:

@@ -157,8 +157,9 @@ def looped(sources: Iterable[Path | str], store: Store) -> set[str]:
     return {key for key, reason in latest.items() if reason == "repetition"}
 
 
-def replaced_media(sources: Iterable[Path | str], store: Store, base: str | None,
-                   keys: set[str]) -> dict[str, str]:  # fmt: skip
+def replaced_media(
+    sources: Iterable[Path | str], store: Store, base: str | None, keys: set[str]
+) -> dict[str, str]:
     """The rows among `keys` whose local media file was replaced since their result was
     written (id key → the file's reference): its size or mtime differ from what the run
     recorded, and, where the run recorded its content digest, its content too (a copy or a
@@ -238,8 +239,12 @@ def replaced(path: Path, recorded: dict[str, Any]) -> bool:
         return True
 
 
-def check_unchanged(index: JobIndex, done: dict[str, str | None], policy: str = "refuse",
-                    replaced: dict[str, str] | None = None) -> list[int]:  # fmt: skip
+def check_unchanged(
+    index: JobIndex,
+    done: dict[str, str | None],
+    policy: str = "refuse",
+    replaced: dict[str, str] | None = None,
+) -> list[int]:
     """Rows whose input changed under an id that already has a result — the row itself, or a
     local media file it read (`replaced`, by id key) — refused (ConfigError naming the first
     five), or returned, for the caller to redo or keep."""
@@ -273,9 +278,17 @@ class Resume:
     their results were written are refused, generated again (`changed` redo: their new
     record replaces the old one) or kept as they are (`keep`)."""
 
-    def __init__(self, earlier: Earlier, store: Store, index: JobIndex, settings: Fingerprint,
-                 max_attempts: int, every_failure: bool, changed: str = "refuse",
-                 redo_looped: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        earlier: Earlier,
+        store: Store,
+        index: JobIndex,
+        settings: Fingerprint,
+        max_attempts: int,
+        every_failure: bool,
+        changed: str = "refuse",
+        redo_looped: bool = False,
+    ):
         if earlier.settings is not None:
             check_settings(earlier.where, earlier.settings, settings)
         self.done = finished(earlier.files, store)

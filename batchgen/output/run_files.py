@@ -26,9 +26,22 @@ from ..core.records import ResultRow
 from ..core.uris import is_uri
 from .store import Store, json_object, read_small, strict_json
 
-__all__ = ["OutputLock", "Heartbeat", "heartbeat_path", "errors_path", "read_heartbeat", "failed_records",
-           "read_stats", "errors_owned", "write_errors", "read_lock", "lock_held", "is_count", "STATS_BYTES",
-           "stamp"]  # fmt: skip
+__all__ = [
+    "OutputLock",
+    "Heartbeat",
+    "heartbeat_path",
+    "errors_path",
+    "read_heartbeat",
+    "failed_records",
+    "read_stats",
+    "errors_owned",
+    "write_errors",
+    "read_lock",
+    "lock_held",
+    "is_count",
+    "STATS_BYTES",
+    "stamp",
+]
 
 ENDINGS = ("complete", "incomplete", "time-limit", "interrupted", "failed", "crashed")
 _STATES = ("running", *ENDINGS)
@@ -159,10 +172,16 @@ def read_lock(path: Path) -> int | None:
 def failed_records(rows: list[ResultRow]) -> list[dict[str, Any]]:
     """Each failed row as the error file and `inspect --failed` list it."""
     return [
-        {"id": r.get("id"), "stage": r.get("error_stage"), "error": r.get("error"),
-         "attempts": r.get("attempts"), "transient": bool(r.get("transient"))}
-        for r in rows if r.get("status") != "ok"
-    ]  # fmt: skip
+        {
+            "id": r.get("id"),
+            "stage": r.get("error_stage"),
+            "error": r.get("error"),
+            "attempts": r.get("attempts"),
+            "transient": bool(r.get("transient")),
+        }
+        for r in rows
+        if r.get("status") != "ok"
+    ]
 
 
 STATS_BYTES = 1 << 20  # a run's figures are a few KB: a larger stats file is not one

@@ -162,9 +162,11 @@ class MirroredShards(_ShardFolder):
         return set(self._names)
 
     def _stray(self, name: str) -> None:
-        raise ConfigError(f"-o {self.output}/: {name} holds batchgen's results for a job file "
-                          f"no longer in the job ({name[:-8]}.* removed or renamed?); put that job "
-                          f"file back, or move {name} out of the folder")  # fmt: skip
+        raise ConfigError(
+            f"-o {self.output}/: {name} holds batchgen's results for a job file "
+            f"no longer in the job ({name[:-8]}.* removed or renamed?); put that job "
+            f"file back, or move {name} out of the folder"
+        )
 
     def _finals(self) -> list[str]:
         folders = {name.rsplit("/", 1)[0] for name in self._names}

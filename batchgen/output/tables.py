@@ -18,9 +18,15 @@ from ..core.records import RESULT_COLUMNS, Result, Values
 from ..input.read import JobIndex, id_key
 
 __all__ = [
-    "RESULT_SCHEMA", "ROW_GROUP_ROWS", "ANSWER_PREFIX", "rows_to_table", "ordered", "concat_tables",
-    "dropped_columns", "in_order",
-]  # fmt: skip
+    "RESULT_SCHEMA",
+    "ROW_GROUP_ROWS",
+    "ANSWER_PREFIX",
+    "rows_to_table",
+    "ordered",
+    "concat_tables",
+    "dropped_columns",
+    "in_order",
+]
 
 ROW_GROUP_ROWS = 1024  # readers can stream the output a row group at a time
 
@@ -43,11 +49,27 @@ LOGPROBS_TYPE = pa.list_(
 )
 _SCORED = [("choice", pa.string()), ("logprob", pa.float64()), ("prob", pa.float64()), ("tokens", pa.int64())]
 CHOICE_SCORES_TYPE = pa.list_(pa.struct(_SCORED))
-MEDIA_FILES_TYPE = pa.list_(pa.struct([("kind", pa.string()), ("ref", pa.string()), ("size", pa.int64()),
-                                        ("mtime_ns", pa.int64()), ("sha256", pa.string())]))  # fmt: skip
+MEDIA_FILES_TYPE = pa.list_(
+    pa.struct(
+        [
+            ("kind", pa.string()),
+            ("ref", pa.string()),
+            ("size", pa.int64()),
+            ("mtime_ns", pa.int64()),
+            ("sha256", pa.string()),
+        ]
+    )
+)
 # OpenAI's tool call: {id, type "function", function: {name, arguments as JSON text}}
-TOOL_CALLS_TYPE = pa.list_(pa.struct([("id", pa.string()), ("type", pa.string()), ("function", pa.struct(
-    [("name", pa.string()), ("arguments", pa.string())]))]))  # fmt: skip
+TOOL_CALLS_TYPE = pa.list_(
+    pa.struct(
+        [
+            ("id", pa.string()),
+            ("type", pa.string()),
+            ("function", pa.struct([("name", pa.string()), ("arguments", pa.string())])),
+        ]
+    )
+)
 _TYPED = {
     "logprobs": LOGPROBS_TYPE,
     "tool_calls": TOOL_CALLS_TYPE,

@@ -32,8 +32,12 @@ if TYPE_CHECKING:
     from .pending import Pending
 
 __all__ = [
-    "WriteOptions", "Sink", "ResultWriter", "SingleFile", "stats_path",
-]  # fmt: skip
+    "WriteOptions",
+    "Sink",
+    "ResultWriter",
+    "SingleFile",
+    "stats_path",
+]
 
 
 SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
@@ -78,9 +82,16 @@ class ResultWriter(ABC):
 
     sharded = False  # a folder of shards: parts wait inside it
 
-    def __init__(self, output: Path | str, index: JobIndex, settings: Fingerprint,
-                 options: WriteOptions = WriteOptions(), skip: set[str] | frozenset[str] = frozenset(),
-                 about: dict[bytes, str] | None = None, sinks: Sequence[Sink] = ()):  # fmt: skip
+    def __init__(
+        self,
+        output: Path | str,
+        index: JobIndex,
+        settings: Fingerprint,
+        options: WriteOptions = WriteOptions(),
+        skip: set[str] | frozenset[str] = frozenset(),
+        about: dict[bytes, str] | None = None,
+        sinks: Sequence[Sink] = (),
+    ):
         self.output = output
         self.store = Store(str(output))
         self.index = index
@@ -175,8 +186,11 @@ class ResultWriter(ABC):
     def _tidy(self, table: pa.Table) -> pa.Table:
         """Our columns last, the run's settings in the metadata."""
         table = table.select([n for n in ordered(table.column_names) if n not in self.options.left_out])
-        meta = {**(table.schema.metadata or {}), SETTINGS_KEY: json.dumps(self.settings, sort_keys=True),
-                **self.about}  # fmt: skip
+        meta = {
+            **(table.schema.metadata or {}),
+            SETTINGS_KEY: json.dumps(self.settings, sort_keys=True),
+            **self.about,
+        }
         return table.replace_schema_metadata(meta)
 
     # -- the end ---------------------------------------------------------------------------------

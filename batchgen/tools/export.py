@@ -105,8 +105,10 @@ def _check_options(options: ExportOptions) -> None:
             "(a dot, then letters, digits, _ or -)"
         )
     if ext.lower() in MEDIA_EXTENSIONS or ext.lower() in (".parquet", ".pq", ".tar"):
-        raise ConfigError(f"--caption-extension {ext}: a media or results extension; the caption files "
-                          "would replace pictures or data (use .txt or .caption)")  # fmt: skip
+        raise ConfigError(
+            f"--caption-extension {ext}: a media or results extension; the caption files "
+            "would replace pictures or data (use .txt or .caption)"
+        )
 
 
 def _check_plain(rows: list[ResultRow], types: dict[str, pa.DataType]) -> None:
@@ -139,8 +141,14 @@ def _media_of(row: ResultRow, recorded: bool, asked: list[MediaRef]) -> dict[str
     return {"ref": ref, "sha256": None} if ref is not None else None
 
 
-def _grouped(rows: list[ResultRow], policy: MediaPolicy, chosen: str | None, fields: list[str],
-             recorded: bool, about: dict[bytes, bytes]) -> tuple[list[Item], list[str]]:  # fmt: skip
+def _grouped(
+    rows: list[ResultRow],
+    policy: MediaPolicy,
+    chosen: str | None,
+    fields: list[str],
+    recorded: bool,
+    about: dict[bytes, bytes],
+) -> tuple[list[Item], list[str]]:
     prompts: dict[str, int] = {}  # each prompt's number, in the order rows first ask it
     items: dict[str, Item] = {}
     reader = asking(about)
@@ -204,9 +212,14 @@ def _field_columns(columns: dict[str, list[int]], fields: list[str]) -> dict[str
     return out
 
 
-def _write_table(items: list[Item], columns: dict[str, list[int]], types: dict[str, pa.DataType],
-                 fields: dict[str, tuple[int, str]], options: ExportOptions,
-                 summary: ExportSummary) -> None:  # fmt: skip
+def _write_table(
+    items: list[Item],
+    columns: dict[str, list[int]],
+    types: dict[str, pa.DataType],
+    fields: dict[str, tuple[int, str]],
+    options: ExportOptions,
+    summary: ExportSummary,
+) -> None:
     if options.output is None:
         raise ConfigError(f"--format {options.format} writes a file: give -o FILE")
     records = []
@@ -214,9 +227,16 @@ def _write_table(items: list[Item], columns: dict[str, list[int]], types: dict[s
         texts = {name: item_text(item, ks, options) for name, ks in columns.items()}
         failed = bool(item.errors)
         summary.failed += failed
-        records.append({"file": item.key, "media": item.ref, **texts, **item_fields(item, fields),
-                        "status": "error" if failed else "ok",
-                        "error": item.errors[0] if item.errors else None})  # fmt: skip
+        records.append(
+            {
+                "file": item.key,
+                "media": item.ref,
+                **texts,
+                **item_fields(item, fields),
+                "status": "error" if failed else "ok",
+                "error": item.errors[0] if item.errors else None,
+            }
+        )
     summary.written = len(records)
     out = options.output
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -76,8 +76,10 @@ def _caption_targets(items: list[Item], options: ExportOptions) -> dict[Path, It
             clashes.append(f"{describe(str(targets[target].path))} and {describe(str(path))} → {target.name}")
         targets.setdefault(target, item)
     if clashes:
-        raise ConfigError(f"{len(clashes)} picture(s) would share a caption file ({_shown(clashes)}); pass "
-                          "--caption-name with-extension (a.png → a.png.txt)")  # fmt: skip
+        raise ConfigError(
+            f"{len(clashes)} picture(s) would share a caption file ({_shown(clashes)}); pass "
+            "--caption-name with-extension (a.png → a.png.txt)"
+        )
     return targets
 
 
@@ -149,8 +151,13 @@ class Folders:
             leftover.unlink(missing_ok=True)
 
 
-def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportOptions,
-              summary: ExportSummary, forbidden: Forbidden) -> None:  # fmt: skip
+def write_txt(
+    items: list[Item],
+    columns: dict[str, list[int]],
+    options: ExportOptions,
+    summary: ExportSummary,
+    forbidden: Forbidden,
+) -> None:
     if len(columns) != 1:
         raise ConfigError(
             "a caption file holds one text: pick a prompt (--prompt K) or join them (--join ' ')"
@@ -186,13 +193,16 @@ def write_txt(items: list[Item], columns: dict[str, list[int]], options: ExportO
     written.save(summary)
     summary.where = [str(options.to or common_root([named(i) for i in targets.values()]))] if targets else []
     if summary.as_bytes and not targets:
-        summary.note = (f"{summary.as_bytes} picture(s) are bytes inside the results or the job, not "
-                        "files: no caption file can go beside them (--format imagefolder --to DIR writes "
-                        "them out with their captions)")  # fmt: skip
+        summary.note = (
+            f"{summary.as_bytes} picture(s) are bytes inside the results or the job, not "
+            "files: no caption file can go beside them (--format imagefolder --to DIR writes "
+            "them out with their captions)"
+        )
 
 
-def _caption(target: Path, text: str, options: ExportOptions, summary: ExportSummary,
-             written: _Written) -> bytes | None:  # fmt: skip
+def _caption(
+    target: Path, text: str, options: ExportOptions, summary: ExportSummary, written: _Written
+) -> bytes | None:
     """The bytes to write at `target` (None: nothing to write, counted). A file batchgen wrote
     there is refreshed when the answer changed (kept when it says the same); another file is
     the user's: kept (`skip`), replaced, or extended as `--on-existing` says."""

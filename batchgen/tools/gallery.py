@@ -88,8 +88,12 @@ def _bytes_key(data: bytes) -> str:
     return "image:bytes " + hashlib.sha256(data).hexdigest()[:16]
 
 
-def _from_job(about: dict[bytes, bytes], wanted: dict[str, str | None], columns: list[tuple[str, str]],
-              policy: MediaPolicy) -> dict[str, list[tuple[str, list[str]]]]:  # fmt: skip
+def _from_job(
+    about: dict[bytes, bytes],
+    wanted: dict[str, str | None],
+    columns: list[tuple[str, str]],
+    policy: MediaPolicy,
+) -> dict[str, list[tuple[str, list[str]]]]:
     """Thumbnails of the pictures the output does not carry, read again from the job (by id
     key, each picture's key and thumbnail), for the rows that show none."""
     found = job_pictures(about, wanted, columns, policy, _MAX_EMBEDDED)

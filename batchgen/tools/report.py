@@ -40,8 +40,10 @@ def _loop_lines(rows: list[dict]) -> list[str]:
     looped = sum(r.get("finish_reason") == "repetition" for r in rows)
     if not looped:
         return []
-    return [f"loops: {looped} rows ended repeating themselves (finish_reason repetition, their text up to "
-            "the first repeat; a rerun with --redo-repetition 1.3 generates them again)"]  # fmt: skip
+    return [
+        f"loops: {looped} rows ended repeating themselves (finish_reason repetition, their text up to "
+        "the first repeat; a rerun with --redo-repetition 1.3 generates them again)"
+    ]
 
 
 def _answer_lines(rows: list[dict]) -> list[str]:
@@ -50,12 +52,15 @@ def _answer_lines(rows: list[dict]) -> list[str]:
     reasoned = [r for r in rows if r["status"] == "ok" and r.get("reasoning") is not None]
     if reasoned:
         tokens = sum(r.get("reasoning_tokens") or 0 for r in reasoned)
-        unanswered = sum(not (r["generated_text"] or "").strip() and not r.get("tool_calls")
-                         for r in reasoned)  # fmt: skip
+        unanswered = sum(
+            not (r["generated_text"] or "").strip() and not r.get("tool_calls") for r in reasoned
+        )
         line = f"reasoning: {len(reasoned)} rows reasoned first, {tokens} reasoning tokens"
         if unanswered:
-            line += (f"; {unanswered} gave no answer (out of tokens while reasoning: raise max_tokens "
-                     "or set --reasoning-budget)")  # fmt: skip
+            line += (
+                f"; {unanswered} gave no answer (out of tokens while reasoning: raise max_tokens "
+                "or set --reasoning-budget)"
+            )
         lines.append(line)
     calls = Counter(c["function"]["name"] for r in rows for c in r.get("tool_calls") or [])
     if calls:
@@ -84,8 +89,10 @@ def summarize(path: Path, slowest: int = 5) -> str:
     stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
     stats = read_stats(stats_file)
     if stats == {}:
-        lines.append(f"{stats_file}: not a stats file batchgen wrote (damaged, or not a regular file): "
-                     "speed and completeness from the Parquet alone")  # fmt: skip
+        lines.append(
+            f"{stats_file}: not a stats file batchgen wrote (damaged, or not a regular file): "
+            "speed and completeness from the Parquet alone"
+        )
     stats = stats or {}
     schema = results_schema(path)
     recorded = set(schema.names)  # a slim output holds no counts or timings
@@ -98,8 +105,11 @@ def summarize(path: Path, slowest: int = 5) -> str:
     done = done if isinstance(done, dict) and done else stats  # a shard folder says it in _stats.json
     job_rows, pending = done.get("job_rows"), done.get("pending")
     if done.get("complete") is False and isinstance(job_rows, int) and isinstance(pending, int):
-        lines.insert(1, f"incomplete: {len(rows):,} of {job_rows:,} rows, "
-                        f"{pending:,} pending (rerun without --limit to finish)")  # fmt: skip
+        lines.insert(
+            1,
+            f"incomplete: {len(rows):,} of {job_rows:,} rows, "
+            f"{pending:,} pending (rerun without --limit to finish)",
+        )
     cached = [r["cached_tokens"] or 0 for r in rows if r["status"] == "ok"]
     reused = sum(c > 0 for c in cached)
     if cached and "cached_tokens" in recorded:

@@ -25,9 +25,20 @@ from ..output.tables import RESULT_SCHEMA
 from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
 __all__ = [
-    "read_results", "results_schema", "results_metadata", "MediaPolicy", "media_policy", "job_of",
-    "cell_refs", "media_columns", "job_pictures", "Ref", "Asking", "asking", "made_by",
-]  # fmt: skip
+    "read_results",
+    "results_schema",
+    "results_metadata",
+    "MediaPolicy",
+    "media_policy",
+    "job_of",
+    "cell_refs",
+    "media_columns",
+    "job_pictures",
+    "Ref",
+    "Asking",
+    "asking",
+    "made_by",
+]
 
 _NEEDED = ("id", "status", "error", "error_stage")  # every output keeps these (KEPT_COLUMNS)
 
@@ -202,8 +213,13 @@ def media_columns(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> lis
     return list(dict.fromkeys(columns))
 
 
-def job_pictures(about: dict[bytes, bytes], wanted: dict[str, str | None], columns: list[tuple[str, str]],
-                 policy: MediaPolicy, most: int) -> dict[str, list[bytes]]:  # fmt: skip
+def job_pictures(
+    about: dict[bytes, bytes],
+    wanted: dict[str, str | None],
+    columns: list[tuple[str, str]],
+    policy: MediaPolicy,
+    most: int,
+) -> dict[str, list[bytes]]:
     """Pictures the output does not carry (a dataset's image bytes: an img2dataset shard's
     `jpg`), read again from the local job the run read: by id key, the image bytes of each
     row in `wanted` whose input is still what the run read (its fingerprint is the result's

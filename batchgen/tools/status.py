@@ -36,11 +36,14 @@ __all__ = ["OutputStatus", "ShardRows", "status_of", "EXIT_CODES", "exit_code", 
 # `status`'s exit codes, apart from `run`'s: what a script polling a job needs to branch on.
 EXIT_CODES = {"complete": 0, "failed-rows": 1, "incomplete": 4, "running": 5}  # 2: nothing to read
 _ENDED = {
-    "complete": "complete", "incomplete": "incomplete (--limit, or rows added since)",
-    "time-limit": "at its --time-limit", "interrupted": "stopped (SIGINT or SIGTERM)",
-    "failed": "with an error", "crashed": "with an internal error",
+    "complete": "complete",
+    "incomplete": "incomplete (--limit, or rows added since)",
+    "time-limit": "at its --time-limit",
+    "interrupted": "stopped (SIGINT or SIGTERM)",
+    "failed": "with an error",
+    "crashed": "with an internal error",
     "running": "without a word (killed, or the machine went down) after its last commit",
-}  # fmt: skip
+}
 _CONCLUDED = ("complete", "incomplete", "time-limit")  # endings that wrote the stats
 
 
@@ -231,8 +234,10 @@ def render(s: OutputStatus) -> str:
         share = f" ({b.done / b.todo:.1%})" if b.todo else ""
         eta = f" · ETA {_when(b.eta)[11:]} (in {human_duration(b.eta_s)})" if b.eta and b.eta_s else ""
         lines.append(f"  pid {b.pid} on {b.host}, started {_when(b.started)}")
-        lines.append(f"  {b.done:,} of {b.todo:,} rows to do committed{share}, {b.failed:,} failed, "
-                     f"{b.done_before:,} done before · {b.rows_per_s:.2f} rows/s{eta}")  # fmt: skip
+        lines.append(
+            f"  {b.done:,} of {b.todo:,} rows to do committed{share}, {b.failed:,} failed, "
+            f"{b.done_before:,} done before · {b.rows_per_s:.2f} rows/s{eta}"
+        )
         lines.append(f"  last committed batch: {_when(b.last_commit) if b.last_commit else 'none yet'}")
     elif b is not None:
         how = _ENDED.get(b.state, b.state)

@@ -115,8 +115,9 @@ def _qwen2(vocab: int, ids: dict[str, int], hidden: int, layers: int) -> tuple[A
     return qwen2.Model(qwen2.ModelArgs.from_dict(config)), config
 
 
-def _qwen2_vl(qwen2_5: bool, vocab: int, ids: dict[str, int], hidden: int, layers: int,
-              vision_embed: int) -> tuple[Any, dict[str, Any]]:  # fmt: skip
+def _qwen2_vl(
+    qwen2_5: bool, vocab: int, ids: dict[str, int], hidden: int, layers: int, vision_embed: int
+) -> tuple[Any, dict[str, Any]]:
     """A qwen2_vl model and its config (qwen2_5: Qwen2.5-VL's windowed vision tower)."""
     from mlx_vlm.models import qwen2_vl
 
@@ -151,11 +152,19 @@ def _qwen2_vl(qwen2_5: bool, vocab: int, ids: dict[str, int], hidden: int, layer
     if qwen2_5:  # windowed vision attention, full attention in its last block
         config.update(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"])
         config["vision_config"] = {
-            "model_type": "qwen2_5_vl", "depth": 2, "hidden_size": vision_embed,
-            "intermediate_size": vision_embed * 2, "out_hidden_size": text["hidden_size"], "num_heads": 2,
-            "patch_size": 14, "window_size": 112, "fullatt_block_indexes": [1], "spatial_merge_size": 2,
-            "temporal_patch_size": 2, "in_channels": 3,
-        }  # fmt: skip
+            "model_type": "qwen2_5_vl",
+            "depth": 2,
+            "hidden_size": vision_embed,
+            "intermediate_size": vision_embed * 2,
+            "out_hidden_size": text["hidden_size"],
+            "num_heads": 2,
+            "patch_size": 14,
+            "window_size": 112,
+            "fullatt_block_indexes": [1],
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        }
         return build_vlm(config), config
     # Build the config objects the way mlx_vlm.load does, so what we save is what it loads.
     model_config = qwen2_vl.ModelConfig.from_dict(json.loads(json.dumps(config)))

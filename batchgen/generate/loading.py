@@ -22,6 +22,7 @@ from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
 from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
+from .fine_tunes import AdapterSet
 from .models import ModelInfo, weights_path
 from .prompts import END_OF_TURN
 
@@ -175,15 +176,13 @@ class Models:
         text_info: ModelInfo,
         drafter: Drafter | None = None,
         lazy: bool = False,
-        adapter: str | None = None,
-        adapters: dict[str, str] | None = None,
-        fuse: bool = False,
+        adapters: AdapterSet | None = None,
     ):
         self.vision_info, self.text_info, self.drafter = vision_info, text_info, drafter
-        self.lazy, self.adapter, self.fuse = lazy, adapter, fuse
+        self.adapters = adapters or AdapterSet()  # the run's, the named ones, the rows' folders
+        self.lazy, self.adapter, self.fuse = lazy, self.adapters.run, self.adapters.fuse
         self._fused: list[tuple[str, nn.Module]] = []  # the adapter's layers, while fused weights stand in
-        self.adapters = adapters or {}  # the adapters rows name, by name: their folders
-        self.applied = adapter  # the adapter the model carries once loaded
+        self.applied = self.adapter  # the adapter the model carries once loaded
         self.digests: dict[str, str] = {}  # each adapter applied: its content as the model took it
         self.switches = 0
         self.loads = 0  # checkpoints loaded (an engine each)
@@ -191,7 +190,7 @@ class Models:
         self._lm: tuple[Model, Tokenizer] | None = None
         self._failed: dict[str, ConfigError] = {}
         # mlx-lm cannot load this VLM checkpoint, or the adapter is for mlx-vlm: it serves text rows
-        self.text_on_vlm = (adapter is not None or bool(self.adapters)) and text_info.multimodal
+        self.text_on_vlm = self.adapters.any and text_info.multimodal
 
     def loaded(self) -> list[Model]:
         """The models loaded so far (the memory budget counts their weights once)."""

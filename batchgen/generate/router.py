@@ -9,18 +9,17 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 
 from ..core.budget import budget_spec
-from ..core.errors import BatchgenError, RowError, short
+from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, Family, family
-from ..core.files import adapter_config, row_path
 from ..core.records import Generation, GenParams, Job, Media
-from ..core.settings import BASE_ADAPTER, GenerationSettings
+from ..core.settings import GenerationSettings
 from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model
 from .batch_cache import KVQuant
 from .drafts import Drafter, inspect_drafter
+from .fine_tunes import AdapterSet
 from .lanes import Lane, LMSingleLane, Plan, SingleLane, TextLane, row_error
 from .loading import Models
 from .memory import Memory
@@ -50,12 +49,8 @@ class Router:
         memory_budget: str | None = None,
         kv: KVQuant | None = None,
         stop: threading.Event | None = None,
-        adapter: str | None = None,
-        adapters: tuple[tuple[str, str], ...] = (),
-        fuse_adapters: bool = False,
+        adapters: AdapterSet | None = None,
         named_models: tuple[str, ...] = (),
-        job_dir: Path | None = None,
-        media_root: str | None = None,
     ):
         self.vision_info = inspect_model(model)
         self.text_info = inspect_model(text_model) if text_model else self.vision_info
@@ -64,12 +59,8 @@ class Router:
                 kv.check(info.name, info.head_dim)
         self.kv = kv
         self.prefixes = prefix_cache
-        self.models = Models(
-            self.vision_info, self.text_info, drafter, lazy, adapter, dict(adapters), fuse_adapters
-        )
+        self.models = Models(self.vision_info, self.text_info, drafter, lazy, adapters or AdapterSet())
         self.named_models = named_models  # the names rows may give in `model` (--models)
-        self.job_dir, self.media_root = job_dir, media_root  # where a row's adapter folder may lie
-        self._folders: dict[str, str | RowError] = {}  # each adapter folder a row named, checked once
         spec = budget_spec(memory_budget) if not lazy else None
         self.memory = Memory(spec, self.models, prefix_cache) if spec is not None else None
         self.text = TextLane(self.models, self.text_info, prefix_cache, self.memory)
@@ -96,8 +87,9 @@ class Router:
         self._quantizable: set[str] = set()  # models whose caches --kv-bits was checked on
 
     @classmethod
-    def from_settings(cls, config: GenerationSettings, stop: threading.Event | None = None,
-                      lazy: bool = False) -> Router:  # fmt: skip
+    def from_settings(
+        cls, config: GenerationSettings, stop: threading.Event | None = None, lazy: bool = False
+    ) -> Router:
         """The router a run asks for: its models, a prefix cache unless --no-cache, its drafter;
         `lazy`: to plan rows only (no weights read, nothing generated)."""
         prefixes = PrefixCache(config.cache_entries, config.cache_bytes) if config.cache else None
@@ -109,13 +101,9 @@ class Router:
         kv = None
         if config.kv_bits:
             kv = KVQuant(config.kv_bits, config.kv_group_size, config.quantized_kv_start)
-        return cls(
-            config.model, config.text_model, prefixes, drafter, config.row_timeout, lazy,
-            memory_budget=config.memory_budget, kv=kv, stop=stop, adapter=config.adapter,
-            adapters=config.adapters, fuse_adapters=config.fuse_adapters,
-            named_models=tuple(name for name, _ in config.models), job_dir=config.job_dir,
-            media_root=config.media_root,
-        )  # fmt: skip
+        models, named = (config.model, config.text_model), tuple(name for name, _ in config.models)
+        adapters, budget = AdapterSet.of(config), config.memory_budget
+        return cls(*models, prefixes, drafter, config.row_timeout, lazy, budget, kv, stop, adapters, named)
 
     # -- loading ---------------------------------------------------------------
     def load(self, vision: bool, text: bool) -> None:
@@ -262,41 +250,15 @@ class Router:
         return plan
 
     def _adapter_of(self, job: Job) -> str | None:
-        """The folder of the adapter the row runs with: the one it names (by its name in the
-        run's set, else as a folder), else the run's."""
-        name, models = job.adapter, self.models
-        if name is None:
-            return models.adapter
-        if name == BASE_ADAPTER:
-            return None
-        if name in models.adapters:
-            return models.adapters[name]
-        folder = self._folder(name)
-        if self.text_info.multimodal and self.model_for(job) != self.vision_info.name:
+        """The folder of the adapter the row runs with (AdapterSet.folder_of)."""
+        folder, by_folder = self.models.adapters.folder_of(job.adapter)
+        if by_folder and self.text_info.multimodal and self.model_for(job) != self.vision_info.name:
             # Its text rows run on mlx-lm, whose model does not carry mlx-vlm's adapters.
             why = (
                 "give it in --adapters, which runs the model's text rows on mlx-vlm, where its adapters apply"
             )
-            raise RowError("read", f"adapter {name!r} on a text row of a vision-language model: {why}")
+            raise RowError("read", f"adapter {job.adapter!r} on a text row of a vision-language model: {why}")
         return folder
-
-    def _folder(self, name: str) -> str:
-        """A row's adapter named by its folder: relative to the job's, inside the media root as
-        a media path must be, and an adapter batchgen can apply (core.settings.adapter_config);
-        each folder checked once however many rows name it."""
-        if name not in self._folders:
-            try:
-                folder = row_path(name, self.job_dir, self.media_root)
-                adapter_config(folder)
-                self._folders[name] = str(folder.resolve())
-            except (OSError, ValueError, RuntimeError) as e:  # refused, missing, not an adapter, a loop
-                known = ", ".join(sorted(self.models.adapters)) or "none given"
-                why = f"not one of --adapters ({known}) nor {BASE_ADAPTER!r}, nor an adapter folder"
-                self._folders[name] = RowError("read", f"adapter {name!r}: {why} ({short(e, 300)})")
-        found = self._folders[name]
-        if isinstance(found, RowError):
-            raise RowError(found.stage, str(found))
-        return found
 
     def _quantized(self, seq: Sequence, lane: Lane, full: Lane, alone: Lane) -> Lane:
         """A --kv-bits row's lane, by where the engine's generate would quantize its cache: its

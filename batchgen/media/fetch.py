@@ -275,9 +275,15 @@ class Fetcher:
                 import certifi
 
                 pools[key] = urllib3.HTTPSConnectionPool(
-                    address, target.port, maxsize=1, retries=False, server_hostname=target.host,
-                    assert_hostname=target.host, cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(),
-                )  # fmt: skip
+                    address,
+                    target.port,
+                    maxsize=1,
+                    retries=False,
+                    server_hostname=target.host,
+                    assert_hostname=target.host,
+                    cert_reqs="CERT_REQUIRED",
+                    ca_certs=certifi.where(),
+                )
             else:
                 pools[key] = urllib3.HTTPConnectionPool(address, target.port, maxsize=1, retries=False)
         return pools[key]
@@ -298,10 +304,15 @@ class Fetcher:
                 raise
             try:
                 response = self._pool(target, address).urlopen(
-                    "GET", target.path, headers={"Host": target.host_header, **_HEADERS},
-                    redirect=False, retries=False, preload_content=False, assert_same_host=False,
+                    "GET",
+                    target.path,
+                    headers={"Host": target.host_header, **_HEADERS},
+                    redirect=False,
+                    retries=False,
+                    preload_content=False,
+                    assert_same_host=False,
                     timeout=urllib3.Timeout(connect=per_read, read=per_read),
-                )  # fmt: skip
+                )
             except urllib3.exceptions.SSLError as e:
                 raise RowError("fetch", f"{describe(ref.source)}: TLS failed ({short(e)})") from e
             except (urllib3.exceptions.HTTPError, OSError) as e:

@@ -26,9 +26,19 @@ from .rows import START, Mark, RawRow, ReadPolicy, checked, valid_id
 from .source import Source, resolve
 
 __all__ = [
-    "RawRow", "Mark", "RowPicker", "Rows", "JobIndex", "iter_rows", "scan", "id_key", "valid_id", "shard_of",
-    "holds_bytes", "checked",
-]  # fmt: skip
+    "RawRow",
+    "Mark",
+    "RowPicker",
+    "Rows",
+    "JobIndex",
+    "iter_rows",
+    "scan",
+    "id_key",
+    "valid_id",
+    "shard_of",
+    "holds_bytes",
+    "checked",
+]
 _DIGEST = 16  # bytes of a row's fingerprint (RawRow.digest, 32 hex digits)
 SHARE = 8  # bytes of a row's share key (what it shares with other rows; zeros: nothing)
 NO_SHARE = bytes(SHARE)
@@ -72,8 +82,12 @@ class Rows:
             return b"".join(data[i * n : (i + 1) * n] for i in keep) if data is not None else None
 
         positions = [self.position(i) for i in keep]
-        return Rows([self.ids[i] for i in keep], positions, columns(self.digests, _DIGEST),
-                    columns(self.shares, SHARE))  # fmt: skip
+        return Rows(
+            [self.ids[i] for i in keep],
+            positions,
+            columns(self.digests, _DIGEST),
+            columns(self.shares, SHARE),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +150,10 @@ class JobIndex:
         machines encode it."""
         rows = self.rows
         keep = [
-            i for i, row_id in enumerate(rows.ids)
+            i
+            for i, row_id in enumerate(rows.ids)
             if shard is None or shard_of(row_id, shard[1], rows.share(i)) == shard[0]
-        ]  # fmt: skip
+        ]
         kept = rows.take(keep)
         work = kept.take(list(range(min(limit, len(kept))))) if limit is not None else kept
         return dataclasses.replace(self, rows=work, kept=kept)
@@ -215,6 +230,18 @@ def iter_rows(
         yield row
 
 
+def _schemas(source: Source) -> list[pa.Schema]:
+    """Each Parquet shard's schema (none for other formats), read from its footer."""
+    schemas: list[pa.Schema] = []
+    for shard in range(len(source.shards)) if source.format == "parquet" else ():
+        try:
+            with source.open(shard) as f:
+                schemas.append(pq.ParquetFile(f).schema_arrow)
+        except (pa.ArrowException, OSError) as e:
+            raise JobFileError(f"{source.shards[shard].path}: not a readable Parquet file ({e})") from e
+    return schemas
+
+
 def scan(
     job: Source | Path | str,
     fmt: str | None = None,
@@ -225,14 +252,7 @@ def scan(
     `share`, each row's share key (SHARE bytes) is kept too, for the plan."""
     source = _source(job, fmt)
     fmt = source.format
-    schemas: list[pa.Schema] = []
-    if fmt == "parquet":
-        for shard in range(len(source.shards)):
-            try:
-                with source.open(shard) as f:
-                    schemas.append(pq.ParquetFile(f).schema_arrow)
-            except (pa.ArrowException, OSError) as e:
-                raise JobFileError(f"{source.shards[shard].path}: not a readable Parquet file ({e})") from e
+    schemas = _schemas(source)
     schema = _unified(schemas)
     ids: list[RowId] = []
     digests = bytearray()
@@ -270,8 +290,17 @@ def scan(
         raise JobFileError(f"{source.given}: not a JSONL file (no line parses as JSON)")
     _check_unique(source, ids, hashes, id_column)
     rows = Rows(ids, None, bytes(digests), bytes(shares) if shares is not None else None)
-    return JobIndex(format=fmt, rows=rows, schema=schema, source=source, marks=marks, columns=list(columns),
-                    binary=binary, id_column=id_column, answers=answers)  # fmt: skip
+    return JobIndex(
+        format=fmt,
+        rows=rows,
+        schema=schema,
+        source=source,
+        marks=marks,
+        columns=list(columns),
+        binary=binary,
+        id_column=id_column,
+        answers=answers,
+    )
 
 
 def _check_unique(source: Source, ids: list[RowId], hashes: array, id_column: str | None) -> None:

@@ -31,15 +31,23 @@ __all__ = ["write_imagefolder"]
 _MANIFEST = ".batchgen-export.json"  # in an imagefolder: the digest of the metadata.jsonl batchgen wrote
 
 
-def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: dict[str, tuple[int, str]],
-                      options: ExportOptions, summary: ExportSummary, forbidden: Forbidden,
-                      origin: Origin) -> None:  # fmt: skip
+def write_imagefolder(
+    items: list[Item],
+    columns: dict[str, list[int]],
+    fields: dict[str, tuple[int, str]],
+    options: ExportOptions,
+    summary: ExportSummary,
+    forbidden: Forbidden,
+    origin: Origin,
+) -> None:
     """`metadata.jsonl` beside the pictures, or in `--to` with the pictures copied (or linked)
     into it and those held as bytes written out, so `datasets` loads them."""
     held = sum(i.source == "bytes" for i in items)
     if options.to is None and held:
-        raise ConfigError(f"{held} picture(s) are bytes inside the results or the job: give --to DIR to "
-                          "write them out with metadata.jsonl")  # fmt: skip
+        raise ConfigError(
+            f"{held} picture(s) are bytes inside the results or the job: give --to DIR to "
+            "write them out with metadata.jsonl"
+        )
     chosen = []
     for item in items:
         if item.path is not None or item.source == "bytes":
@@ -80,11 +88,17 @@ def write_imagefolder(items: list[Item], columns: dict[str, list[int]], fields: 
         lines.append(strict_json(record, ensure_ascii=False) + "\n")
         summary.written += 1
     folders.ready(folder)
-    text = "".join(lines)
+    _write_metadata(metadata, "".join(lines))
+    summary.where = [str(metadata)]
+
+
+def _write_metadata(metadata: Path, text: str) -> None:
+    """metadata.jsonl, whole, and beside it the manifest by which a later export knows it for
+    batchgen's (as it is)."""
     atomic_write(metadata, lambda p: p.write_text(text, encoding="utf-8"))
     digest = hashlib.sha256(text.encode()).hexdigest()
-    atomic_write(folder / _MANIFEST, lambda p: p.write_text(json.dumps({"metadata.jsonl": digest}) + "\n"))
-    summary.where = [str(metadata)]
+    manifest = json.dumps({"metadata.jsonl": digest}) + "\n"
+    atomic_write(metadata.parent / _MANIFEST, lambda p: p.write_text(manifest))
 
 
 def _check_root(root: Path, policy: MediaPolicy) -> None:
@@ -97,8 +111,10 @@ def _check_root(root: Path, policy: MediaPolicy) -> None:
     inside = within is not None and shared.is_relative_to(within.resolve())
     above = within is None or within.resolve().is_relative_to(shared)
     if shared == Path(shared.anchor) or not inside and above:
-        raise ConfigError(f"the pictures share no folder of their own (their common folder is {root}, "
-                          f"above the job's): give --to DIR for a new dataset folder")  # fmt: skip
+        raise ConfigError(
+            f"the pictures share no folder of their own (their common folder is {root}, "
+            f"above the job's): give --to DIR for a new dataset folder"
+        )
 
 
 def _check_ours(metadata: Path) -> None:
@@ -111,8 +127,10 @@ def _check_ours(metadata: Path) -> None:
     except (OSError, ValueError, AttributeError):
         ours = False
     if not ours:
-        raise ConfigError(f"{metadata}: already there and not written by batchgen (or edited since); move "
-                          "it away or give --to DIR for a new dataset folder")  # fmt: skip
+        raise ConfigError(
+            f"{metadata}: already there and not written by batchgen (or edited since); move "
+            "it away or give --to DIR for a new dataset folder"
+        )
 
 
 def _places(items: list[Item], root: Path, to: Path | None, forbidden: Forbidden) -> list[tuple[Path, str]]:

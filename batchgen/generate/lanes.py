@@ -21,7 +21,7 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..core.errors import BatchgenError, RowError, short
+from ..core.errors import RowError, short
 from ..core.records import Generation, Job, Media
 from .adapters import Adapter, LMAdapter, Sequence
 from .arrays import TemplateOwner, Tokenizer
@@ -30,7 +30,6 @@ from .decoder import decode_stream
 from .loading import Models
 from .memory import Footprint, Memory, out_of_memory
 from .models import ModelInfo
-from .one_row import generate_lm, generate_vlm, vlm_prompt_ids
 from .prefix_cache import PrefixCache
 from .prompts import check_length, message_bounds, render, template_kwargs, text_only
 from .reasoning import budgeted, initial_part, markers_of, split_generation
@@ -44,10 +43,9 @@ __all__ = [
     "Lane",
     "BatchedLane",
     "TextLane",
-    "SingleLane",
-    "LMSingleLane",
     "completions",
     "row_error",
+    "seq_of",
 ]
 
 
@@ -81,8 +79,13 @@ class Lane:
     name = "lane"
     solo = False
 
-    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
-                 memory: Memory | None = None):  # fmt: skip
+    def __init__(
+        self,
+        models: Models,
+        info: ModelInfo,
+        prefixes: PrefixCache | None = None,
+        memory: Memory | None = None,
+    ):
         self.models, self.info, self.prefixes, self.memory = models, info, prefixes, memory
         self._measured: tuple[Footprint | None] | None = None  # the footprint, once measured
 
@@ -166,7 +169,7 @@ class BatchedLane(Lane):
             scoring = plan.job.scoring
             if scoring is None:
                 continue
-            seq = _seq(_fresh(plan))
+            seq = seq_of(_fresh(plan))
             try:
                 found = score_row(
                     adapter, seq, scoring, tokenizer, eos, self.prefixes, watch, self.info.context, self.kv
@@ -186,7 +189,7 @@ class BatchedLane(Lane):
         ]
         if not todo:
             return
-        seqs = [_seq(plans[i]) for i in todo]
+        seqs = [seq_of(plans[i]) for i in todo]
         finished: set[int] = set()
         memory = (self.memory, self.footprint()) if self.memory is not None else None
         try:
@@ -195,8 +198,15 @@ class BatchedLane(Lane):
                 s = seqs[j]
                 tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
                 logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
-                gen = Generation(s.text, s.finish_reason, *tokens, capped=s.capped, logprobs=logprobs,
-                                 mtp_drafts=s.drafted, mtp_accepted=s.accepted)  # fmt: skip
+                gen = Generation(
+                    s.text,
+                    s.finish_reason,
+                    *tokens,
+                    capped=s.capped,
+                    logprobs=logprobs,
+                    mtp_drafts=s.drafted,
+                    mtp_accepted=s.accepted,
+                )
                 gen = split_generation(gen, s.tokens, markers_of(tokenizer), s.part == "reasoning")
                 gen = with_tool_calls(gen, s.params, tokenizer)
                 yield todo[j], _scored(gen, scores.get(todo[j]))
@@ -212,16 +222,24 @@ class BatchedLane(Lane):
                         yield i, outcome
 
     def _stream(
-        self, adapter: Adapter, seqs: list[Sequence], eos: set[int], decode: Callable[[list[int]], str],
-        watch: Watch, width: int, tokenizer: Tokenizer, memory: tuple[Memory, Footprint | None] | None,
-    ) -> Iterator[int]:  # fmt: skip
+        self,
+        adapter: Adapter,
+        seqs: list[Sequence],
+        eos: set[int],
+        decode: Callable[[list[int]], str],
+        watch: Watch,
+        width: int,
+        tokenizer: Tokenizer,
+        memory: tuple[Memory, Footprint | None] | None,
+    ) -> Iterator[int]:
         """The rows decoded together; each row's index as it finishes."""
         return decode_stream(
             adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer, memory, self.kv
         )
 
-    def _halves(self, plans: list[Plan], rest: list[int], watch: Watch, width: int, e: Exception
-                ) -> Iterator[tuple[int, Generation | RowError]]:  # fmt: skip
+    def _halves(
+        self, plans: list[Plan], rest: list[int], watch: Watch, width: int, e: Exception
+    ) -> Iterator[tuple[int, Generation | RowError]]:
         """After an out-of-memory: the unfinished rows again, in two halves, the budget lowered."""
         if self.memory is not None:
             self.memory.lower()
@@ -240,8 +258,14 @@ class BatchedLane(Lane):
 class TextLane(BatchedLane):
     name = "lm"
 
-    def __init__(self, models: Models, info: ModelInfo, prefixes: PrefixCache | None = None,
-                 memory: Memory | None = None, kv: KVQuant | None = None):  # fmt: skip
+    def __init__(
+        self,
+        models: Models,
+        info: ModelInfo,
+        prefixes: PrefixCache | None = None,
+        memory: Memory | None = None,
+        kv: KVQuant | None = None,
+    ):
         super().__init__(models, info, None if kv else prefixes, memory)
         self.kv = kv
 
@@ -266,81 +290,6 @@ class TextLane(BatchedLane):
     def _decoding(self):
         model, tokenizer = self.models.text()
         return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
-
-
-class _OneByOne(Lane):
-    """Rows through an engine's own generate, one at a time, with the run's quantized KV cache
-    if it asks for one."""
-
-    solo = True
-
-    def __init__(self, models: Models, info: ModelInfo, kv: KVQuant | None = None):
-        super().__init__(models, info)
-        self.kv = kv
-
-    def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
-        for i, plan in enumerate(plans):
-            yield i, self._guarded(plan, watch)
-
-    def _guarded(self, plan: Plan, watch: Watch) -> Generation | RowError:
-        if plan.job.scoring is not None and (plan.job.scoring.asked or plan.job.params.score_only):
-            why = f"--kv-bits {self.kv.bits}" if self.kv else self.name
-            return RowError("generate", f"scores need a batched lane; this row runs one at a time ({why})")
-        try:
-            return self._generate(plan, watch)
-        except RowError as e:
-            return e
-        except BatchgenError:  # a model or drafter that cannot load stops the run
-            raise
-        except Exception as e:
-            return row_error(e)
-
-    def _generate(self, plan: Plan, watch: Watch) -> Generation:
-        raise NotImplementedError
-
-
-class SingleLane(_OneByOne):
-    """mlx-vlm's own generate, with the run's vision drafter if it has one."""
-
-    name = "single"
-
-    def plan(self, job: Job, media: Media) -> Plan:
-        return Plan(job, media, self)
-
-    def prompt_tokens(self, plan: Plan) -> int:
-        model, processor = self.models.vlm()
-        return len(vlm_prompt_ids(model, processor, plan.job, plan.media))
-
-    def _generate(self, plan: Plan, watch: Watch) -> Generation:
-        model, processor = self.models.vlm()
-        p = plan.job.params
-        vision_drafter = self.models.drafter_lane == "vlm" and p.constraint is None and not p.wants_logprobs
-        drafter = self.models.drafter if vision_drafter else None
-        if drafter is not None:
-            self.models.load_drafter()
-        return generate_vlm(model, processor, plan.job, plan.media, drafter, watch, self.kv)
-
-
-class LMSingleLane(_OneByOne):
-    """mlx-lm's own generate: its speculative loop with the run's text draft model (`draft`),
-    and its quantized KV cache (`kv`). Rows are tokenized and fitted as the text lane does."""
-
-    def __init__(self, models: Models, info: ModelInfo, text: TextLane, draft: bool,
-                 kv: KVQuant | None = None):  # fmt: skip
-        super().__init__(models, info, kv)
-        self.text, self.drafts = text, draft
-        self.name = "draft" if draft else "lm-single"
-
-    def plan(self, job: Job, media: Media) -> Plan:
-        return Plan(job, media, self, self.text.plan(job, media).seq)  # tokenized once
-
-    def _generate(self, plan: Plan, watch: Watch) -> Generation:
-        model, tokenizer = self.models.text()
-        seq = _seq(plan)
-        drafter = self.models.drafter if self.drafts else None
-        gen = generate_lm(model, tokenizer, seq.ids, seq.params, watch, seq.part, drafter, self.kv)
-        gen.capped = gen.capped or seq.capped
-        return gen
 
 
 def completions(plan: Plan) -> list[Plan]:
@@ -374,13 +323,22 @@ def _scored(gen: Generation, scores: Scores | None) -> Generation:
 
 def _fresh(plan: Plan) -> Plan:
     """The same plan with cleared outputs, to run again on its own."""
-    s = _seq(plan)
-    seq = Sequence(s.ids, s.params, s.boundaries, s.embed, s.positions, s.delta, capped=s.capped, part=s.part,
-                   scored_after=s.scored_after)  # fmt: skip
+    s = seq_of(plan)
+    seq = Sequence(
+        s.ids,
+        s.params,
+        s.boundaries,
+        s.embed,
+        s.positions,
+        s.delta,
+        capped=s.capped,
+        part=s.part,
+        scored_after=s.scored_after,
+    )
     return Plan(plan.job, plan.media, plan.lane, seq, plan.group, plan.adapter)
 
 
-def _seq(plan: Plan) -> Sequence:
+def seq_of(plan: Plan) -> Sequence:
     """The tokenized row of a plan on a lane that tokenizes (every lane but mlx-vlm's own)."""
     if plan.seq is None:
         raise ValueError(f"row {plan.job.id!r}: planned without its tokens")

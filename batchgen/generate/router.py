@@ -20,13 +20,14 @@ from .arrays import Model
 from .batch_cache import KVQuant
 from .drafts import Drafter, inspect_drafter
 from .fine_tunes import AdapterSet
-from .lanes import Lane, LMSingleLane, Plan, SingleLane, TextLane, row_error
+from .lanes import Lane, Plan, TextLane, row_error
 from .loading import Models
 from .memory import Memory
 from .models import inspect_model
 from .prefix_cache import PrefixCache
 from .prompts import frames_as_images
 from .sampling import sampler_for
+from .single_lanes import LMSingleLane, SingleLane
 from .speculative import SpeculativeLane, VisionSpeculativeLane
 from .vision_lanes import OffsetVisionLane, VisionLane
 from .watch import Watch

@@ -18,15 +18,8 @@ from ..input.formats import FORMATS
 from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS
 from .flags import config_from_flags, default_output, fail
-from .options import (
-    COLUMN_FLAGS,
-    Sectioned,
-    caption_options,
-    option,
-    run_options,
-    validate_options,
-    variables,
-)
+from .option_lists import caption_options, run_options, validate_options
+from .options import COLUMN_FLAGS, Sectioned, option, variables
 from .process import ProgressDisplay, Signals, configure_logging, say
 from .results import export, export_results, inspect_results, merge, report
 from .status import status

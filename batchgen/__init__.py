@@ -5,16 +5,17 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from .core.errors import (  # light: the standard library only
+    BatchgenError,
+    ConfigError,
+    FailFastError,
+    Interrupted,
+    JobFileError,
+    OutputLockedError,
+    RunFailedError,
+)
+
 if TYPE_CHECKING:
-    from .core.errors import (
-        BatchgenError,
-        ConfigError,
-        FailFastError,
-        Interrupted,
-        JobFileError,
-        OutputLockedError,
-        RunFailedError,
-    )
     from .core.settings import RunConfig
     from .execution.config import build_config
     from .execution.runner import run
@@ -38,18 +39,6 @@ __version__ = "0.1.0"
 
 # Loaded on first use: `batchgen status` and `--help` start without MLX and transformers.
 _HOMES = {
-    **dict.fromkeys(
-        (
-            "BatchgenError",
-            "ConfigError",
-            "JobFileError",
-            "OutputLockedError",
-            "Interrupted",
-            "FailFastError",
-            "RunFailedError",
-        ),
-        ".core.errors",
-    ),
     "RunConfig": ".core.settings",
     "build_config": ".execution.config",
     "run": ".execution.runner",

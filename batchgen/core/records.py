@@ -362,21 +362,6 @@ KEPT_COLUMNS = (
     "attempts",
     "transient",
 )
-# ... and those the `slim` output leaves out: how a row was made rather than what it says.
-SLIM_DROPS = (
-    "finish_reason",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "cached_tokens",
-    "mtp_drafts",
-    "mtp_accepted",
-    "fetch_ms",
-    "decode_ms",
-    "frames_ms",
-    "generate_ms",
-    "model",
-)
 # Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
 TOTALS = (
     "prompt_tokens",
@@ -385,6 +370,16 @@ TOTALS = (
     "cached_tokens",
     "mtp_drafts",
     "mtp_accepted",
+)
+# ... and those the `slim` output leaves out: how a row was made rather than what it says.
+SLIM_DROPS = (
+    "finish_reason",
+    *TOTALS,
+    "fetch_ms",
+    "decode_ms",
+    "frames_ms",
+    "generate_ms",
+    "model",
 )
 
 

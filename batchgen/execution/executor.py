@@ -95,6 +95,12 @@ class Executor(ABC):
     ):
         self.config, self.work, self.tmp_dir, self.stop = config, work, tmp_dir, stop
         self.make_generator = generator
+        self._start()
+
+    @abstractmethod
+    def _start(self) -> None:
+        """What a kind of executor sets up once made (its models inspected, its pools started):
+        a model that cannot be used stops the run here, before the output is touched."""
 
     @abstractmethod
     def run(self, todo: Pending) -> Batches: ...

@@ -17,8 +17,8 @@ from pathlib import Path
 from ..core.answers import answer_kinds
 from ..core.errors import RowError, one_line, plural
 from ..core.records import TOTALS, Finished, Job, Media, Result
-from ..core.settings import RunConfig, WorkSettings
-from ..generate.generator import Generated, Generator, GeneratorFactory
+from ..core.settings import WorkSettings
+from ..generate.generator import Generated, Generator
 from ..input.parse import near_miss, parse_job
 from ..input.plan import Grouping
 from ..input.read import RawRow, id_key
@@ -107,18 +107,11 @@ class LocalExecutor(Executor):
     A set `stop` ends the wait for media at once and generation between decode steps
     (StopRequested); the caller commits what came out before."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        work: WorkSettings,
-        tmp_dir: Path,
-        stop: threading.Event,
-        generator: GeneratorFactory = Generator,
-    ):
-        super().__init__(config, work, tmp_dir, stop, generator)
-        self.generator = generator(work.generation, stop)  # the models inspected, none loaded yet
+    def _start(self) -> None:
+        work, stop = self.work, self.stop
+        self.generator = self.make_generator(work.generation, stop)  # the models inspected, none loaded
         self.generator.load_drafter()  # a drafter that cannot pair with its target stops the run here
-        self.stage = media_stage(work, tmp_dir, self.generator, stop)
+        self.stage = media_stage(work, self.tmp_dir, self.generator, stop)
         self.pool = ThreadPoolExecutor(work.media.fetch_workers, thread_name_prefix="batchgen-media")
         self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
         self.near_misses: dict[str, int] = {}  # rows with a field one slip from a field of ours

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
-from pathlib import Path
 
 from ..core.errors import plural
 from ..core.settings import RunConfig, WorkSettings, work_settings
-from ..generate.generator import GeneratorFactory
 from ..input.parse import parse_job
 from ..input.read import id_key
 from ..output.pending import Pending
 from .executor import Batches, Executor, ExecutorStats
+from .local import LocalExecutor
+from .ray import RayExecutor
 
-__all__ = ["ModelPasses"]
+__all__ = ["ModelPasses", "executor_for", "one_model"]
 
 log = logging.getLogger(__name__)
 
@@ -30,22 +29,13 @@ class ModelPasses(Executor):
     `--model`'s pass, whose generator says what is wrong with them. Every model is inspected
     here, before any work: a path that is no model stops the run now."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        work: WorkSettings,
-        tmp_dir: Path,
-        stop: threading.Event,
-        generator: GeneratorFactory,
-        kind: type[Executor],
-    ):
-        super().__init__(config, work, tmp_dir, stop, generator)
-        self.kind = kind
-        self.configs = [dataclasses.replace(config, model=path) for path in config.model_paths]
+    def _start(self) -> None:
+        self.kind = one_model(self.config)
+        self.configs = [dataclasses.replace(self.config, model=path) for path in self.config.model_paths]
         self.done: list[ExecutorStats] = []  # the figures of the passes run so far
         self.current: Executor | None = self._executor(0)
         for later in self.configs[1:]:
-            generator(self._work(later).generation, stop)  # inspected, nothing loaded
+            self.make_generator(self._work(later).generation, self.stop)  # inspected, nothing loaded
 
     def _work(self, config: RunConfig) -> WorkSettings:
         base = self.work.base_dir
@@ -95,3 +85,13 @@ class ModelPasses(Executor):
 
     def close(self) -> None:
         self._close()
+
+
+def one_model(config: RunConfig) -> type[Executor]:
+    """The executor that runs a model's rows: here, or on Ray (--engine)."""
+    return RayExecutor if config.executor == "ray" else LocalExecutor
+
+
+def executor_for(config: RunConfig) -> type[Executor]:
+    """The run's executor: a pass per model when rows name several (--models), else one."""
+    return ModelPasses if config.models else one_model(config)

@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from ..core.errors import ConfigError, RunFailedError, short
 from ..core.records import Finished, Result
-from ..core.settings import RunConfig, WorkSettings, work_settings
+from ..core.settings import RunConfig, work_settings
 from ..core.uris import is_uri
 from ..generate.generator import Generator, GeneratorFactory
 from ..input.plan import Grouping
@@ -222,20 +222,12 @@ class RayExecutor(Executor):
     """The pending rows in, results out, like LocalExecutor; the rows are read and run in Ray
     actors (the driver loads no model). A set `stop` ends the run between two result batches."""
 
-    def __init__(
-        self,
-        config: RunConfig,
-        work: WorkSettings,
-        tmp_dir: Path,
-        stop: threading.Event,
-        generator: GeneratorFactory = Generator,
-    ):
+    def _start(self) -> None:
         try:
             import ray  # noqa: F401
         except ImportError as e:
             raise ConfigError("--engine ray needs Ray: pip install 'batchgen[ray]'") from e
-        super().__init__(config, work, tmp_dir, stop, generator)
-        generator(work.generation, stop)  # the models inspected (a bad path stops the run now), none loaded
+        self.make_generator(self.work.generation, self.stop)  # the models inspected, none loaded
         self._latest: dict[str, ExecutorStats] = {}  # each actor's last figures
 
     def run(self, todo: Pending) -> Batches:

@@ -38,9 +38,7 @@ from ..output.run_files import Heartbeat, OutputLock, errors_owned, errors_path,
 from ..output.store import strict_json
 from ..output.write import ResultWriter, stats_path
 from .executor import Executor
-from .local import LocalExecutor
-from .passes import ModelPasses
-from .ray import RayExecutor
+from .passes import executor_for
 from .start import open_job, resume_of, writer_for
 from .summary import TRACE, Progress, RunSummary, finish
 
@@ -104,14 +102,8 @@ def run(
     held = len(cleanups)  # the caller's own, kept when this run's go
     with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        kind = RayExecutor if config.executor == "ray" else LocalExecutor
         try:  # the models are inspected here, before the output is touched
-            make = generator or Generator
-            executor = (
-                ModelPasses(config, work, Path(tmp), stop, make, kind)
-                if config.models
-                else kind(config, work, Path(tmp), stop, make)
-            )
+            executor = executor_for(config)(config, work, Path(tmp), stop, generator or Generator)
             try:
                 with OutputLock(config.output) as lock:
                     cleanups.append(lambda: lock.path.unlink(missing_ok=True))

@@ -74,7 +74,9 @@ class Plan:
 
 
 class Lane:
-    """How a row is generated. `solo` lanes run one row at a time."""
+    """How a row is generated. `solo` lanes run one row at a time. `kv`: the rows' caches
+    quantized (--kv-bits) as the engines' generate quantizes them (such rows keep no prefix
+    snapshots)."""
 
     name = "lane"
     solo = False
@@ -85,8 +87,10 @@ class Lane:
         info: ModelInfo,
         prefixes: PrefixCache | None = None,
         memory: Memory | None = None,
+        kv: KVQuant | None = None,
     ):
-        self.models, self.info, self.prefixes, self.memory = models, info, prefixes, memory
+        self.models, self.info, self.memory, self.kv = models, info, memory, kv
+        self.prefixes = None if kv else prefixes
         self._measured: tuple[Footprint | None] | None = None  # the footprint, once measured
 
     def plan(self, job: Job, media: Media) -> Plan:
@@ -142,8 +146,6 @@ class BatchedLane(Lane):
     a batch runs sends its unfinished rows back in halves (the budget lowered for the rest of
     the run); a row that fails alone is that row's error. `kv`: the rows' caches quantized
     (--kv-bits) as mlx-lm's generate quantizes them."""
-
-    kv: KVQuant | None = None
 
     def _decoding(self) -> tuple[Adapter, set[int], Callable[[list[int]], str], Tokenizer]:
         """(adapter, end tokens, detokenizer, tokenizer)."""
@@ -257,17 +259,6 @@ class BatchedLane(Lane):
 
 class TextLane(BatchedLane):
     name = "lm"
-
-    def __init__(
-        self,
-        models: Models,
-        info: ModelInfo,
-        prefixes: PrefixCache | None = None,
-        memory: Memory | None = None,
-        kv: KVQuant | None = None,
-    ):
-        super().__init__(models, info, None if kv else prefixes, memory)
-        self.kv = kv
 
     def plan(self, job: Job, media: Media) -> Plan:
         model, tokenizer = self.models.text()

@@ -74,7 +74,7 @@ class Router:
         self.offset_kv = (
             OffsetVisionLane(self.models, self.vision_info, None, self.memory, kv) if kv else None
         )
-        self.single = SingleLane(self.models, self.vision_info, kv)
+        self.single = SingleLane(self.models, self.vision_info, kv=kv)
         self.draft = LMSingleLane(self.models, self.text_info, self.text, draft=True, kv=kv)
         self.speculative = SpeculativeLane(self.models, self.text_info)
         self.vision_speculative = VisionSpeculativeLane(self.models, self.vision_info, None, self.memory)

@@ -24,10 +24,6 @@ class _OneByOne(Lane):
 
     solo = True
 
-    def __init__(self, models: Models, info: ModelInfo, kv: KVQuant | None = None):
-        super().__init__(models, info)
-        self.kv = kv
-
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
         for i, plan in enumerate(plans):
             yield i, self._guarded(plan, watch)
@@ -78,7 +74,7 @@ class LMSingleLane(_OneByOne):
     def __init__(
         self, models: Models, info: ModelInfo, text: TextLane, draft: bool, kv: KVQuant | None = None
     ):
-        super().__init__(models, info, kv)
+        super().__init__(models, info, kv=kv)
         self.text, self.drafts = text, draft
         self.name = "draft" if draft else "lm-single"
 

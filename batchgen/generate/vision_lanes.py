@@ -9,6 +9,7 @@ hold media.
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any
 
 import mlx.core as mx
@@ -19,12 +20,7 @@ from ..core.memo import Memo
 from ..core.records import Job, Media
 from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
 from .arrays import Model, Processor, Tokenizer, int_rows
-from .batch_cache import KVQuant
 from .lanes import BatchedLane, Plan
-from .loading import Models
-from .memory import Memory
-from .models import ModelInfo
-from .prefix_cache import PrefixCache
 from .prompts import after_media, check_length, render, template_parts, text_only
 
 __all__ = ["VisionLane", "OffsetVisionLane"]
@@ -35,17 +31,6 @@ class _MediaLane(BatchedLane):
     expands it, decoded by the lane's adapter."""
 
     adapter: type[VLMAdapter] = VLMAdapter
-
-    def __init__(
-        self,
-        models: Models,
-        info: ModelInfo,
-        prefixes: PrefixCache | None = None,
-        memory: Memory | None = None,
-        kv: KVQuant | None = None,
-    ):
-        super().__init__(models, info, None if kv else prefixes, memory)
-        self.kv = kv
 
     def _inputs(self, job: Job, media: Media) -> tuple[Model, Processor, dict, list[int]]:
         """(model, processor, the processor's inputs, the prompt's token ids)."""
@@ -85,17 +70,15 @@ class VisionLane(_MediaLane):
 
     name = "vlm"
 
-    def __init__(
-        self,
-        models: Models,
-        info: ModelInfo,
-        prefixes: PrefixCache | None = None,
-        memory: Memory | None = None,
-        kv: KVQuant | None = None,
-    ):
-        super().__init__(models, info, prefixes, memory, kv)
-        self._features: Memo[mx.array] = Memo(64)  # vision-tower outputs by image digests
-        self._layouts: Memo[tuple[mx.array, int]] = Memo(64)  # mRoPE positions up to the last media
+    @cached_property
+    def _features(self) -> Memo[mx.array]:
+        """Vision-tower outputs by image digests."""
+        return Memo(64)
+
+    @cached_property
+    def _layouts(self) -> Memo[tuple[mx.array, int]]:
+        """mRoPE positions up to the last media."""
+        return Memo(64)
 
     def plan(self, job: Job, media: Media) -> Plan:
         model, _, inputs, ids = self._inputs(job, media)

@@ -206,6 +206,10 @@ class RunConfig:
         """Each model the run loads for a row's generation: --model's first, then --models'."""
         return tuple(dict.fromkeys([self.model, *(path for _, path in self.models)]))
 
+    def per_model(self) -> list[RunConfig]:
+        """The run as one config per model it loads (model_paths' order), each with that model."""
+        return [dataclasses.replace(self, model=path) for path in self.model_paths]
+
     @property
     def model_name(self) -> str:
         """How rows that name no model know theirs: its name in --models, else its path."""

@@ -4,7 +4,6 @@ model is in memory at a time."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 
 from ..core.errors import plural
@@ -31,7 +30,7 @@ class ModelPasses(Executor):
 
     def _start(self) -> None:
         self.kind = one_model(self.config)
-        self.configs = [dataclasses.replace(self.config, model=path) for path in self.config.model_paths]
+        self.configs = self.config.per_model()
         self.done: list[ExecutorStats] = []  # the figures of the passes run so far
         self.current: Executor | None = self._executor(0)
         for later in self.configs[1:]:

@@ -182,8 +182,7 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     grouping = Grouping(index, resume.done)
     if calibrate and config.models:
         raise ConfigError("--calibrate with --models: calibrate each model's rows in a plan of their own")
-    models = {path: dataclasses.replace(config, model=path) for path in config.model_paths}
-    works = {path: work_settings(model, index.base) for path, model in models.items()}
+    works = {model.model: work_settings(model, index.base) for model in config.per_model()}
     counts = _Counts(config.cache_entries if config.cache else 0)
     horizon = config.plan_horizon * 2**20
     first: list[RawRow] = []  # the rows a calibration runs: the plan's first

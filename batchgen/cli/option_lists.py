@@ -178,6 +178,13 @@ def _reuse_options() -> list:
         ),
         option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
         option(
+            "--plan-aside",
+            is_flag=True,
+            default=None,
+            help="Plan the next window's rows on a thread while this one decodes (for a GPU host, "
+            "where decoding waits on the device; no gain on a CPU) [off].",
+        ),
+        option(
             "--plan-horizon",
             type=int,
             help="MiB of rows held back so rows sharing a picture run together, wherever they stand "

@@ -69,6 +69,7 @@ _SECTIONS = {
         "continuous",
         "window",
         "plan_horizon",
+        "plan_aside",
         "cache",
         "row_timeout",
     ),

@@ -53,6 +53,7 @@ class ExecutorStats:
             MemoryStats.added([g.memory for g in gens]),
             sum(g.adapter_switches for g in gens),
             sum(g.model_loads for g in gens),
+            sum(g.planned_aside for g in gens),
         )
         return cls(
             MediaStats.added([p.media for p in parts]),
@@ -76,6 +77,7 @@ class ExecutorStats:
             MemoryStats(**memory),
             gen.get("adapter_switches", 0),
             gen.get("model_loads", 0),
+            gen.get("planned_aside", 0),
         )
         return cls(MediaStats(**value["media"]), generation, value["unused_media"], value["near_misses"])
 

@@ -25,6 +25,7 @@ from ..input.read import RawRow, id_key
 from ..media.resolve import MediaStage, Prefetcher, Prepared
 from ..output.pending import Pending
 from .executor import Batches, Executor, ExecutorStats
+from .planner import AsidePlanner
 
 __all__ = ["LocalExecutor", "generate_window", "media_stage"]
 
@@ -75,10 +76,11 @@ def media_stage(
 
 
 def generate_window(
-    window: list[tuple[Job, Prepared | None]], generator: Generator
+    window: list[tuple[Job, Prepared | None]], generator: Generator, planner: AsidePlanner | None = None
 ) -> Iterator[list[tuple[Job, Result]]]:
     """Results for a window of rows, a list at a time: the rows that failed before generation
-    (reading, media, planning), then the generated rows as they finish."""
+    (reading, media, planning), then the generated rows as they finish. With a `planner`, the
+    rows it planned aside are taken from it, and the next rows go to it while these run."""
     failed: list[tuple[Job, Result]] = []
     todo: list[int] = []  # the window's rows that go to the generator
     for w, (job, prepared) in enumerate(window):
@@ -93,12 +95,15 @@ def generate_window(
         job, prepared = window[todo[g.index]]
         return job, _result(job, prepared, g)
 
-    planned = generator.plan([(window[w][0], p.media if (p := window[w][1]) else Media()) for w in todo])
+    if planner is not None:
+        planned = planner.plan(window, todo)
+    else:
+        planned = generator.plan([(job, p.media if p else Media()) for job, p in (window[w] for w in todo)])
     failed += map(finished, planned.failed)
     if failed:
         yield failed
-    for rows in generator.run(planned):
-        yield list(map(finished, rows))
+    for done in generator.run(planned):
+        yield list(map(finished, done))
 
 
 class LocalExecutor(Executor):
@@ -179,18 +184,27 @@ class LocalExecutor(Executor):
         # rows split over windows would decode in narrower batches.
         batch_size = c.generation.batch_size
         least, patience = max(1, batch_size // 4), FIRST_WINDOW_PATIENCE
-        while not self.stop.is_set() and (window := prefetcher.take(c.window, least, patience)):
-            if self.stop.is_set():  # a download the stop cut short is no row's failure: the rows run again
-                return
-            least, patience = batch_size, 0.0
-            log.debug(
-                "window: %d rows (%d with media, %d failed before generation)",
-                len(window),
-                sum(bool(job.media) for job, _ in window),
-                sum(bool(job.error or (p is not None and p.error)) for job, p in window),
-            )
-            for done in generate_window(window, self.generator):
-                yield [Finished(job.raw, job.where, result) for job, result in done]
+        planner = AsidePlanner(self.generator, prefetcher, self.stop) if c.plan_aside else None
+        if planner is not None:
+            planner.offer()  # the first rows planned as their media resolve
+        try:
+            most = batch_size if planner is not None else c.window
+            while not self.stop.is_set() and (window := prefetcher.take(most, least, patience)):
+                if self.stop.is_set():  # a download the stop cut short fails no row: the rows run again
+                    return
+                least, patience, most = batch_size, 0.0, c.window
+                log.debug(
+                    "window: %d rows (%d with media, %d failed before generation)",
+                    len(window),
+                    sum(bool(job.media) for job, _ in window),
+                    sum(bool(job.error or (p is not None and p.error)) for job, p in window),
+                )
+                for done in generate_window(window, self.generator, planner):
+                    yield [Finished(job.raw, job.where, result) for job, result in done]
+        finally:
+            if planner is not None:
+                planner.close()
+                log.debug("planned aside: %d rows", self.generator.stats().planned_aside)
 
     def stats(self) -> ExecutorStats:
         return ExecutorStats(

@@ -22,12 +22,13 @@ from ..core.errors import RowError
 from ..core.figures import CacheStats, MemoryStats
 from ..core.records import Generation, Job, Media
 from ..core.settings import GenerationSettings
+from .aside import PlanAtHome, aside
 from .lanes import completions
 from .models import ModelInfo
 from .router import Plan, Router
 from .schedule import schedule
 
-__all__ = ["Generator", "GeneratorFactory", "Generated", "GenerationStats", "Planned"]
+__all__ = ["Generator", "GeneratorFactory", "Generated", "GenerationStats", "Planned", "RowPlan"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class GenerationStats:
     memory: MemoryStats = field(default_factory=MemoryStats)
     adapter_switches: int = 0  # times the model's adapter was changed for the next rows
     model_loads: int = 0  # checkpoints loaded (an engine each)
+    planned_aside: int = 0  # rows planned on a thread beside generation
 
 
 @dataclass(slots=True)
@@ -78,6 +80,15 @@ class Generated:
 
 
 @dataclass(slots=True)
+class RowPlan:
+    """A row planned: a plan per completion, or the error that stops it; and the time it took."""
+
+    plans: list[Plan]
+    error: RowError | None
+    ms: float
+
+
+@dataclass(slots=True)
 class Planned:
     """A window's rows on their lanes: a plan per completion, the row each plan is for, and the
     rows that could not be planned (a template that rejects them, media the model cannot take)."""
@@ -101,6 +112,7 @@ class Generator:
     ):
         self.settings = settings
         self.router = router if router is not None else Router.from_settings(settings, stop, lazy)
+        self.planned_aside = 0
 
     @property
     def vision_info(self) -> ModelInfo:
@@ -132,19 +144,38 @@ class Generator:
         names = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
         return {v for n in names if isinstance(v := getattr(config, n, None), int)}
 
-    def plan(self, rows: list[tuple[Job, Media]]) -> Planned:
-        """Each row routed and tokenized, as many plans as it asks completions."""
+    def plan_row(self, job: Job, media: Media) -> RowPlan:
+        """The row routed and tokenized, as many plans as it asks completions, or its error."""
+        t0 = time.perf_counter()
+        try:
+            plans, error = completions(self.router.plan(job, media)), None
+        except RowError as e:
+            plans, error = [], e
+        return RowPlan(plans, error, (time.perf_counter() - t0) * 1000)
+
+    def plan_aside(self, job: Job, media: Media) -> RowPlan | None:
+        """The row planned on a thread beside generation (aside.py); None: only the generating
+        thread can plan it (a model to load, a memory to measure), so it is planned there."""
+        with aside():
+            try:
+                planned = self.plan_row(job, media)
+            except PlanAtHome:
+                return None
+        self.planned_aside += 1
+        return planned
+
+    def plan(self, rows: list[tuple[Job, Media]], made: list[RowPlan | None] | None = None) -> Planned:
+        """Each row's plans: `made[w]` where row w was planned aside, else planned here."""
         planned = Planned([job for job, _ in rows])
         for w, (job, media) in enumerate(rows):
-            t0 = time.perf_counter()
-            try:
-                copies = completions(self.router.plan(job, media))
-            except RowError as e:
-                ms = (time.perf_counter() - t0) * 1000
-                planned.failed.append(Generated(w, None, e, self.model_for(job), ms))
+            row = made[w] if made is not None else None
+            if row is None:
+                row = self.plan_row(job, media)
+            if row.error is not None:
+                planned.failed.append(Generated(w, None, row.error, self.model_for(job), row.ms))
                 continue
-            planned.plans += copies
-            planned.owners += [w] * len(copies)
+            planned.plans += row.plans
+            planned.owners += [w] * len(row.plans)
         return planned
 
     def run(self, planned: Planned) -> Iterator[list[Generated]]:
@@ -225,6 +256,7 @@ class Generator:
             dataclasses.replace(memory, widths=dict(memory.widths)),
             r.adapter_switches,
             r.model_loads,
+            self.planned_aside,
         )
 
 

@@ -21,6 +21,7 @@ from ..core.files import ADAPTER_FILES, adapter_config, adapter_digest
 from ..core.memo import Memo
 from ..core.records import IMAGE_DIGEST
 from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
+from .aside import at_home
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .fine_tunes import AdapterSet
 from .models import ModelInfo, weights_path
@@ -198,6 +199,14 @@ class Models:
         drafter = self.drafter.model if self.drafter is not None else None
         return found + ([drafter] if drafter is not None and hasattr(drafter, "parameters") else [])
 
+    @property
+    def vlm_loaded(self) -> bool:
+        return self._vlm is not None
+
+    @property
+    def lm_loaded(self) -> bool:
+        return self._lm is not None
+
     def release(self) -> None:
         """Let go of the loaded weights (a run of several models frees one before the next)."""
         self._vlm = self._lm = None
@@ -219,6 +228,7 @@ class Models:
         if "vlm" in self._failed:
             raise self._failed["vlm"]
         if self._vlm is None:
+            at_home("loading the vision model")
             import mlx_vlm
             from transformers.utils import logging as hf_logging
 
@@ -260,6 +270,7 @@ class Models:
         if "lm" in self._failed:
             raise self._failed["lm"]
         if self._lm is None and not self.text_on_vlm:
+            at_home("loading the text model")
             try:
                 self._read_digest()
                 model, tokenizer = load_lm(weights_path(self.text_info), lazy=self.lazy, adapter=self.adapter)
@@ -355,6 +366,7 @@ class Models:
         d = self.drafter
         if d is None or d.model is not None:
             return
+        at_home("loading the drafter")
         if d.lane == "vlm":
             load_vision_drafter(d, self.vlm()[0])
         else:

@@ -32,6 +32,7 @@ from ..core.errors import RowError
 from ..core.figures import MemoryStats
 from .adapters import Cache, CacheLayer
 from .arrays import Model, parameters
+from .aside import at_home
 from .loading import Models
 from .prefix_cache import PrefixCache
 
@@ -224,6 +225,7 @@ class Memory:
             return None
         key = (id(model), kind)
         if key not in self._footprints:
+            at_home("measuring a row's memory on the model")  # a forward pass, which may build lazy state
             self._footprints[key] = footprint(model, make_cache())
         return self._footprints[key]
 

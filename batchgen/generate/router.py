@@ -17,6 +17,7 @@ from ..core.records import Generation, GenParams, Job, Media
 from ..core.settings import GenerationSettings
 from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model
+from .aside import PlanAtHome
 from .batch_cache import KVQuant
 from .drafts import Drafter, inspect_drafter
 from .fine_tunes import AdapterSet
@@ -113,6 +114,24 @@ class Router:
             vision = True
         if vision and (self.vision_info.multimodal or self.models.text_on_vlm) or self._text_via_vlm():
             self.models.vlm()
+        self._measure()
+
+    def _measure(self) -> None:
+        """The loaded models' batched lanes measure a row's memory now, here: rows planned
+        aside cannot (aside.py), and would all be handed back until one was planned here."""
+        lanes: list[Lane | None] = []
+        if self.models.lm_loaded:
+            lanes += [self.text, self.text_kv]
+        if self.models.vlm_loaded:
+            kind = family(self.models.vlm()[0].config.model_type).lane
+            pairs: dict[str, list[Lane | None]] = {
+                "mrope": [self.vision, self.vision_kv],
+                "offset": [self.offset, self.offset_kv],
+            }
+            lanes += pairs.get(kind, [])
+        for each in lanes:
+            if each is not None:
+                each.footprint()
 
     def load_drafter(self) -> None:
         self.models.load_drafter()
@@ -231,8 +250,12 @@ class Router:
         if self.kv is not None:
             self._check_quantizable(job)
         adapter = self._adapter_of(job)
+        counted = dict(self.one_at_a_time)
         try:
             plan = self.route(job, media).plan(job, media)
+        except PlanAtHome:  # routed aside, planned again at home: counted there
+            self.one_at_a_time = counted
+            raise
         except (RowError, BatchgenError):
             raise
         except Exception as e:  # a template or processor that rejects this row

@@ -20,6 +20,7 @@ from ..core.memo import Memo
 from ..core.records import Job, Media
 from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
 from .arrays import Model, Processor, Tokenizer, int_rows
+from .aside import at_home, settle
 from .lanes import BatchedLane, Plan
 from .prompts import after_media, check_length, render, template_parts, text_only
 
@@ -48,6 +49,7 @@ class _MediaLane(BatchedLane):
             image_token_index=getattr(model.config, "image_token_index", None),
             add_special_tokens=should_add_special_tokens(model.config.model_type, processor),
         )
+        settle(*(v for v in inputs.values() if isinstance(v, mx.array)))
         ids = inputs["input_ids"][0].tolist()
         check_length(prompt, ids, self.info)
         return model, processor, inputs, ids
@@ -98,6 +100,7 @@ class VisionLane(_MediaLane):
             )
         tail = mx.arange(top, top + len(ids) - last, dtype=head.dtype).reshape(1, 1, -1)
         positions = mx.concatenate([head, mx.broadcast_to(tail, (3, 1, len(ids) - last))], axis=2)
+        settle(positions)
         delta = top - last  # generated token n sits at len(ids) + n + delta
         start_id = getattr(model.config, "vision_start_token_id", None)
         media_starts = [i for i, t in enumerate(ids) if t == start_id]
@@ -208,6 +211,7 @@ class OffsetVisionLane(_MediaLane):
         image_id = getattr(model.config, "image_token_index", None) or model.config.image_token_id
         merged = None
         if media.images and family(model.config.model_type).first_image_only:
+            at_home("LLaVA-NeXT's merged embeddings (a lazy graph, run only if a slice needs it)")
             merged = _merged(model, inputs)  # a lazy graph: the tower runs only if a slice needs it
             ids = _relaid(ids, image_id, merged[0].shape[1])
             check_length("", ids, self.info)

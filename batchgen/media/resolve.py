@@ -319,7 +319,9 @@ class Prefetcher:
                 self._seen_bytes += prepared.nbytes + _given_bytes(job)
                 size += prepared.nbytes
             window.append((job, prepared))
-            self._fill()
+            if not self.ahead:  # more rows may fit the window (refilled once per take otherwise:
+                self._fill()  # weighing the rows ahead for every row taken cost seconds a job)
+        self._fill()
         return window
 
 

@@ -12,10 +12,12 @@ time less the rows' generate_ms, which add up to the time the lanes ran: loading
 waiting for media, planning, writing), the prompt tokens its prefix cache saved, and whether
 its outputs equal image-major's, by id. With --baseline, prompt-major again with
 the whole-job plan off (--plan-horizon 0: rows in job order, grouped only within a window),
-as main ran before the plan. Then `batchgen plan --calibrate 16`'s projection against the
-measured image-major time.
+as main ran before the plan. With --plan-aside, each order again with --plan-aside (the next
+window's rows planned on a thread while this one decodes), to set its time outside the lanes
+and its whole time beside the plain runs'. Then `batchgen plan --calibrate 16`'s projection
+against the measured image-major time.
 
-    python bench/order.py [--fast-blas] [--baseline] [--pictures 120] [--rounds 2]
+    python bench/order.py [--fast-blas] [--baseline] [--plan-aside] [--pictures 120] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def run(config) -> tuple[float, dict, object, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--baseline", action="store_true", help="also prompt-major without the plan")
+    parser.add_argument("--plan-aside", action="store_true", help="also each order with --plan-aside")
     parser.add_argument("--pictures", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=2, help="runs of each order, in turn; the best counts")
     args = parser.parse_args()
@@ -92,9 +95,10 @@ def main() -> None:
               f"max_tokens {MAX_TOKENS}, window 256, 50 prefix snapshots; best of {args.rounds}")  # fmt: skip
         run(config_for(write_job(folder, "warm-up", jobs["image-major"][:6]), model))  # first compiles
         names = list(jobs) + (["prompt-major, no plan"] if args.baseline else [])
+        names += [f"{name}, aside" for name in jobs] if args.plan_aside else []
         configs = {
             name: config_for(write_job(folder, name, jobs[name.split(",")[0]]), model,
-                             **({"plan_horizon": 0} if "no plan" in name else {}))
+                             plan_horizon=0 if "no plan" in name else 512, plan_aside="aside" in name)
             for name in names
         }  # fmt: skip
         times: dict[str, float] = {}

@@ -118,20 +118,15 @@ class Router:
 
     def _measure(self) -> None:
         """The loaded models' batched lanes measure a row's memory now, here: rows planned
-        aside cannot (aside.py), and would all be handed back until one was planned here."""
-        lanes: list[Lane | None] = []
-        if self.models.lm_loaded:
-            lanes += [self.text, self.text_kv]
+        aside cannot (aside.py), and would all be handed back until one was planned here.
+        (A --kv-bits lane measures on its first row, after the run checked its cache.)"""
+        lanes: list[Lane] = [self.text] if self.models.lm_loaded else []
         if self.models.vlm_loaded:
             kind = family(self.models.vlm()[0].config.model_type).lane
-            pairs: dict[str, list[Lane | None]] = {
-                "mrope": [self.vision, self.vision_kv],
-                "offset": [self.offset, self.offset_kv],
-            }
-            lanes += pairs.get(kind, [])
-        for each in lanes:
-            if each is not None:
-                each.footprint()
+            by_kind: dict[str, Lane] = {"mrope": self.vision, "offset": self.offset}
+            lanes += [by_kind[kind]] if kind in by_kind else []
+        for lane in lanes:
+            lane.footprint()
 
     def load_drafter(self) -> None:
         self.models.load_drafter()

@@ -52,23 +52,23 @@ class AsidePlanner:
     def plan(self, window: list[tuple[Job, Prepared | None]], todo: list[int]) -> Planned:
         """The window's rows at `todo` planned: aside where the thread got to them, here
         otherwise; then the rows after the window go to the thread while these run."""
-        made = self._claim(window)
         rows = [(job, p.media if p else Media()) for job, p in (window[w] for w in todo)]
-        with self._planning:
+        with self._planning:  # the thread is between rows: no row is half planned aside
+            made = self._claim(window)
             planned = self.generator.plan(rows, [made[w] for w in todo])
         self.offer()
         return planned
 
     def _claim(self, window: list[tuple[Job, Prepared | None]]) -> list[RowPlan | None]:
-        """What was planned aside for each row of the window (None: plan it here). A row the
-        thread has not started is taken back from it; one it is planning is awaited."""
+        """What was planned aside for each row of the window (None: plan it here): taken while
+        the thread waits, so a row is planned aside already or not at all."""
         made: list[RowPlan | None] = []
         for job, _ in window:
             if not self._offered or self._offered[0][0] is not job:
                 made.append(None)  # queued into the look-ahead and taken in the same window
                 continue
             _, plan = self._offered.popleft()
-            made.append(None if plan.cancel() else plan.result())
+            made.append(None if plan.cancel() else plan.result())  # cancelled, or done
         return made
 
     def close(self) -> None:
@@ -83,18 +83,21 @@ class AsidePlanner:
     def _work(self) -> None:
         while (item := self._todo.get()) is not None:
             job, media, plan = item
-            if not self._resolved(media, plan) or not plan.set_running_or_notify_cancel():
+            if not self._resolved(media, plan):
                 continue
-            try:
-                prepared: Prepared | None = media.result() if media is not None else None
-                if job.error or (prepared is not None and prepared.error):
-                    plan.set_result(None)  # the row fails before generation: nothing to plan
-                else:
-                    with self._planning:
-                        made = self.generator.plan_aside(job, prepared.media if prepared else Media())
-                    plan.set_result(made)
-            except BaseException as e:  # noqa: BLE001 - raised where the plan is claimed
-                plan.set_exception(e)
+            with self._planning:
+                if plan.set_running_or_notify_cancel():
+                    self._plan(job, media, plan)
+
+    def _plan(self, job: Job, media: Future | None, plan: Future[RowPlan | None]) -> None:
+        try:
+            prepared: Prepared | None = media.result() if media is not None else None
+            if job.error or (prepared is not None and prepared.error):
+                plan.set_result(None)  # the row fails before generation: nothing to plan
+            else:
+                plan.set_result(self.generator.plan_aside(job, prepared.media if prepared else Media()))
+        except BaseException as e:  # noqa: BLE001 - raised where the plan is claimed
+            plan.set_exception(e)
 
     def _resolved(self, media: Future | None, plan: Future) -> bool:
         """The row's media are ready (False: its plan was taken back, or the run ends)."""

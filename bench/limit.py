@@ -14,7 +14,10 @@ slot refilled at once, in place, with no other row's cache copied. Everything ru
 models' own calls (vision tower, embeddings, language model, mlx-lm/mlx-vlm KV caches), greedy,
 and the limit's tokens are checked against batchgen's output.
 
-    python bench/limit.py [--fast-blas] [captioning] [mixed-text]   # last lines: batchgen / limit
+With --plan-aside, batchgen runs with --plan-aside (the next window's rows planned on a
+thread while this one decodes).
+
+    python bench/limit.py [--fast-blas] [--plan-aside] [captioning] [mixed-text]  # last: batchgen / limit
 """
 
 from __future__ import annotations
@@ -176,7 +179,7 @@ def run_batchgen(job: Path, model: Path, **kwargs: Any) -> tuple[float, Any, flo
 
     out = job.with_name(f"{job.stem}-{len(list(job.parent.glob(job.stem + '-*.parquet')))}.parquet")
     config = batchgen.build_config(job, out, None, {"temperature": 0.0, **kwargs.pop("defaults", {})},
-                                   model=str(model), quiet=True, **kwargs)  # fmt: skip
+                                   model=str(model), quiet=True, plan_aside=PLAN_ASIDE, **kwargs)  # fmt: skip
     t0 = time.perf_counter()
     batchgen.run(config)
     took = time.perf_counter() - t0
@@ -340,6 +343,7 @@ def _listed(seconds: list[float]) -> str:
 
 
 JOBS = {"captioning": captioning, "mixed text": mixed_text}
+PLAN_ASIDE = "--plan-aside" in sys.argv
 
 
 def main(names: list[str]) -> None:
@@ -350,4 +354,4 @@ def main(names: list[str]) -> None:
 
 if __name__ == "__main__":
     fast_blas()
-    main([" ".join(a.split("-")) for a in sys.argv[1:]])
+    main([" ".join(a.split("-")) for a in sys.argv[1:] if a != "--plan-aside"])

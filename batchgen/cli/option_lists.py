@@ -178,11 +178,12 @@ def _reuse_options() -> list:
         ),
         option("--window", type=int, help="Rows looked ahead to group shared images [256]."),
         option(
-            "--plan-aside",
-            is_flag=True,
+            "--no-plan-aside",
+            "plan_aside",
+            flag_value=False,
             default=None,
-            help="Plan the next window's rows on a thread while this one decodes (for a GPU host, "
-            "where decoding waits on the device; no gain on a CPU) [off].",
+            help="Plan each window's rows between windows, not on a thread while the one before "
+            "decodes (which holds a second window's processed inputs).",
         ),
         option(
             "--plan-horizon",

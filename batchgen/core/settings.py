@@ -146,7 +146,7 @@ class RunConfig:
     continuous: bool = True  # a finished row's slot goes to a waiting row; False: static batches
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
     plan_horizon: int = 512  # MiB of rows held back to meet the rest of their group (input/plan); 0: off
-    plan_aside: bool = False  # the next window's rows planned on a thread while this one decodes
+    plan_aside: bool = True  # the next window's rows planned on a thread while this one decodes
     output_shards: bool = False  # -o DIR/: a folder of Parquet shards, never one table in memory
     shard_rows: int = 100_000  # rows per shard: a few hundred MB at most for captioning rows
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
@@ -270,7 +270,7 @@ class WorkSettings:
     columns: Columns
     window: int
     base_dir: Path | None  # where the job's relative media paths start; None: a remote job
-    plan_aside: bool = False  # the next window's rows planned beside generation (execution/planner)
+    plan_aside: bool = True  # the next window's rows planned beside generation (execution/planner)
 
 
 def work_settings(config: RunConfig, base: str | None) -> WorkSettings:

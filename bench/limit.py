@@ -14,10 +14,10 @@ slot refilled at once, in place, with no other row's cache copied. Everything ru
 models' own calls (vision tower, embeddings, language model, mlx-lm/mlx-vlm KV caches), greedy,
 and the limit's tokens are checked against batchgen's output.
 
-With --plan-aside, batchgen runs with --plan-aside (the next window's rows planned on a
-thread while this one decodes).
+With --no-plan-aside, batchgen plans every window's rows between windows (as before the
+planning thread).
 
-    python bench/limit.py [--fast-blas] [--plan-aside] [captioning] [mixed-text]  # last: batchgen / limit
+    python bench/limit.py [--fast-blas] [--no-plan-aside] [captioning] [mixed-text]  # last: batchgen / limit
 """
 
 from __future__ import annotations
@@ -343,7 +343,7 @@ def _listed(seconds: list[float]) -> str:
 
 
 JOBS = {"captioning": captioning, "mixed text": mixed_text}
-PLAN_ASIDE = "--plan-aside" in sys.argv
+PLAN_ASIDE = "--no-plan-aside" not in sys.argv
 
 
 def main(names: list[str]) -> None:
@@ -354,4 +354,4 @@ def main(names: list[str]) -> None:
 
 if __name__ == "__main__":
     fast_blas()
-    main([" ".join(a.split("-")) for a in sys.argv[1:] if a != "--plan-aside"])
+    main([" ".join(a.split("-")) for a in sys.argv[1:] if a != "--no-plan-aside"])

@@ -12,12 +12,13 @@ time less the rows' generate_ms, which add up to the time the lanes ran: loading
 waiting for media, planning, writing), the prompt tokens its prefix cache saved, and whether
 its outputs equal image-major's, by id. With --baseline, prompt-major again with
 the whole-job plan off (--plan-horizon 0: rows in job order, grouped only within a window),
-as main ran before the plan. With --plan-aside, each order again with --plan-aside (the next
-window's rows planned on a thread while this one decodes), to set its time outside the lanes
-and its whole time beside the plain runs'. Then `batchgen plan --calibrate 16`'s projection
-against the measured image-major time.
+as main ran before the plan. With --between, each order again with --no-plan-aside (every
+window's rows planned between windows, as before the planning thread), to set their time
+outside the lanes and their whole time beside the default runs'. Then `batchgen plan
+--calibrate 16`'s projection against the measured image-major time.
 
-    python bench/order.py [--fast-blas] [--baseline] [--plan-aside] [--pictures 120] [--rounds 2]
+    python bench/order.py [--fast-blas] [--baseline] [--between] [--pictures 120] [--window 256]
+                          [--rounds 2]
 """
 
 from __future__ import annotations
@@ -83,8 +84,9 @@ def run(config) -> tuple[float, dict, object, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--baseline", action="store_true", help="also prompt-major without the plan")
-    parser.add_argument("--plan-aside", action="store_true", help="also each order with --plan-aside")
+    parser.add_argument("--between", action="store_true", help="also each order with --no-plan-aside")
     parser.add_argument("--pictures", type=int, default=120)
+    parser.add_argument("--window", type=int, default=256, help="rows a window takes (--window)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each order, in turn; the best counts")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -92,13 +94,14 @@ def main() -> None:
         model, paths = workload(folder, args.pictures)
         jobs = layouts(paths)
         print(f"{len(paths)} pictures x {len(QUESTIONS)} questions = {len(jobs['image-major'])} rows, "
-              f"max_tokens {MAX_TOKENS}, window 256, 50 prefix snapshots; best of {args.rounds}")  # fmt: skip
+              f"max_tokens {MAX_TOKENS}, window {args.window}, 50 prefix snapshots; best of {args.rounds}")  # fmt: skip
         run(config_for(write_job(folder, "warm-up", jobs["image-major"][:6]), model))  # first compiles
         names = list(jobs) + (["prompt-major, no plan"] if args.baseline else [])
-        names += [f"{name}, aside" for name in jobs] if args.plan_aside else []
+        names += [f"{name}, between" for name in jobs] if args.between else []
         configs = {
             name: config_for(write_job(folder, name, jobs[name.split(",")[0]]), model,
-                             plan_horizon=0 if "no plan" in name else 512, plan_aside="aside" in name)
+                             plan_horizon=0 if "no plan" in name else 512, plan_aside="between" not in name,
+                             window=args.window)
             for name in names
         }  # fmt: skip
         times: dict[str, float] = {}

@@ -188,11 +188,10 @@ class LocalExecutor(Executor):
         if planner is not None:
             planner.offer()  # the first rows planned as their media resolve
         try:
-            most = batch_size if planner is not None else c.window
-            while not self.stop.is_set() and (window := prefetcher.take(most, least, patience)):
+            while not self.stop.is_set() and (window := prefetcher.take(c.window, least, patience)):
                 if self.stop.is_set():  # a download the stop cut short fails no row: the rows run again
                     return
-                least, patience, most = batch_size, 0.0, c.window
+                least, patience = batch_size, 0.0
                 log.debug(
                     "window: %d rows (%d with media, %d failed before generation)",
                     len(window),

@@ -94,7 +94,8 @@ def main() -> None:
         model, paths = workload(folder, args.pictures)
         jobs = layouts(paths)
         print(f"{len(paths)} pictures x {len(QUESTIONS)} questions = {len(jobs['image-major'])} rows, "
-              f"max_tokens {MAX_TOKENS}, window {args.window}, 50 prefix snapshots; best of {args.rounds}")  # fmt: skip
+              f"max_tokens {MAX_TOKENS}, window {args.window}, 50 prefix snapshots; "
+              f"best of {args.rounds}")  # fmt: skip
         run(config_for(write_job(folder, "warm-up", jobs["image-major"][:6]), model))  # first compiles
         names = list(jobs) + (["prompt-major, no plan"] if args.baseline else [])
         names += [f"{name}, between" for name in jobs] if args.between else []

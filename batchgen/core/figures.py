@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 __all__ = ["MediaStats", "MemoryStats", "CacheStats", "RowGroup", "GROUPED_BY", "MAX_GROUPS"]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class MediaStats:
     """The media work of a run: downloads and what reuse saved."""
 
@@ -25,10 +25,10 @@ class MediaStats:
 
     @classmethod
     def added(cls, parts: list[MediaStats]) -> MediaStats:
-        return cls(*(sum(getattr(p, f) for p in parts) for f in cls.__slots__))
+        return cls(**{f: sum(getattr(p, f) for p in parts) for f in cls.__slots__})
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class MemoryStats:
     """What the memory budget did in a run (generate/memory.py): its size and how it was found,
     the widths decode steps ran at, out-of-memory failures and the rows they sent back, rows
@@ -54,18 +54,18 @@ class MemoryStats:
                 widths[int(w)] = widths.get(int(w), 0) + n
         ceilings = [p.ceiling for p in parts if p.ceiling is not None]
         return cls(
-            parts[0].budget,
-            parts[0].how,
-            parts[0].weights,
-            min(ceilings) if ceilings else None,
-            sum(p.out_of_memory for p in parts),
-            sum(p.retried for p in parts),
-            sum(p.too_big for p in parts),
-            widths,
+            budget=parts[0].budget,
+            how=parts[0].how,
+            weights=parts[0].weights,
+            ceiling=min(ceilings) if ceilings else None,
+            out_of_memory=sum(p.out_of_memory for p in parts),
+            retried=sum(p.retried for p in parts),
+            too_big=sum(p.too_big for p in parts),
+            widths=widths,
         )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class CacheStats:
     """Prompt-prefix reuse over a run (or several executors' runs, added up)."""
 
@@ -90,7 +90,7 @@ GROUPED_BY = ("model", "adapter")
 MAX_GROUPS = 64
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RowGroup:
     """The output's rows of one model (or adapter): `value` as the column holds it ("" for none)."""
 

@@ -31,7 +31,7 @@ def _add(counts: list[dict[str, int]]) -> dict[str, int]:
     return total
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class ExecutorStats:
     """An executor's figures so far: media work, what generation did, rows without media beside
     a column that looks like media, rows with a field one slip from one of ours."""
@@ -46,20 +46,18 @@ class ExecutorStats:
         """Several executors' figures (Ray actors') as one run's: counts add, rates are recomputed."""
         gens = [p.generation for p in parts]
         caches = [g.cache for g in gens if g.cache is not None]
+        counts = ("max_tokens_capped", "adapter_switches", "model_loads", "planned_aside")
         generation = GenerationStats(
-            CacheStats.added(caches) if caches else None,
-            sum(g.max_tokens_capped for g in gens),
-            _add([g.one_at_a_time for g in gens]),
-            MemoryStats.added([g.memory for g in gens]),
-            sum(g.adapter_switches for g in gens),
-            sum(g.model_loads for g in gens),
-            sum(g.planned_aside for g in gens),
+            cache=CacheStats.added(caches) if caches else None,
+            one_at_a_time=_add([g.one_at_a_time for g in gens]),
+            memory=MemoryStats.added([g.memory for g in gens]),
+            **{name: sum(getattr(g, name) for g in gens) for name in counts},
         )
         return cls(
-            MediaStats.added([p.media for p in parts]),
-            generation,
-            _add([p.unused_media for p in parts]),
-            _add([p.near_misses for p in parts]),
+            media=MediaStats.added([p.media for p in parts]),
+            generation=generation,
+            unused_media=_add([p.unused_media for p in parts]),
+            near_misses=_add([p.near_misses for p in parts]),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -70,16 +68,16 @@ class ExecutorStats:
         gen = value["generation"]
         cache, memory = gen.get("cache"), dict(gen.get("memory") or {})
         memory["widths"] = {int(w): n for w, n in (memory.get("widths") or {}).items()}  # JSON keys are text
+        counts = {name: gen.get(name, 0) for name in ("adapter_switches", "model_loads", "planned_aside")}
         generation = GenerationStats(
-            CacheStats(**cache) if cache else None,
-            gen["max_tokens_capped"],
-            gen["one_at_a_time"],
-            MemoryStats(**memory),
-            gen.get("adapter_switches", 0),
-            gen.get("model_loads", 0),
-            gen.get("planned_aside", 0),
+            cache=CacheStats(**cache) if cache else None,
+            max_tokens_capped=gen["max_tokens_capped"],
+            one_at_a_time=gen["one_at_a_time"],
+            memory=MemoryStats(**memory),
+            **counts,
         )
-        return cls(MediaStats(**value["media"]), generation, value["unused_media"], value["near_misses"])
+        media, unused, near = MediaStats(**value["media"]), value["unused_media"], value["near_misses"]
+        return cls(media=media, generation=generation, unused_media=unused, near_misses=near)
 
 
 class Executor(ABC):

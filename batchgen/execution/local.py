@@ -207,7 +207,10 @@ class LocalExecutor(Executor):
 
     def stats(self) -> ExecutorStats:
         return ExecutorStats(
-            self.stage.stats(), self.generator.stats(), dict(self.unused_media), dict(self.near_misses)
+            media=self.stage.stats(),
+            generation=self.generator.stats(),
+            unused_media=dict(self.unused_media),
+            near_misses=dict(self.near_misses),
         )
 
     def close(self) -> None:

@@ -241,7 +241,7 @@ def _groups(table: pa.Table, column: str) -> list[RowGroup]:
     counted = pa.table({"key": keys, "ok": ok}).group_by("key").aggregate([("ok", "sum"), ("ok", "count")])
     columns = counted.to_pydict()  # by name: the key's place among them differs by pyarrow version
     groups = [
-        RowGroup(key, rows, ok or 0)
+        RowGroup(value=key, rows=rows, ok=ok or 0)
         for key, rows, ok in zip(columns["key"], columns["ok_count"], columns["ok_sum"], strict=True)
     ]
     return sorted(groups, key=lambda g: (-g.rows, g.value))[:MAX_GROUPS]

@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 _CONSTRAINT_NAMES = {"json_schema": "JSON schema", "json_object": "JSON object", "tool_call": "tool_choice"}
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class GenerationStats:
     """What generation did so far: prefix reuse, rows whose max_tokens was capped at the
     model's context, rows that could not batch (by reason), the memory budget's figures."""
@@ -50,7 +50,7 @@ class GenerationStats:
     planned_aside: int = 0  # rows planned on a thread beside generation
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Generated:
     """One row of a window through generation.
 
@@ -79,7 +79,7 @@ class Generated:
     adapter_sha256: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class RowPlan:
     """A row planned: a plan per completion, or the error that stops it; and the time it took."""
 
@@ -151,7 +151,7 @@ class Generator:
             plans, error = completions(self.router.plan(job, media)), None
         except RowError as e:
             plans, error = [], e
-        return RowPlan(plans, error, (time.perf_counter() - t0) * 1000)
+        return RowPlan(plans=plans, error=error, ms=(time.perf_counter() - t0) * 1000)
 
     def plan_aside(self, job: Job, media: Media) -> RowPlan | None:
         """The row planned on a thread beside generation (aside.py); None: only the generating
@@ -172,7 +172,10 @@ class Generator:
             if row is None:
                 row = self.plan_row(job, media)
             if row.error is not None:
-                planned.failed.append(Generated(w, None, row.error, self.model_for(job), row.ms))
+                model = self.model_for(job)
+                planned.failed.append(
+                    Generated(index=w, generation=None, error=row.error, model=model, generate_ms=row.ms)
+                )
                 continue
             planned.plans += row.plans
             planned.owners += [w] * len(row.plans)
@@ -227,9 +230,9 @@ class Generator:
         model = self.model_for(job)
         first = _joined(outcomes)
         if isinstance(first, RowError):
-            return Generated(w, None, first, model, ms)
+            return Generated(index=w, generation=None, error=first, model=model, generate_ms=ms)
         choices = _choices(outcomes) if len(outcomes) > 1 else None
-        row = Generated(w, first, None, model, ms, choices)
+        row = Generated(index=w, generation=first, model=model, generate_ms=ms, choices=choices)
         constraint = job.params.constraint
         if constraint is None:
             return row
@@ -250,13 +253,13 @@ class Generator:
         r = self.router
         memory = r.memory.stats if r.memory is not None else MemoryStats()
         return GenerationStats(
-            r.prefixes.stats() if r.prefixes is not None else None,
-            r.capped,
-            dict(r.one_at_a_time),
-            dataclasses.replace(memory, widths=dict(memory.widths)),
-            r.adapter_switches,
-            r.model_loads,
-            self.planned_aside,
+            cache=r.prefixes.stats() if r.prefixes is not None else None,
+            max_tokens_capped=r.capped,
+            one_at_a_time=dict(r.one_at_a_time),
+            memory=dataclasses.replace(memory, widths=dict(memory.widths)),
+            adapter_switches=r.adapter_switches,
+            model_loads=r.model_loads,
+            planned_aside=self.planned_aside,
         )
 
 

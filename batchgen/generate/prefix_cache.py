@@ -70,7 +70,13 @@ class PrefixCache:
     def stats(self) -> CacheStats:
         lookups = self.hits + self.misses
         rate = round(self.hits / lookups, 4) if lookups else 0.0
-        return CacheStats(self.hits, self.misses, rate, self.evictions, self.tokens_saved)
+        return CacheStats(
+            prefix_hits=self.hits,
+            prefix_misses=self.misses,
+            prefix_hit_rate=rate,
+            prefix_evictions=self.evictions,
+            prompt_tokens_saved=self.tokens_saved,
+        )
 
     def __len__(self) -> int:
         return len(self._entries)

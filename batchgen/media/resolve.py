@@ -88,15 +88,15 @@ class MediaStage:
     def stats(self) -> MediaStats:
         f = self.fetcher
         return MediaStats(
-            f.downloads,
-            f.download_bytes,
-            f.retries,
-            f.url_reuses,
-            f.cache_hits,
-            self.images.misses,
-            self.images.hits,
-            self.frames.misses,
-            self.frames.hits,
+            downloads=f.downloads,
+            download_bytes=f.download_bytes,
+            download_retries=f.retries,
+            url_reuses=f.url_reuses,
+            media_cache_hits=f.cache_hits,
+            image_decodes=self.images.misses,
+            image_decode_reuses=self.images.hits,
+            video_decodes=self.frames.misses,
+            video_decode_reuses=self.frames.hits,
         )
 
     def resolve(self, job: Job) -> Prepared:

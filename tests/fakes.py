@@ -49,7 +49,12 @@ class ScriptedLane(Lane):
                 yield i, RowError("generate", "scripted failure")
                 continue
             text = answer(plan.job)
-            yield i, Generation(text, "stop", prompt_tokens=5, completion_tokens=len(text.split()))
+            yield (
+                i,
+                Generation(
+                    text=text, finish_reason="stop", prompt_tokens=5, completion_tokens=len(text.split())
+                ),
+            )
 
 
 class ScriptedRouter:

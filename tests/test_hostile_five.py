@@ -458,7 +458,12 @@ def test_reasoning_answer_and_calls_are_split_as_mlx_lms_server_splits_them(thin
     reasoning, content, calls = _server_split(tokenizer, text, opened, [t["function"] for t in TOOLS])
     p = GenParams(tools=TOOLS)
     tokens = tokenizer.encode(text, add_special_tokens=False)
-    split = split_generation(Generation(text, "stop", 0, len(tokens)), tokens, markers_of(tokenizer), opened)
+    split = split_generation(
+        Generation(text=text, finish_reason="stop", prompt_tokens=0, completion_tokens=len(tokens)),
+        tokens,
+        markers_of(tokenizer),
+        opened,
+    )
     gen = with_tool_calls(split, p, tokenizer)
     assert (gen.reasoning or "") == reasoning, name
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in gen.tool_calls or []] == calls, name

@@ -106,7 +106,7 @@ class GenParams:
         return self.logprobs or self.top_logprobs > 0
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class ByteCaps:
     """The most bytes one media item may have, by kind (reference.md's caps): a download, a
     data URL, a binary cell or a WebDataset member alike. A reader holds a job's caps, so a
@@ -132,7 +132,7 @@ class MediaRef:
     source: str | bytes  # bytes: the media themselves, from a binary column
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class MediaFile:
     """One media item as the run read it, kept with the row's result (`media_files`): export
     writes captions for these only, and a rerun sees a local file replaced under its name by
@@ -145,7 +145,7 @@ class MediaFile:
     sha256: str | None = None  # of the content, where the run read it whole anyway (images, video)
 
 
-@dataclass(slots=True, frozen=True)
+@dataclass(slots=True, frozen=True, kw_only=True)
 class Scoring:
     """What a row asks to be scored: each of `choices` (a guided_choice's, or choices_to_score)
     as the whole answer, normalized over them; `text` (score_text) as the answer."""
@@ -171,7 +171,7 @@ class Message(TypedDict):
     content: str | list[Part]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Job:
     """A parsed row. `messages` hold text parts and `{"type": kind, "media": i}` parts that
     point into `media`, in the order the chat template must see them."""
@@ -284,7 +284,7 @@ class ToolCall(TypedDict):
     function: ToolFunction
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Generation:
     """What an engine returned for one row."""
 
@@ -306,7 +306,7 @@ class Generation:
     tool_calls: list[ToolCall] | None = None  # a row with tools: the calls its answer made
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Result:
     """One output row's generated columns; the input columns travel beside it."""
 
@@ -383,7 +383,7 @@ SLIM_DROPS = (
 )
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, kw_only=True)
 class Finished:
     """A row done, as an executor hands it to the writer: the input values carried to the
     output, how messages name the row, and its result."""

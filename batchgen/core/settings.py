@@ -70,7 +70,7 @@ class MediaConfig:
 
     @property
     def caps(self) -> ByteCaps:
-        return ByteCaps(self.image_bytes, self.video_bytes, self.audio_bytes)
+        return ByteCaps(image=self.image_bytes, video=self.video_bytes, audio=self.audio_bytes)
 
 
 @dataclass(frozen=True, slots=True)

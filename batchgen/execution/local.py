@@ -199,7 +199,7 @@ class LocalExecutor(Executor):
                     sum(bool(job.error or (p is not None and p.error)) for job, p in window),
                 )
                 for done in generate_window(window, self.generator, planner):
-                    yield [Finished(job.raw, job.where, result) for job, result in done]
+                    yield [Finished(values=job.raw, where=job.where, result=r) for job, r in done]
         finally:
             if planner is not None:
                 planner.close()

@@ -290,7 +290,8 @@ class RayExecutor(Executor):
             values = pickle.loads(record.pop("value"))
             where = record.pop("where")
             record["id"] = json.loads(record.pop("id_json"))
-            out.append(Finished(values if isinstance(values, dict) else {}, where, Result(**record)))
+            row = values if isinstance(values, dict) else {}
+            out.append(Finished(values=row, where=where, result=Result(**record)))
         return out
 
     def stats(self) -> ExecutorStats:

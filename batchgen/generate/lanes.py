@@ -182,7 +182,13 @@ class BatchedLane(Lane):
                 continue
             scores[i] = found
             if plan.job.params.score_only:
-                gen = Generation(found.best or "", "score", len(seq.ids), 0, seq.cached_tokens)
+                gen = Generation(
+                    text=found.best or "",
+                    finish_reason="score",
+                    prompt_tokens=len(seq.ids),
+                    completion_tokens=0,
+                    cached_tokens=seq.cached_tokens,
+                )
                 yield i, _scored(gen, found)
         todo = [
             i
@@ -198,12 +204,13 @@ class BatchedLane(Lane):
             for j in self._stream(adapter, seqs, eos, decode, watch, width, tokenizer, memory):
                 finished.add(j)
                 s = seqs[j]
-                tokens = (len(s.ids), len(s.tokens), s.cached_tokens)
                 logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
                 gen = Generation(
-                    s.text,
-                    s.finish_reason,
-                    *tokens,
+                    text=s.text,
+                    finish_reason=s.finish_reason,
+                    prompt_tokens=len(s.ids),
+                    completion_tokens=len(s.tokens),
+                    cached_tokens=s.cached_tokens,
                     capped=s.capped,
                     logprobs=logprobs,
                     mtp_drafts=s.drafted,

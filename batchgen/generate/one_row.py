@@ -76,7 +76,7 @@ def collect(
             timed_out = True
             break
     if last is None:
-        return Generation("", "length", 0, 0)
+        return Generation(text="", finish_reason="length", prompt_tokens=0, completion_tokens=0)
     completion = len(tokens)
     ended = stopped or (tokens and tokens[-1] in eos) or (completion < p.max_tokens and not (capped or full))
     reason = "timeout" if timed_out and not ended else "stop" if ended else "length"

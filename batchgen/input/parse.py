@@ -115,7 +115,7 @@ def _scoring(
         text = None
     if not choices and text is None:
         return None
-    return Scoring(tuple(choices or ()), text, asked or text is not None)
+    return Scoring(choices=tuple(choices or ()), text=text, asked=asked or text is not None)
 
 
 @functools.lru_cache(maxsize=4096)  # a job has a few column names; a hostile one's many stay bounded

@@ -73,7 +73,7 @@ class Fetched:
         source = self.ref.source
         ref = source.strip() if isinstance(source, str) and not source.lstrip().startswith("data:") else None
         size = self.size if self.size is not None else len(self.data or b"")
-        return MediaFile(self.ref.kind, ref, size, self.mtime_ns, self._digest)
+        return MediaFile(kind=self.ref.kind, ref=ref, size=size, mtime_ns=self.mtime_ns, sha256=self._digest)
 
     def read(self) -> bytes:
         return self.data if self.data is not None else self._file().read_bytes()

@@ -75,10 +75,15 @@ def test_a_generator_factory_given_by_argument_runs_every_row(tmp_path):
     summary = batchgen.run(config, generator=scripted_generator)
     assert (summary.ok, summary.failed) == (2, 1)
     got = {r["id"]: r for r in read(tmp_path / "out.parquet")}
-    assert got["plain"]["generated_text"] == answer(Job(0, "plain")) and got["plain"]["model"] == "scripted"
-    assert [c["text"] for c in json.loads(got["two"]["choices"])] == [answer(Job(1, "two"))] * 2
-    assert got["two"]["completion_tokens"] == 2 * len(answer(Job(1, "two")).split())
+    assert (
+        got["plain"]["generated_text"] == answer(Job(index=0, id="plain"))
+        and got["plain"]["model"] == "scripted"
+    )
+    assert [c["text"] for c in json.loads(got["two"]["choices"])] == [answer(Job(index=1, id="two"))] * 2
+    assert got["two"]["completion_tokens"] == 2 * len(answer(Job(index=1, id="two")).split())
     assert got["choice"]["status"] == "error" and got["choice"]["error_stage"] == "generate"
     error = got["choice"]["error"]
     assert error.startswith("the output is not one of its choices: it does not satisfy its choice"), error
-    assert got["choice"]["generated_text"] == answer(Job(2, "choice"))  # the answer kept, to show why
+    assert got["choice"]["generated_text"] == answer(
+        Job(index=2, id="choice")
+    )  # the answer kept, to show why

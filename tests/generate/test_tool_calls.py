@@ -45,21 +45,29 @@ def test_a_written_call_is_read_with_mlx_lms_parser_and_a_broken_one_left_as_tex
     p = GenParams(tools=tuple(TOOLS))
     call_text = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
     said = f"Let me look. <tool_call>\n{call_text}\n</tool_call>"
-    gen = with_tool_calls(Generation(said, "stop", 5, 30), p, tokenizer)
+    gen = with_tool_calls(
+        Generation(text=said, finish_reason="stop", prompt_tokens=5, completion_tokens=30), p, tokenizer
+    )
     assert gen.text == "Let me look." and gen.finish_reason == "tool_calls"
     ((call,),) = [gen.tool_calls]
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
     two = said + '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
-    gen = with_tool_calls(Generation(two, "stop", 5, 40), p, tokenizer)
+    gen = with_tool_calls(
+        Generation(text=two, finish_reason="stop", prompt_tokens=5, completion_tokens=40), p, tokenizer
+    )
     assert [c["function"]["name"] for c in gen.tool_calls] == ["get_weather", "get_time"]
     assert len({c["id"] for c in gen.tool_calls}) == 2
     cut = 'Let me look. <tool_call>\n{"name": "get_weather", "argum'  # max_tokens ran out in the call
-    gen = with_tool_calls(Generation(cut, "length", 5, 20), p, tokenizer)
+    gen = with_tool_calls(
+        Generation(text=cut, finish_reason="length", prompt_tokens=5, completion_tokens=20), p, tokenizer
+    )
     assert (gen.text, gen.tool_calls, gen.finish_reason) == (cut, None, "length")
-    gen = with_tool_calls(Generation(said, "stop", 5, 30), GenParams(tools=tuple(TOOLS), tool_choice="none"),
-                          tokenizer)  # fmt: skip
+    none = GenParams(tools=tuple(TOOLS), tool_choice="none")
+    gen = with_tool_calls(
+        Generation(text=said, finish_reason="stop", prompt_tokens=5, completion_tokens=30), none, tokenizer
+    )
     assert (gen.text, gen.tool_calls) == (said, None)  # tool_choice none: the answer is text
 
 

@@ -203,22 +203,7 @@ class BatchedLane(Lane):
         try:
             for j in self._stream(adapter, seqs, eos, decode, watch, width, tokenizer, memory):
                 finished.add(j)
-                s = seqs[j]
-                logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
-                gen = Generation(
-                    text=s.text,
-                    finish_reason=s.finish_reason,
-                    prompt_tokens=len(s.ids),
-                    completion_tokens=len(s.tokens),
-                    cached_tokens=s.cached_tokens,
-                    capped=s.capped,
-                    logprobs=logprobs,
-                    mtp_drafts=s.drafted,
-                    mtp_accepted=s.accepted,
-                )
-                gen = split_generation(gen, s.tokens, markers_of(tokenizer), s.part == "reasoning")
-                gen = with_tool_calls(gen, s.params, tokenizer)
-                yield todo[j], _scored(gen, scores.get(todo[j]))
+                yield todo[j], _scored(_generation(seqs[j], decode, tokenizer), scores.get(todo[j]))
         except Exception as e:  # an engine error fails these rows, not the run
             rest = [todo[j] for j in range(len(todo)) if j not in finished]
             if out_of_memory(e):
@@ -288,6 +273,24 @@ class TextLane(BatchedLane):
     def _decoding(self):
         model, tokenizer = self.models.text()
         return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
+
+
+def _generation(s: Sequence, decode: Callable[[list[int]], str], tokenizer: Tokenizer) -> Generation:
+    """A decoded row as its Generation: reasoning split from the answer, tool calls read."""
+    logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
+    gen = Generation(
+        text=s.text,
+        finish_reason=s.finish_reason,
+        prompt_tokens=len(s.ids),
+        completion_tokens=len(s.tokens),
+        cached_tokens=s.cached_tokens,
+        capped=s.capped,
+        logprobs=logprobs,
+        mtp_drafts=s.drafted,
+        mtp_accepted=s.accepted,
+    )
+    gen = split_generation(gen, s.tokens, markers_of(tokenizer), s.part == "reasoning")
+    return with_tool_calls(gen, s.params, tokenizer)
 
 
 def completions(plan: Plan) -> list[Plan]:

@@ -10,7 +10,6 @@ planned by the generating thread. The two never plan at once.
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections import deque
@@ -21,8 +20,6 @@ from ..generate.generator import Generator, Planned, RowPlan
 from ..media.resolve import Prefetcher, Prepared
 
 __all__ = ["AsidePlanner"]
-
-log = logging.getLogger(__name__)
 
 _POLL = 0.1  # seconds between looks at the stop while a row's media resolve
 

@@ -21,7 +21,7 @@ __all__ = ["PlanAtHome", "aside", "at_home", "planning_aside", "settle"]
 _here = threading.local()
 
 
-class PlanAtHome(Exception):  # noqa: N818 - a hand-back, not a failure
+class PlanAtHome(Exception):
     """Raised on the planning thread by a step only the generating thread may take: the row is
     planned again there. Raised before the step changes anything."""
 

@@ -1,6 +1,7 @@
-"""--plan-aside: the next window's rows planned on a thread while this one decodes give the
-rows planned between windows, token for token, on every lane the thread can plan for, and
-the rows it must hand back (a model to load, LLaVA-NeXT's lazy graph) planned at home."""
+"""Planning aside (the default; --no-plan-aside plans between windows): the next window's rows
+planned on a thread while this one decodes give the rows planned between windows, token for
+token, on every lane the thread can plan for, and the rows it must hand back (a model to load,
+LLaVA-NeXT's lazy graph) are planned at home."""
 
 from __future__ import annotations
 

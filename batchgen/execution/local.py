@@ -95,10 +95,8 @@ def generate_window(
         job, prepared = window[todo[g.index]]
         return job, _result(job, prepared, g)
 
-    if planner is not None:
-        planned = planner.plan(window, todo)
-    else:
-        planned = generator.plan([(job, p.media if p else Media()) for job, p in (window[w] for w in todo)])
+    rows = [(job, p.media if p else Media()) for job, p in (window[w] for w in todo)]
+    planned = planner.plan(window, todo, rows) if planner is not None else generator.plan(rows)
     failed += map(finished, planned.failed)
     if failed:
         yield failed

@@ -46,10 +46,11 @@ class AsidePlanner:
             self._offered.append((job, plan))
             self._todo.put((job, media, plan))
 
-    def plan(self, window: list[tuple[Job, Prepared | None]], todo: list[int]) -> Planned:
-        """The window's rows at `todo` planned: aside where the thread got to them, here
-        otherwise; then the rows after the window go to the thread while these run."""
-        rows = [(job, p.media if p else Media()) for job, p in (window[w] for w in todo)]
+    def plan(
+        self, window: list[tuple[Job, Prepared | None]], todo: list[int], rows: list[tuple[Job, Media]]
+    ) -> Planned:
+        """The window's `rows` (its rows at `todo`) planned: aside where the thread got to them,
+        here otherwise; then the rows after the window go to the thread while these run."""
         with self._planning:  # the thread is between rows: no row is half planned aside
             made = self._claim(window)
             planned = self.generator.plan(rows, [made[w] for w in todo])

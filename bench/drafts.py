@@ -4,9 +4,9 @@ point of the feature is exact accounting, and these numbers are for the record. 
 drafter's rows batched against the one-row path they took before (mlx-lm's own speculative
 generate, row by row) in one process: the same texts and counts, and the speed-up; and the same
 for Qwen3.5's MTP head (mlx-vlm's speculative generate row by row, against the batched rounds),
-checked token for token against the target alone.
+checked token for token against the target alone, greedy and with seeded sampling.
 
-    python bench/drafts.py     # last lines: drafter rows (text; MTP) at width 8: X× one at a time; at 32: Y×
+    python bench/drafts.py     # drafter rows (text; MTP; seeded MTP) at width 8: X× one at a time; at 32: Y×
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
 from timed import timed_run  # noqa: E402
 
 import batchgen  # noqa: E402
+from batchgen.core.records import GenParams  # noqa: E402
+from batchgen.generate.sampling import Seeded  # noqa: E402
 from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
 ROWS, MAX_TOKENS = 64, 64
+TEMPERATURE, SEED = 0.7, 7
 
 
 def measure(job: Path, out: Path, label: str, **overrides) -> None:
@@ -138,9 +141,12 @@ def _mtp_batched_against_one_row(prompts: list[str], pair: Path) -> None:
     tokenizer = processor.tokenizer
     eos = set(tokenizer.stopping_criteria.eos_token_ids)
 
-    def one_row(**draft) -> tuple[float, dict]:
+    def one_row(seed: int | None = None, **draft) -> tuple[float, dict]:
         t0, found = time.perf_counter(), {}
         for r in rows:
+            drawn = {}
+            if seed is not None:  # the one-row path seeded rows took: a keyed sampler, fresh per row
+                drawn = {"sampler": Seeded(GenParams(temperature=TEMPERATURE, seed=seed))}
             parts = [{"type": "image"}] if "image" in r else []
             text = {"type": "text", "text": r["prompt"], "content": r["prompt"]}
             turns = [{"role": "user", "content": [*parts, text]}]
@@ -151,7 +157,8 @@ def _mtp_batched_against_one_row(prompts: list[str], pair: Path) -> None:
                 get_chat_template(processor, turns, True),
                 image=image,
                 max_tokens=MAX_TOKENS,
-                temperature=0.0,
+                temperature=0.0 if seed is None else TEMPERATURE,
+                **drawn,
                 **draft,
             )
             tokens: list[int] = []
@@ -181,6 +188,27 @@ def _mtp_batched_against_one_row(prompts: list[str], pair: Path) -> None:
     )
     ratios = f"{times[1] / times[8]:.2f}× one at a time; at 32: {times[1] / times[32]:.2f}×"
     print(f"MTP drafter rows at width 8: {ratios}")
+
+    # Seeded sampled rows (the run's seed, as --seed gives every row): before, one at a time in
+    # mlx-vlm's speculative generate; now in the batched rounds, each row the target alone's
+    # seeded tokens (batchgen without the drafter, whose seeded draws are batch-invariant).
+    seeded = {"temperature": TEMPERATURE, "seed": SEED, "max_tokens": MAX_TOKENS}
+    _, plain = timed_run(rows, seeded, model=str(pair / "target"))
+    alone = {r["id"]: (r["generated_text"], r["completion_tokens"]) for r in plain}
+    times[1], _ = one_row(seed=SEED, draft_model=head, draft_kind="mtp")
+    times[1] += loading
+    made = sum(n for _, n in alone.values())
+    print(f"seeded MTP rows, one at a time (mlx-vlm's speculative generate): {made / times[1]:7.1f} tok/s")
+    differ = set()
+    for width in (8, 32):
+        times[width], out = timed_run(
+            rows, seeded, model=str(pair / "target"), draft_model=str(pair / "drafter"), batch_size=width
+        )
+        differ |= {r["id"] for r in out if (r["generated_text"], r["completion_tokens"]) != alone[r["id"]]}
+        print(f"seeded MTP rows, batched at width {width:>2}: {made / times[width]:7.1f} tok/s")
+    print(f"the target alone's seeded tokens, batched with the head: {not differ} {sorted(differ)}")
+    ratios = f"{times[1] / times[8]:.2f}× one at a time; at 32: {times[1] / times[32]:.2f}×"
+    print(f"seeded MTP drafter rows at width 8: {ratios}")
 
 
 if __name__ == "__main__":

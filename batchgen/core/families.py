@@ -28,7 +28,7 @@ class Family:
     # mRoPE: mlx-vlm's model embeds images and a video in one prompt (else a row of both is refused)
     images_with_video: bool = False
     why_unbatched: str | None = None  # lane "single": the summary's reason
-    # greedy rows with an MTP drafter batch in mlx-vlm's rounds (checked equal to the target alone)
+    # rows with an MTP drafter batch in mlx-vlm's rounds (checked equal to the target alone)
     drafts_batch: bool = False
     tiny: str | None = None  # `batchgen make-tiny-model --kind` that builds one
 

@@ -27,7 +27,6 @@ from .memory import Memory
 from .models import inspect_model
 from .prefix_cache import PrefixCache
 from .prompts import frames_as_images
-from .sampling import sampler_for
 from .single_lanes import LMSingleLane, SingleLane
 from .speculative import SpeculativeLane, VisionSpeculativeLane
 from .vision_lanes import OffsetVisionLane, VisionLane
@@ -201,15 +200,13 @@ class Router:
         return lane
 
     def _vision_drafting(self, p: GenParams, fam: Family) -> Lane:
-        """A row with the run's mlx-vlm drafter: greedy MTP rows of a family whose batched rounds
+        """A row with the run's mlx-vlm drafter: MTP rows of a family whose batched rounds
         give its target's own tokens batch in mlx-vlm's rounds; the rest run one at a time in its
         generate, each for the reason named."""
         drafter = self.models.drafter
         kind = drafter.kind if drafter is not None else None
         if kind != "mtp" or not fam.drafts_batch:
             why = f"{kind} drafter on {fam.model_type} (batched rounds checked for Qwen3.5's MTP head only)"
-        elif sampler_for(p) is not None:
-            why = "sampled rows with a vision drafter (mlx-vlm's batched rounds draw from one sampler)"
         elif _processed(p):
             why = "vision drafter rows with penalties or biases"
         elif self.kv is not None:

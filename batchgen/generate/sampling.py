@@ -19,6 +19,9 @@ __all__ = [
     "HISTORY",
     "sampler_for",
     "Seeded",
+    "draws_of",
+    "Positioned",
+    "rounds_sampler",
     "logits_processors_for",
     "hit_stop",
     "Loops",
@@ -82,14 +85,57 @@ class Seeded:
     def draw(samplers: list[Seeded], logprobs: mx.array) -> mx.array:
         """A token for each row of `logprobs` (rows of one recipe), each drawn with its own
         sampler's key for its next position: one evaluation for all of them."""
-        for keep in samplers[0].filters:
-            logprobs = keep(logprobs)
         keys = []
         for s in samplers:
-            keys.append(mx.random.key(_position_key(s.seed, s.position)))
+            keys.append(_position_key(s.seed, s.position))
             s.position += 1
-        scaled = logprobs * samplers[0].scale
-        return mx.vmap(lambda row, key: mx.random.categorical(row, key=key))(scaled, mx.stack(keys))
+        return samplers[0]._keyed(logprobs, keys)
+
+    def at(self, logprobs: mx.array, positions: list[int]) -> mx.array:
+        """Tokens for `logprobs`' rows at the given positions, keyed as `draw` keys them, the
+        sampler's own position untouched."""
+        return self._keyed(logprobs, [_position_key(self.seed, p) for p in positions])
+
+    def _keyed(self, logprobs: mx.array, keys: list[int]) -> mx.array:
+        for keep in self.filters:
+            logprobs = keep(logprobs)
+        scaled = logprobs * self.scale
+        stacked = mx.stack([mx.random.key(k) for k in keys])
+        return mx.vmap(lambda row, key: mx.random.categorical(row, key=key))(scaled, stacked)
+
+
+def draws_of(p: GenParams) -> tuple | None:
+    """What decides a row's draws besides its logits: None for a greedy row, else its recipe
+    and its seed (None: the global random state). Rows with equal values can share one sampler."""
+    if p.temperature == 0:
+        return None
+    return (p.temperature, p.top_p if 0 < p.top_p < 1 else None, p.min_p, p.top_k, p.seed)
+
+
+class Positioned:
+    """The sampler of a wave in mlx-vlm's batched speculative rounds, whose rows share one
+    `draws_of` and a seed. The rounds draw the target's tokens through `sample_target`, naming
+    each row's generated-token position but not the row (every row id is 0), and draft
+    greedily; each token keyed as `Seeded` keys it, so a row's tokens are those its seed gives
+    without the drafter (a proposal is kept only where it equals that draw)."""
+
+    def __init__(self, p: GenParams):
+        self.seeded = Seeded(p)
+
+    def __call__(self, logprobs: mx.array) -> mx.array:
+        raise RuntimeError("mlx-vlm drew a seeded row's token without its position")
+
+    def sample_target(self, logprobs: mx.array, *, row_ids: list[int], positions: list[int]) -> mx.array:
+        return self.seeded.at(logprobs, positions)
+
+
+def rounds_sampler(p: GenParams) -> Callable[[mx.array], mx.array] | None:
+    """The sampler for a wave of mlx-vlm's batched speculative rounds (rows of one `draws_of`):
+    None for greedy rows, a Positioned one for seeded rows, else mlx-lm's, which draws from the
+    global random state as the engine's rounds keep it."""
+    if p.temperature != 0 and p.seed is not None:
+        return Positioned(p)
+    return sampler_for(p)
 
 
 def _position_key(seed: int, position: int) -> int:

@@ -37,7 +37,7 @@ from .drafts import Drafter
 from .lanes import TextLane
 from .memory import Footprint, Memory, wired
 from .prefill import prefill_but_last
-from .sampling import engine_logprobs, final_text, greedy
+from .sampling import draws_of, engine_logprobs, final_text, greedy, rounds_sampler
 from .vision_lanes import VisionLane
 from .watch import Watch
 
@@ -188,8 +188,9 @@ class SpeculativeLane(TextLane):
 
 
 class VisionSpeculativeLane(VisionLane):
-    """Greedy rows (media or text) with the run's MTP drafter, on a family whose batched rounds
-    give the target's own tokens (`Family.drafts_batch`): batched in mlx-vlm's rounds. Planned
+    """Rows (media or text) with the run's MTP drafter, on a family whose batched rounds give
+    the target's own tokens (`Family.drafts_batch`): batched in mlx-vlm's rounds, a seeded
+    row's tokens those of its seed. Planned
     as the vision lane plans (positions, the mRoPE offset), the prompt embedded as mlx-vlm's
     batch_generate embeds it; no prefix or feature reuse (the engine prefills each wave)."""
 
@@ -259,28 +260,34 @@ class EngineRounds(DecodeBatch):
         """Every row, wave by wave; each row's index as it finishes. A wave holds rows of one
         mRoPE offset (`Sequence.delta`): mlx-vlm's rounds keep the language model's offsets of
         the wave's first rows when a row leaves (its `_rope_deltas` are not filtered with the
-        caches), so rows of mixed offsets would take a departed row's positions."""
+        caches), so rows of mixed offsets would take a departed row's positions. And of one
+        way of drawing (`draws_of`): the rounds take one sampler, which cannot tell rows apart."""
         while self.waiting:
             first = self.waiting.pop()
-            delta = self.seqs[first].delta
-            others = [i for i in self.waiting if self.seqs[i].delta != delta]
-            self.waiting = others + [i for i in self.waiting if self.seqs[i].delta == delta]
+            kind = self._kind(first)
+            others = [i for i in self.waiting if self._kind(i) != kind]
+            self.waiting = others + [i for i in self.waiting if self._kind(i) == kind]
             rows = [first]
             while len(self.waiting) > len(others) and len(rows) < self.width and self._room(rows):
                 rows.append(self.waiting.pop())
             yield from self._wave(rows)
 
+    def _kind(self, i: int) -> tuple:
+        return self.seqs[i].delta, draws_of(self.seqs[i].params)
+
     def _wave(self, rows: list[int]) -> Iterator[int]:
         from mlx_vlm.generate.ar import BatchGenerator
 
         d = self.drafter
+        sampler = rounds_sampler(self.seqs[rows[0]].params)
         engine = BatchGenerator(
             self.model.language_model,
             self.processor,
             draft_model=d.model,
             draft_kind=d.kind,
             draft_block_size=d.block_size,
-            greedy_sampling=True,
+            sampler=sampler,
+            greedy_sampling=sampler is None,
             compute_logprobs=False,
             completion_batch_size=len(rows),
             prefill_batch_size=len(rows),

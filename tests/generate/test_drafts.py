@@ -144,10 +144,12 @@ def test_mtp_counts_are_exact(tmp_path, mtp_pair, m, block):
 
 
 def test_mtp_rows_batch_in_waves_with_the_targets_own_tokens(tmp_path, sensitive_qwen3_5):
-    """Greedy rows with Qwen3.5's MTP head batch in mlx-vlm's rounds, four at a time (three
-    waves): text and image rows, budgets from 1 to 16 tokens, a stop string that batchgen ends
-    inside a round: each row as without the drafter, nothing one at a time but the sampled row;
-    the drafter's proposals counted per row (the checkpoint's head is random: few accepted)."""
+    """Rows with Qwen3.5's MTP head batch in mlx-vlm's rounds, four at a time (waves by
+    layout and draws): text and image rows, budgets from 1 to 16 tokens, a stop string that
+    batchgen ends inside a round, seeded sampled rows (two seeds, two temperatures, one seed
+    on two rows): each row as without the drafter, nothing one at a time, an unseeded sampled
+    row too; the drafter's proposals counted per row (the checkpoint's head is random: few
+    accepted)."""
     import json
 
     drafter = sensitive_qwen3_5.parent / "drafter"
@@ -169,7 +171,22 @@ def test_mtp_rows_batch_in_waves_with_the_targets_own_tokens(tmp_path, sensitive
         {"id": "one", "image": pictures[0], "prompt": "One word.", "max_tokens": 1},
         {"id": "stop", "image": pictures[1], "prompt": "Go on.", "max_tokens": 16, "stop": ["e", "4"]},
     ]
-    sampled = {"id": "sampled", "prompt": "Pick.", "max_tokens": 6, "temperature": 0.7, "seed": 3}
+    rows += [
+        {"id": f"s{k}", "prompt": "Pick one.", "max_tokens": 12, "temperature": t, "seed": seed}
+        for k, (t, seed) in enumerate([(0.7, 3), (0.7, 3), (0.7, 5), (1.5, 3)])
+    ]
+    rows.append({"id": "g", "prompt": "Pick one.", "max_tokens": 12})
+    rows.append(
+        {
+            "id": "s-pic",
+            "image": pictures[2],
+            "prompt": "Say.",
+            "max_tokens": 12,
+            "temperature": 0.7,
+            "seed": 3,
+        }
+    )
+    sampled = {"id": "sampled", "prompt": "Pick.", "max_tokens": 6, "temperature": 0.7}
     flags = ("--model", str(sensitive_qwen3_5), "--batch-size", "4")
     plain, _ = _run(tmp_path, "plain", rows, *flags)
     drafted, _ = _run(tmp_path, "drafted", [*rows, sampled], *flags, "--draft-model", str(drafter))
@@ -182,12 +199,13 @@ def test_mtp_rows_batch_in_waves_with_the_targets_own_tokens(tmp_path, sensitive
         assert 0 <= d["mtp_accepted"] <= d["mtp_drafts"] <= 2 * max(d["completion_tokens"] - 1, 0), r["id"]
     assert len({r["generated_text"] for r in plain}) >= len(plain) - 2  # outputs differ row to row
     assert by_id["stop"]["finish_reason"] == "stop" and by_id["one"]["completion_tokens"] == 1
-    assert by_id["one"]["mtp_drafts"] == 0 and by_id["t3"]["mtp_drafts"] > 0
+    assert by_id["one"]["mtp_drafts"] == 0 and by_id["t3"]["mtp_drafts"] > 0 < by_id["s0"]["mtp_drafts"]
+    text = {k: by_id[k]["generated_text"] for k in ("s0", "s1", "s2", "s3", "g")}
+    assert text["s0"] == text["s1"] and len({text[k] for k in ("s0", "s2", "s3", "g")}) >= 3  # they sample
     stats = json.loads((tmp_path / "drafted.parquet.stats.json").read_text())
-    why = "sampled rows with a vision drafter (mlx-vlm's batched rounds draw from one sampler)"
-    why += ": mlx-vlm's generate"
-    assert stats["one_at_a_time"] == {why: 1}
+    assert stats["one_at_a_time"] == {}
     assert by_id["sampled"]["mtp_drafts"] > 0 and by_id["sampled"]["error"] is None
+    assert by_id["sampled"]["completion_tokens"] == 6
 
 
 def test_invalid_drafter_settings_stop_the_run_before_any_row(tmp_path, mtp_pair, text_pair):

@@ -631,8 +631,8 @@ def test_a_template_that_drops_string_content_gets_every_message_as_parts(offset
 
 def test_n_completions_on_the_vision_lanes(workdir, sensitive_qwen3_5):
     """A row's `completions` on a batched lane (Qwen3.5's MTP rounds) and on the one-row lane
-    (sampled rows with a vision drafter): greedy copies are the row's one answer; seeded sampled
-    copies differ from each other and repeat run to run."""
+    (vision drafter rows with a penalty): greedy copies are the row's one answer; seeded sampled
+    copies (seed, seed + 1, …: a wave each) differ from each other and repeat run to run."""
     import json
 
     rows = [
@@ -641,6 +641,8 @@ def test_n_completions_on_the_vision_lanes(workdir, sensitive_qwen3_5):
         {"id": "one", "image": "media/red_circle.png", "prompt": "Shape?", "temperature": 0},
         {"id": "sampled", "image": "media/red_circle.png", "prompt": "Same?", "completions": 3,
          "temperature": 1.5, "seed": 3},
+        {"id": "penalised", "image": "media/red_circle.png", "prompt": "Same?", "completions": 3,
+         "temperature": 1.5, "seed": 3, "repetition_penalty": 1.3},
     ]  # fmt: skip
     job = write_jsonl(workdir / "jobs.jsonl", rows)
     runs = []
@@ -650,11 +652,12 @@ def test_n_completions_on_the_vision_lanes(workdir, sensitive_qwen3_5):
         code, output = run_cli("run", str(job), "-o", str(out), "--model", str(sensitive_qwen3_5),
                                "--draft-model", drafter, "--max-tokens", "6")  # fmt: skip
         assert code == 0, output
-        assert "1 row one at a time (sampled rows with a vision drafter" in output  # the sampled row
+        assert "1 row one at a time (vision drafter rows with penalties or biases" in output
         runs.append({r["id"]: r for r in read(out)})
     got = runs[0]
     greedy = [c["text"] for c in json.loads(got["greedy"]["choices"])]
     assert greedy == [got["one"]["generated_text"]] * 3 and got["one"]["choices"] is None
     assert got["greedy"]["completion_tokens"] == 3 * got["one"]["completion_tokens"]
-    sampled = [c["text"] for c in json.loads(got["sampled"]["choices"])]
-    assert len(set(sampled)) > 1 and runs[1]["sampled"]["choices"] == got["sampled"]["choices"]
+    for row in ("sampled", "penalised"):
+        sampled = [c["text"] for c in json.loads(got[row]["choices"])]
+        assert len(set(sampled)) > 1 and runs[1][row]["choices"] == got[row]["choices"], row

@@ -19,8 +19,9 @@ ALLOWED = {
     "output": {"core", "input"},
     "execution": {"core", "input", "media", "generate", "output"},
     "tools": {"core", "input", "media", "output"},
-    "cli": {"core", "input", "generate", "output", "execution", "tools"},
-    "": {"core", "input", "media", "generate", "output", "execution", "tools", "cli"},  # batchgen/*.py
+    "serve": {"core", "input", "output", "execution", "tools"},
+    "cli": {"core", "input", "generate", "output", "execution", "tools", "serve"},
+    "": {"core", "input", "media", "generate", "output", "execution", "tools", "serve", "cli"},  # batchgen/*.py
 }
 MLX = ("mlx", "mlx_lm", "mlx_vlm")
 

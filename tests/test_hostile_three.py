@@ -319,7 +319,8 @@ def test_a_remote_job_reads_no_local_path_and_its_gallery_opens_none(tmp_path, s
     for i in range(len(paths)):
         row = got[f"p{i}"]
         assert row["error_stage"] == "fetch", row
-        assert row["error"].endswith(": a local path in a remote job (give a URL or the bytes)"), row["error"]
+        refused = ": a local path, in a job that may not name this machine's files (give a URL or the bytes)"
+        assert row["error"].endswith(refused), row["error"]
         assert "no such file" not in row["error"] and "environ" not in row["error"].split(":", 1)[1]
     page = tmp_path / "gallery.html"
     code, output = run_cli("report", str(out), "-o", str(page))

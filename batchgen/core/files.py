@@ -37,7 +37,7 @@ def row_path(source: str, base: Path | None, root: str | None) -> Path:
     and inside the media root when one is set (RefusedPath: a remote job, whose rows name no
     path of this machine, or a path outside the root)."""
     if base is None:
-        raise RefusedPath("a local path in a remote job")
+        raise RefusedPath("a local path, in a job that may not name this machine's files")
     path = local_path(source, base)
     if root is not None and not path.resolve().is_relative_to(Path(root).resolve()):
         raise RefusedPath(f"outside the media root {Path(root).resolve()}")

@@ -147,6 +147,7 @@ class RunConfig:
     window: int = 256  # rows looked ahead (media resolved, rows grouped by shared images); bounds memory
     plan_horizon: int = 512  # MiB of rows held back to meet the rest of their group (input/plan); 0: off
     plan_aside: bool = True  # the next window's rows planned on a thread while this one decodes
+    local_paths: bool = True  # rows may name files of this machine; off: a server's clients' jobs
     output_shards: bool = False  # -o DIR/: a folder of Parquet shards, never one table in memory
     shard_rows: int = 100_000  # rows per shard: a few hundred MB at most for captioning rows
     flush_rows: int = 64  # rows per part file: a kill loses at most this many
@@ -269,13 +270,13 @@ class WorkSettings:
     prompt_template: str | None
     columns: Columns
     window: int
-    base_dir: Path | None  # where the job's relative media paths start; None: a remote job
+    base_dir: Path | None  # where the job's relative media paths start; None: no local paths
     plan_aside: bool = True  # the next window's rows planned beside generation (execution/planner)
 
 
 def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
     """What executors need; `base` is the job's Source.base."""
-    job_dir = Path(base) if base is not None else None
+    job_dir = Path(base) if base is not None and config.local_paths else None
     fields = dataclasses.fields(GenerationSettings)
     own: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields if hasattr(config, f.name)}
     generation = GenerationSettings(**own, job_dir=job_dir, media_root=config.media.media_root)

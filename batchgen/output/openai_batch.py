@@ -15,7 +15,7 @@ import pyarrow as pa
 from ..core.records import ResultRow
 from .store import atomic_write, strict_json
 
-__all__ = ["write_batch_output", "BatchOutput"]
+__all__ = ["write_batch_output", "batch_lines", "error_line", "BatchOutput"]
 
 
 def _choices(row: ResultRow) -> list[dict[str, Any]]:
@@ -69,54 +69,66 @@ def _request_id(custom_id: object) -> str:
 
 def write_batch_output(table: pa.Table, path: Path) -> None:
     """One output line per row, in row order; failed rows carry `error`, not `response`."""
+    lines = batch_lines(table)
+    atomic_write(path, lambda p: p.write_text("".join(lines)))
+
+
+def batch_lines(table: pa.Table) -> list[str]:
+    """Each row's response line (newline-ended), in row order."""
     created = int(time.time())
     lines = []
     for row in table.to_pylist():
         custom_id = row.get("custom_id", row["id"])
+        if row["status"] != "ok":
+            lines.append(error_line(custom_id, f"{row['error_stage']}_error", row["error"]))
+            continue
         rid = _request_id(custom_id)
-        line: dict[str, Any] = {
-            "id": f"batch_req_{rid}",
-            "custom_id": custom_id,
-            "response": None,
-            "error": None,
+        usage = {
+            "prompt_tokens": row["prompt_tokens"],
+            "completion_tokens": row["completion_tokens"],
+            "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
+            "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
         }
-        if row["status"] == "ok":
-            usage = {
-                "prompt_tokens": row["prompt_tokens"],
-                "completion_tokens": row["completion_tokens"],
-                "total_tokens": row["prompt_tokens"] + row["completion_tokens"],
-                "prompt_tokens_details": {"cached_tokens": row["cached_tokens"]},
-            }
-            if row.get("reasoning_tokens"):
-                usage["completion_tokens_details"] = {"reasoning_tokens": row["reasoning_tokens"]}
-            line["response"] = {
-                "status_code": 200,
-                "request_id": rid,
-                "body": {
-                    "id": f"chatcmpl-{rid}",
-                    "object": "chat.completion",
-                    "created": created,
-                    "model": row["model"],
-                    "choices": [
-                        {
-                            "index": k,
-                            "message": _message(c),
-                            # a scored row (score_only), a row the loop stop ended: the API knows no such
-                            # reasons; the Parquet keeps them
-                            "finish_reason": "stop"
-                            if c["finish_reason"] in ("score", "repetition")
-                            else c["finish_reason"],
-                            "logprobs": _logprobs(c.get("logprobs")),
-                        }
-                        for k, c in enumerate(_choices(row))
-                    ],
-                    "usage": usage,
-                },
-            }
-        else:
-            line["error"] = {"code": f"{row['error_stage']}_error", "message": row["error"]}
+        if row.get("reasoning_tokens"):
+            usage["completion_tokens_details"] = {"reasoning_tokens": row["reasoning_tokens"]}
+        response = {
+            "status_code": 200,
+            "request_id": rid,
+            "body": {
+                "id": f"chatcmpl-{rid}",
+                "object": "chat.completion",
+                "created": created,
+                "model": row["model"],
+                "choices": [
+                    {
+                        "index": k,
+                        "message": _message(c),
+                        # a scored row (score_only), a row the loop stop ended: the API knows no such
+                        # reasons; the Parquet keeps them
+                        "finish_reason": "stop"
+                        if c["finish_reason"] in ("score", "repetition")
+                        else c["finish_reason"],
+                        "logprobs": _logprobs(c.get("logprobs")),
+                    }
+                    for k, c in enumerate(_choices(row))
+                ],
+                "usage": usage,
+            },
+        }
+        line = {"id": f"batch_req_{rid}", "custom_id": custom_id, "response": response, "error": None}
         lines.append(strict_json(line) + "\n")
-    atomic_write(path, lambda p: p.write_text("".join(lines)))
+    return lines
+
+
+def error_line(custom_id: object, code: str, message: str) -> str:
+    """A request's line that carries `error` ({code, message}), not `response`."""
+    line = {
+        "id": f"batch_req_{_request_id(custom_id)}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": message},
+    }
+    return strict_json(line) + "\n"
 
 
 @dataclass(frozen=True, slots=True)

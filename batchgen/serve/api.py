@@ -1,0 +1,247 @@
+"""The HTTP side of `batchgen serve`: the OpenAI Files and Batches endpoints a Batch client
+drives, with the API's shapes and status codes, and the status page at `/`.
+
+The key is checked in the ASGI layer (`Guard`), before any body is read: a request without it
+is answered 401 at once. An upload is counted while it streams and refused past the size
+limit (413) or the line limit (400), leaving nothing under the data folder. Errors are the
+API's `{"error": {message, type, param, code}}`, parameter errors 400 (not a framework's 422,
+which a Batch client does not expect).
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..tools.gallery import write_gallery
+from .objects import BatchCreate, batch_object, file_object, page
+from .page import status_page
+from .queue import ENDPOINTS, Queue, ServeSettings, window_seconds
+from .store import BatchRecord, FileRecord, Store, write_file
+
+__all__ = ["make_app", "Guard"]
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    409: "invalid_request_error",
+    413: "invalid_request_error",
+}
+
+
+class ApiError(HTTPException):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(status, message)
+        self.param, self.code = param, code
+
+
+def _error(status: int, message: str, param: str | None = None, code: str | None = None) -> JSONResponse:
+    body = {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}
+    return JSONResponse({"error": body}, status_code=status)
+
+
+class Guard:
+    """The API key, checked before the app sees the request: a bearer token (the clients'), or
+    HTTP Basic with the key as password (a browser on the status page). `key` None: no check
+    (only on loopback, `--no-auth`)."""
+
+    def __init__(self, app: ASGIApp, key: str | None):
+        self.app, self.key = app, key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or self.key is None or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        response = _error(401, "Incorrect API key provided.", code="invalid_api_key")
+        response.headers["WWW-Authenticate"] = 'Basic realm="batchgen"'
+        await response(scope, receive, send)
+
+    def _allowed(self, scope: Scope) -> bool:
+        assert self.key is not None
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, value = header.partition(" ")
+        if scheme.lower() == "basic":
+            try:
+                value = base64.b64decode(value, validate=True).decode().partition(":")[2]
+            except (ValueError, UnicodeDecodeError):
+                return False
+        elif scheme.lower() != "bearer":
+            return False
+        return hmac.compare_digest(value.encode(), self.key.encode())
+
+
+def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
+    """The endpoints over `store`; `queue` is woken when a batch is created or cancelled."""
+    app = FastAPI(title="batchgen", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(HTTPException)
+    async def _http(_: Request, e: HTTPException) -> JSONResponse:
+        return _error(e.status_code, str(e.detail), getattr(e, "param", None), getattr(e, "code", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        return _error(400, f"{where}: {first.get('msg', 'invalid request')}", where or None)
+
+    def _file(file_id: str) -> FileRecord:
+        record = store.file(file_id)
+        if record is None:
+            raise ApiError(404, f"No such File object: {file_id[:80]}", "id")
+        return record
+
+    def _batch(batch_id: str) -> BatchRecord:
+        record = store.batch(batch_id)
+        if record is None:
+            raise ApiError(404, f"No such batch: {batch_id[:80]}", "id")
+        return record
+
+    @app.post("/v1/files")
+    async def upload(request: Request) -> dict[str, Any]:
+        form = await _form(request, settings.max_file_bytes)
+        purpose, upload = form.get("purpose"), form.get("file")
+        if purpose != "batch":
+            raise ApiError(400, "purpose must be 'batch' (the only files this server takes)", "purpose")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(400, "a file part named 'file' is required", "file")
+        upload.file.seek(0)
+        lines = sum(1 for line in upload.file if line.strip())
+        if lines > settings.max_lines:
+            raise ApiError(400, f"the file holds {lines} requests; at most {settings.max_lines}", "file")
+        upload.file.seek(0)
+        file_id = store.new_file_id()
+        size = write_file(store.file_path(file_id), iter(lambda: upload.file.read(1 << 20), b""))
+        name = (upload.filename or "upload.jsonl")[:255]
+        record = FileRecord(
+            id=file_id, bytes=size, created_at=int(time.time()), filename=name, purpose="batch", lines=lines
+        )
+        store.add_file(record)
+        return file_object(record)
+
+    @app.get("/v1/files")
+    def list_files(after: str | None = None, limit: int = 10000, purpose: str | None = None) -> dict:
+        records, more = store.files(after, max(1, min(limit, 10000)), purpose)
+        return page([file_object(r) for r in records], more)
+
+    @app.get("/v1/files/{file_id}")
+    def get_file(file_id: str) -> dict[str, Any]:
+        return file_object(_file(file_id))
+
+    @app.get("/v1/files/{file_id}/content")
+    def content(file_id: str) -> FileResponse:
+        record = _file(file_id)
+        return FileResponse(store.file_path(record.id), media_type="application/jsonl")
+
+    @app.delete("/v1/files/{file_id}")
+    def delete_file(file_id: str) -> dict[str, Any]:
+        record = _file(file_id)
+        store.delete_file(record.id)
+        return {"id": record.id, "object": "file", "deleted": True}
+
+    @app.post("/v1/batches")
+    def create_batch(body: BatchCreate) -> dict[str, Any]:
+        source = store.file(body.input_file_id)
+        if source is None or source.purpose != "batch":
+            raise ApiError(
+                400, f"input_file_id {body.input_file_id!r} is not an uploaded batch file", "input_file_id"
+            )
+        if body.endpoint not in ENDPOINTS:
+            raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
+        seconds = window_seconds(body.completion_window)
+        if seconds is None:
+            raise ApiError(
+                400, "completion_window must be like 24h (s, m, h or d; at most 7d)", "completion_window"
+            )
+        now = int(time.time())
+        record = BatchRecord(
+            id=store.new_batch_id(),
+            input_file_id=source.id,
+            endpoint=body.endpoint,
+            completion_window=body.completion_window,
+            status="validating",
+            created_at=now,
+            expires_at=now + seconds,
+            metadata=body.metadata,
+            model=settings.model,
+        )
+        store.add_batch(record)
+        queue.wake()
+        return batch_object(record)
+
+    @app.get("/v1/batches")
+    def list_batches(after: str | None = None, limit: int = 20) -> dict[str, Any]:
+        records, more = store.batches(after, max(1, min(limit, 100)))
+        return page([batch_object(r) for r in records], more)
+
+    @app.get("/v1/batches/{batch_id}")
+    def get_batch(batch_id: str) -> dict[str, Any]:
+        return batch_object(_batch(batch_id))
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    def cancel(batch_id: str) -> dict[str, Any]:
+        record = _batch(batch_id)
+        if record.status in ("cancelling", "cancelled"):
+            return batch_object(record)
+        cancelled = queue.cancel(record.id)
+        if cancelled is None:
+            raise ApiError(409, f"a batch that is {_batch(batch_id).status} cannot be cancelled", "id")
+        return batch_object(cancelled)
+
+    @app.get("/", response_class=HTMLResponse)
+    def status() -> HTMLResponse:
+        batches, _ = store.batches(None, 100)
+        files = {r.id: r for r in store.files(None, 10000)[0]}
+        return HTMLResponse(status_page(batches, files, settings.model))
+
+    @app.get("/batches/{batch_id}/gallery", response_class=HTMLResponse)
+    def gallery(batch_id: str) -> FileResponse:
+        """`batchgen report`'s page of the batch's results, made when asked."""
+        record = _batch(batch_id)
+        folder = store.batch_dir(record.id)
+        results = folder / "output.parquet"
+        if not results.exists():
+            raise ApiError(404, f"batch {record.id} has no results yet", "id")
+        write_gallery(results, folder / "gallery.html")
+        return FileResponse(folder / "gallery.html", media_type="text/html")
+
+    return app
+
+
+async def _form(request: Request, limit: int) -> dict[str, Any]:
+    """The multipart form, counted as it streams: 413 past `limit` bytes, before it is all read."""
+    if int(request.headers.get("content-length") or 0) > limit + 65536:
+        raise ApiError(413, f"the upload is over the {limit}-byte limit", "file")
+
+    async def counted() -> AsyncGenerator[bytes, None]:
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > limit + 65536:  # the form's own headers beside the file's bytes
+                raise ApiError(413, f"the upload is over the {limit}-byte limit", "file")
+            yield chunk
+
+    if not request.headers.get("content-type", "").startswith("multipart/form-data"):
+        raise ApiError(400, "a multipart/form-data upload is expected", "file")
+    try:
+        form = await MultiPartParser(request.headers, counted(), max_files=1, max_fields=4).parse()
+    except MultiPartException as e:
+        raise ApiError(400, f"the upload is not a valid form: {e.message}", "file") from None
+    items = dict(form.multi_items())
+    upload = items.get("file")
+    if isinstance(upload, UploadFile):
+        upload.file.seek(0, 2)
+        if upload.file.tell() > limit:
+            raise ApiError(413, f"the upload is over the {limit}-byte limit", "file")
+    return items

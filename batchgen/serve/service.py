@@ -1,0 +1,50 @@
+"""A server's parts put together: the store under the data folder, the queue that runs its
+batches, and the app the CLI hands to uvicorn (the CLI owns the process and its signals)."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from ..core.errors import ConfigError
+from .api import Guard, make_app
+from .queue import Queue, ServeSettings
+from .store import Store
+
+__all__ = ["Service", "is_loopback"]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(slots=True)
+class Service:
+    store: Store
+    queue: Queue
+    app: Guard
+
+    @classmethod
+    def open(cls, data: Path, settings: ServeSettings, key: str | None) -> Service:
+        """The settings checked as a run would check them (ConfigError), before anything is
+        served; `key` None serves without one (the CLI allows it on loopback only)."""
+        data.mkdir(parents=True, exist_ok=True)
+        settings.config(data / "check.jsonl", data / "check.parquet")
+        if settings.max_file_bytes < 1 or settings.max_lines < 1:
+            raise ConfigError("--max-file-bytes and --max-lines must be >= 1")
+        store = Store(data)
+        queue = Queue(store, settings)
+        app: FastAPI = make_app(store, queue, settings)
+        return cls(store, queue, Guard(app, key))
+
+    def close(self) -> None:
+        self.queue.close()
+        self.store.close()

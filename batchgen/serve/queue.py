@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -33,6 +34,8 @@ from ..execution.config import build_config
 from ..execution.runner import run
 from ..execution.summary import Progress
 from ..output.openai_batch import batch_lines, error_line
+from ..output.parts import partial_dir
+from ..output.tables import concat_tables
 from .store import BatchRecord, FileRecord, Store, write_file
 
 __all__ = ["Queue", "ServeSettings", "window_seconds", "validate_lines"]
@@ -266,8 +269,7 @@ class Queue:
         if record is None:
             return
         folder = self.store.batch_dir(batch.id)
-        path = folder / "output.parquet"
-        table = pq.read_table(path) if path.exists() else None
+        table = _finished(folder / "output.parquet")
         answered, failed, done = [], [], set()
         if table is not None:
             ok = pc.equal(table.column("status"), "ok")
@@ -304,6 +306,18 @@ class Queue:
     def _fail(self, batch_id: str, code: str, message: str) -> None:
         data = [{"code": code, "message": message[:2000], "param": None, "line": None}]
         self.store.update_batch(batch_id, status="failed", errors={"object": "list", "data": data})
+
+
+def _finished(output: Path) -> pa.Table | None:
+    """The rows a batch's runs finished: the output's, then its parts' (a stopped run's rows
+    wait there for the next run), the last result of an id kept."""
+    parts = sorted(Path(partial_dir(output)).glob("part-*.parquet"))
+    tables = [pq.read_table(p) for p in ([output] if output.exists() else []) + parts]
+    if not tables:
+        return None
+    table = concat_tables(tables)
+    last = {row_id: i for i, row_id in enumerate(table.column("id").to_pylist())}
+    return table.take(pa.array(sorted(last.values()), pa.int64()))
 
 
 _UNREACHED = {

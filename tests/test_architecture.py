@@ -19,9 +19,10 @@ ALLOWED = {
     "output": {"core", "input"},
     "execution": {"core", "input", "media", "generate", "output"},
     "tools": {"core", "input", "media", "output"},
-    "serve": {"core", "input", "output", "execution", "tools"},
+    "serve": {"core", "input", "generate", "output", "execution", "tools"},
     "cli": {"core", "input", "generate", "output", "execution", "tools", "serve"},
-    "": {"core", "input", "media", "generate", "output", "execution", "tools", "serve", "cli"},  # batchgen/*.py
+    # batchgen/*.py
+    "": {"core", "input", "media", "generate", "output", "execution", "tools", "serve", "cli"},
 }
 MLX = ("mlx", "mlx_lm", "mlx_vlm")
 

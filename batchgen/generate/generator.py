@@ -28,7 +28,7 @@ from .models import ModelInfo
 from .router import Plan, Router
 from .schedule import schedule
 
-__all__ = ["Generator", "GeneratorFactory", "Generated", "GenerationStats", "Planned", "RowPlan"]
+__all__ = ["Generator", "GeneratorFactory", "Resident", "Generated", "GenerationStats", "Planned", "RowPlan"]
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +265,36 @@ class Generator:
 
 # How an executor makes its generator: `Generator` itself, or a test's scripted one.
 GeneratorFactory = Callable[[GenerationSettings, threading.Event], Generator]
+
+
+class Resident:
+    """A generator factory for runs one after another in one process (`batchgen serve`'s
+    batches): the models load in the first run and stay for the next while the settings are
+    the same (other settings: the old models go, new ones load). `close()` lets them go."""
+
+    def __init__(self) -> None:
+        self._router: Router | None = None
+        self._settings: GenerationSettings | None = None
+
+    def __call__(self, settings: GenerationSettings, stop: threading.Event) -> Generator:
+        if self._router is not None and settings == self._settings:
+            self._router.restart(stop)
+        else:
+            self.close()
+            self._router, self._settings = Router.from_settings(settings, stop), settings
+        return _Staying(settings, stop, self._router)
+
+    def close(self) -> None:
+        if self._router is not None:
+            self._router.release()
+        self._router = self._settings = None
+
+
+class _Staying(Generator):
+    """A run's generator over a Resident's router: the run's end keeps the models."""
+
+    def close(self) -> None:
+        pass
 
 
 def _joined(outcomes: list[Generation | RowError]) -> Generation | RowError:

@@ -67,6 +67,10 @@ class PrefixCache:
         self.max_bytes = min(self.max_bytes, max_bytes)
         self._evict(0)
 
+    def recount(self) -> None:
+        """Counts from zero for another run; the snapshots stay."""
+        self.hits = self.misses = self.evictions = self.tokens_saved = 0
+
     def stats(self) -> CacheStats:
         lookups = self.hits + self.misses
         rate = round(self.hits / lookups, 4) if lookups else 0.0

@@ -6,6 +6,7 @@ drives it a window at a time.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Iterator
@@ -316,6 +317,18 @@ class Router:
     @property
     def model_loads(self) -> int:
         return self.models.loads
+
+    def restart(self, stop: threading.Event) -> None:
+        """The router kept for another run (`Resident`): its models, prefix snapshots and what
+        the memory budget learned stay; the run's stop request and its counts start over."""
+        self.stop, self.capped, self.one_at_a_time = stop, 0, {}
+        self.models.switches = self.models.loads = 0
+        if self.prefixes is not None:
+            self.prefixes.recount()
+        if self.memory is not None:
+            self.memory.stats = dataclasses.replace(
+                self.memory.stats, out_of_memory=0, retried=0, too_big=0, widths={}
+            )
 
     def release(self) -> None:
         """Let go of the models and the prefix snapshots (the next model of a run of several

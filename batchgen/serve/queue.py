@@ -5,8 +5,9 @@ then its output and error files written.
 A batch's life: validating → in_progress → finalizing → completed, or failed (a file that is
 not a Batch file, with its errors per line; a run that could not start), expired (its
 completion window ended: the finished lines are kept, the others are `batch_expired` in the
-error file), cancelling → cancelled (the same, `batch_cancelled`). A server started again
-takes the oldest unfinished batch first: its finished rows are kept by the run's resume, and a
+error file), cancelling → cancelled (the same, `batch_cancelled`). The model loads with the
+first batch and stays for the next (`Resident`). A server started again takes the oldest
+unfinished batch first: its finished rows are kept by the run's resume, and a
 batch that was cancelling ends cancelled.
 """
 
@@ -33,6 +34,7 @@ from ..core.stop import Stop
 from ..execution.config import build_config
 from ..execution.runner import run
 from ..execution.summary import Progress
+from ..generate.generator import Resident
 from ..output.openai_batch import batch_lines, error_line
 from ..output.parts import partial_dir
 from ..output.tables import concat_tables
@@ -140,6 +142,7 @@ class Queue:
         self._running: tuple[str, Stop] | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="batchgen-queue", daemon=True)
+        self.models = Resident()  # loaded by the first batch, kept for the next
 
     def start(self) -> None:
         self._thread.start()
@@ -152,6 +155,8 @@ class Queue:
                 self._running[1].set()
         self._wake.set()
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.models.close()
 
     def wake(self) -> None:
         self._wake.set()
@@ -227,7 +232,7 @@ class Queue:
                 config = self.settings.config(
                     folder / "input.jsonl", folder / "output.parquet", time_limit=left
                 )
-                summary = run(config, self._progress(batch.id), stop)
+                summary = run(config, self._progress(batch.id), stop, self.models)
                 ending = "completed" if summary.complete else "expired"
             except Interrupted:
                 if self._closing.is_set():

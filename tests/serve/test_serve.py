@@ -384,3 +384,25 @@ def test_lists_page_newest_first_and_end(server):
     first = client.files.list(limit=2)
     assert [f.id for f in first.data] == ids[::-1][:2] and first.has_more
     assert [f.id for f in client.files.list(limit=2)] == ids[::-1]  # auto-paging ends
+
+
+def test_batches_run_in_creation_order_on_a_model_loaded_once(server):
+    client = server.client()
+    made = [_long_batch(client, 6, 12) for _ in range(3)]
+    done = [_wait(client, b.id) for b in made]
+    assert [b.status for b in done] == ["completed"] * 3
+    for before, after in zip(done, done[1:], strict=False):
+        assert before.completed_at <= after.in_progress_at  # one after another, oldest first
+    loads = []
+    for b in done:
+        stats = json.loads((server.data / "batches" / b.id / "output.parquet.stats.json").read_text())
+        loads.append(stats["model_loads"])
+    assert loads == [1, 0, 0]
+    texts = [
+        sorted(
+            line["response"]["body"]["choices"][0]["message"]["content"]
+            for line in _lines(client, b.output_file_id)
+        )
+        for b in done
+    ]
+    assert texts[0] == texts[1] == texts[2]  # the same requests, the same answers on the kept model

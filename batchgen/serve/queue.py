@@ -101,7 +101,7 @@ def validate_lines(path: Path, endpoint: str, max_lines: int) -> tuple[int, list
                 break
             try:
                 value = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # a nesting too deep for the parser too
                 error("invalid_json_line", "this line is not valid JSON", number)
                 continue
             if not isinstance(value, dict):
@@ -341,7 +341,7 @@ def _unreached(job: Path, done: set[Any], ending: str) -> list[str]:
         for raw in f:
             try:
                 custom_id = json.loads(raw).get("custom_id")
-            except (ValueError, AttributeError):
+            except (ValueError, RecursionError, AttributeError):
                 continue
             if custom_id is not None and custom_id not in done:
                 lines.append(error_line(custom_id, code, message))

@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -192,6 +193,8 @@ def test_a_file_that_is_not_a_batch_file_fails_validation_line_by_line(server):
         json.dumps(_request("a", "Again")),  # a duplicate id
         json.dumps({**_request("c", "Hi"), "url": "/v1/embeddings"}),
         json.dumps({"custom_id": "d", "method": "GET", "url": "/v1/chat/completions", "body": {}}),
+        "[" * 100_000,  # nested past the parser's recursion limit
+        json.dumps({"custom_id": 7, "method": "POST", "url": "/v1/chat/completions", "body": []}),
     ]
     client = server.client()
     uploaded = client.files.create(file=("bad.jsonl", io.BytesIO("\n".join(lines).encode())), purpose="batch")
@@ -206,6 +209,8 @@ def test_a_file_that_is_not_a_batch_file_fails_validation_line_by_line(server):
         (3, "duplicate_custom_id"),
         (4, "mismatched_endpoint"),
         (5, "invalid_method"),
+        (6, "invalid_json_line"),
+        (7, "missing_required_parameter"),
     }, batch.errors
 
 
@@ -406,3 +411,45 @@ def test_batches_run_in_creation_order_on_a_model_loaded_once(server):
         for b in done
     ]
     assert texts[0] == texts[1] == texts[2]  # the same requests, the same answers on the kept model
+
+
+@pytest.mark.slow  # headless Chromium
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_status_page_in_headless_chromium(tmp_path):
+    """The page as a browser renders it: one row per batch with its status and a full bar for
+    a finished batch, links to its files and gallery, a client's markup shown as text only."""
+    s = Server(tmp_path / "data", key=None)
+    try:
+        client = s.client("unused")
+        ok = _long_batch(client, 3, 4)
+        bad = client.files.create(file=("x.jsonl", io.BytesIO(b"{oops\n")), purpose="batch")
+        failed = client.batches.create(
+            input_file_id=bad.id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+            metadata={"note": "<script>alert(1)</script>"},
+        )
+        for b in (ok, failed):
+            _wait(client, b.id)
+        browser = [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--dump-dom",
+            s.url + "/",
+        ]
+        dom = subprocess.run(browser, capture_output=True, text=True, timeout=120).stdout
+    finally:
+        s.stop()
+    assert 'data-batches="2"' in dom and 'data-active="0"' in dom, dom[:500]
+    assert f'data-id="{ok.id}" data-status="completed"' in dom
+    assert f'data-id="{failed.id}" data-status="failed"' in dom
+    assert 'style="width:100%"' in dom and "line 1: this line is not valid JSON" in dom
+    assert 'href="v1/files/' in dom and f'href="batches/{ok.id}/gallery"' in dom
+    assert "<script" not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom

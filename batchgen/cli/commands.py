@@ -321,6 +321,7 @@ def env() -> None:
 @option("--batch-size", type=int, help="Rows decoded together [the preset's].")
 @option("--max-file-bytes", type=int, default=200 * 2**20, show_default=True, help="Largest upload.")
 @option("--max-lines", type=int, default=50_000, show_default=True, help="Most requests in a batch file.")
+@option("--max-line-bytes", type=int, default=64 * 2**20, show_default=True, help="Largest request line.")
 def serve(
     model: str | None,
     preset: str | None,
@@ -333,6 +334,7 @@ def serve(
     batch_size: int | None,
     max_file_bytes: int,
     max_lines: int,
+    max_line_bytes: int,
 ) -> None:
     """Serve the OpenAI Files and Batches API (the official clients drive it unchanged: give
     them base_url http://HOST:PORT/v1 and the key), with a status page at http://HOST:PORT/.
@@ -357,6 +359,7 @@ def serve(
             overrides=overrides,
             max_file_bytes=max_file_bytes,
             max_lines=max_lines,
+            max_line_bytes=max_line_bytes,
             allow_private_urls=allow_private_urls,
         )
         service = Service.open(data, settings, None if no_auth else api_key)

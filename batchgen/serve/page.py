@@ -28,7 +28,7 @@ table{border-collapse:collapse;width:100%}td,th{padding:.4em .6em;border-bottom:
 <table><thead><tr><th>Batch</th><th>Status</th><th>Progress</th><th>Requests</th><th>ETA</th>
 <th>Created</th><th>Metadata</th><th>Results</th></tr></thead><tbody>
 {% for b in batches %}
-<tr class="batch" data-id="{{ b.id }}" data-status="{{ b.status }}">
+<tr class="batch" data-id="{{ b.id }}" data-status="{{ b.status }}" data-completed="{{ b.request_counts.completed }}" data-failed="{{ b.request_counts.failed }}" data-total="{{ b.request_counts.total }}" data-share="{{ share(b) }}">
 <td><code>{{ b.id }}</code><br><small>{{ files.get(b.input_file_id).filename if files.get(b.input_file_id) else b.input_file_id }}</small></td>
 <td class="{{ 'failed' if b.status == 'failed' else '' }}">{{ b.status }}</td>
 <td><span class="bar" title="{{ share(b) }}%"><span style="width:{{ share(b) }}%"></span></span> {{ share(b) }}%</td>

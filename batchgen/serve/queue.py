@@ -60,6 +60,7 @@ class ServeSettings:
     allow_private_urls: bool = False  # the operator's choice: clients' media on loopback/private hosts
     max_file_bytes: int = 200 * 2**20  # OpenAI's own limit for a batch input file
     max_lines: int = 50_000  # requests a batch file may hold (OpenAI's limit)
+    max_line_bytes: int = 64 * 2**20  # one request: room for a picture as a data URL, not a flood
 
     def config(self, job: Path, output: Path, **more: Any) -> RunConfig:
         """A batch's run settings: these, under the server's rules (no local paths in a
@@ -80,10 +81,10 @@ def window_seconds(window: str) -> int | None:
     return seconds if seconds <= 7 * 86400 else None
 
 
-def validate_lines(path: Path, endpoint: str, max_lines: int) -> tuple[int, list[dict[str, Any]]]:
+def validate_lines(path: Path, endpoint: str, settings: ServeSettings) -> tuple[int, list[dict[str, Any]]]:
     """A Batch input file's request count and its errors, as the API lists them (`line` from 1):
-    each line a JSON object with a string `custom_id` (unique), `method` POST, the batch's
-    `url`, an object `body`."""
+    each line a JSON object of at most `max_line_bytes` with a string `custom_id` (unique),
+    `method` POST, the batch's `url`, an object `body`; at most `max_lines` of them."""
     errors: list[dict[str, Any]] = []
     seen: set[str] = set()
     count = 0
@@ -96,9 +97,16 @@ def validate_lines(path: Path, endpoint: str, max_lines: int) -> tuple[int, list
             if not raw.strip():
                 continue
             count += 1
-            if count > max_lines:
-                error("too_many_requests", f"a batch file holds at most {max_lines} requests", number)
+            if count > settings.max_lines:
+                error(
+                    "too_many_requests", f"a batch file holds at most {settings.max_lines} requests", number
+                )
                 break
+            if len(raw) > settings.max_line_bytes:
+                error(
+                    "line_too_large", f"a request line holds at most {settings.max_line_bytes} bytes", number
+                )
+                continue
             try:
                 value = json.loads(raw)
             except (ValueError, RecursionError):  # a nesting too deep for the parser too
@@ -205,7 +213,7 @@ class Queue:
                 self._fail(batch.id, "invalid_file", f"input file {batch.input_file_id} was deleted")
                 return
             _link_or_copy(source, job)
-        total, errors = validate_lines(job, batch.endpoint, self.settings.max_lines)
+        total, errors = validate_lines(job, batch.endpoint, self.settings)
         if errors:
             listed = errors[:MAX_LISTED_ERRORS]
             if len(errors) > len(listed):

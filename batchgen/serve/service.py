@@ -38,8 +38,8 @@ class Service:
         served; `key` None serves without one (the CLI allows it on loopback only)."""
         data.mkdir(parents=True, exist_ok=True)
         settings.config(data / "check.jsonl", data / "check.parquet")
-        if settings.max_file_bytes < 1 or settings.max_lines < 1:
-            raise ConfigError("--max-file-bytes and --max-lines must be >= 1")
+        if min(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes) < 1:
+            raise ConfigError("--max-file-bytes, --max-lines and --max-line-bytes must be >= 1")
         store = Store(data)
         queue = Queue(store, settings)
         app: FastAPI = make_app(store, queue, settings)

@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -352,6 +353,7 @@ def test_kill_9_and_start_again_the_batch_goes_on(tmp_path):
         assert sorted(ids) == [f"r{i:03}" for i in range(40)]  # every request once
         stats = json.loads((data / "batches" / batch.id / "output.parquet.stats.json").read_text())
         assert stats["resumed"] >= 8  # the first process's rows were kept, not generated again
+        assert stats["generated"] + stats["resumed"] == 40  # ... and none of the others twice
     finally:
         again.stop()
 
@@ -453,3 +455,121 @@ def test_the_status_page_in_headless_chromium(tmp_path):
     assert 'style="width:100%"' in dom and "line 1: this line is not valid JSON" in dom
     assert 'href="v1/files/' in dom and f'href="batches/{ok.id}/gallery"' in dom
     assert "<script" not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
+
+
+def test_without_the_key_every_endpoint_is_401_and_hostile_files_get_api_errors(tmp_path):
+    """No key: 401 everywhere, the page too. A file that is not JSONL, a line over the line
+    limit: the batch fails validation, saying which line. Ids that look like paths: 404. And
+    nothing is written outside --data."""
+    s = Server(tmp_path / "data", "--max-line-bytes", "400")
+    try:
+        endpoints = [
+            ("GET", "/"),
+            ("GET", "/v1/files"),
+            ("POST", "/v1/files"),
+            ("GET", "/v1/files/file-x"),
+            ("DELETE", "/v1/files/file-x"),
+            ("GET", "/v1/files/file-x/content"),
+            ("GET", "/v1/batches"),
+            ("POST", "/v1/batches"),
+            ("GET", "/v1/batches/batch_x"),
+            ("POST", "/v1/batches/batch_x/cancel"),
+            ("GET", "/batches/batch_x/gallery"),
+        ]
+        for method, path in endpoints:
+            request = urllib.request.Request(
+                s.url + path, data=b"{}" if method == "POST" else None, method=method
+            )
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(request, timeout=30)
+            assert refused.value.code == 401, (method, path)
+        for path in (
+            "/v1/files/..%2F..%2Fetc%2Fpasswd/content",
+            "/v1/files/..%2Fstate.sqlite3",
+            "/v1/batches/..%2F..%2Fetc%2Fpasswd",
+            "/batches/..%2F..%2Fetc/gallery",
+        ):
+            status, text = _http(s.url + path, KEY)
+            assert status == 404 and "root:" not in text, (path, status)
+        client = s.client()
+        garbage = client.files.create(file=("x.bin", io.BytesIO(bytes(range(256)) * 4)), purpose="batch")
+        long_line = _jsonl([_request("ok", "Hi"), _request("long", "x" * 500)])
+        too_long = client.files.create(file=("long.jsonl", io.BytesIO(long_line)), purpose="batch")
+        for uploaded, want in ((garbage, "invalid_json_line"), (too_long, "line_too_large")):
+            batch = client.batches.create(
+                input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+            )
+            batch = _wait(client, batch.id)
+            assert batch.status == "failed" and want in {e.code for e in batch.errors.data}, batch.errors
+        assert [e.line for e in batch.errors.data] == [2]
+    finally:
+        s.stop()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["data", s.log.name.rsplit("/", 1)[-1]])
+
+
+@pytest.mark.slow  # headless Chromium
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_a_running_batch_on_the_status_page_in_chromium(tmp_path):
+    """A batch's progress as the browser shows it while it runs (a screenshot taken too): its
+    status, counts and share between what the batch object said just before and just after."""
+    s = Server(tmp_path / "data", "--batch-size", "2", key=None)
+    try:
+        client = s.client("unused")
+        batch = _long_batch(client, 40, 160)
+        for _ in range(1200):
+            before = client.batches.retrieve(batch.id)
+            if before.request_counts.completed >= 2:
+                break
+            time.sleep(0.05)
+        shot = tmp_path / "page.png"
+        browser = [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--no-first-run",
+            "--disable-sync",
+            "--window-size=1200,600",
+            f"--user-data-dir={tmp_path / 'profile'}",
+        ]
+        dom = subprocess.run(
+            [*browser, "--dump-dom", s.url + "/"], capture_output=True, text=True, timeout=120
+        )
+        after = client.batches.retrieve(batch.id)
+        subprocess.run([*browser, f"--screenshot={shot}", s.url + "/"], capture_output=True, timeout=120)
+        client.batches.cancel(batch.id)
+        _wait(client, batch.id)
+    finally:
+        s.stop()
+    row = re.search(rf'<tr class="batch" data-id="{batch.id}"([^>]*)>', dom.stdout)
+    assert row, dom.stdout[:800]
+    shown = dict(re.findall(r'data-([a-z]+)="([^"]*)"', row.group(1)))
+    assert shown["status"] == "in_progress" == before.status == after.status
+    assert int(shown["total"]) == before.request_counts.total == 40
+    completed = int(shown["completed"])
+    assert before.request_counts.completed <= completed <= after.request_counts.completed
+    assert 0 < int(shown["share"]) == int(100 * (completed + int(shown["failed"])) / 40) < 100
+    assert f"{completed} done" in dom.stdout and 'http-equiv="refresh"' in dom.stdout  # it reloads itself
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
+
+
+def test_the_readme_client_example_runs_as_written(tmp_path, monkeypatch, capsys):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## A local Batch API") : readme.index("## Caption a folder for training")]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    line = re.search(r'`(\{"custom_id": "r1".*?)`', section.replace("\n", " "))
+    s = Server(tmp_path / "data", key="sk-local")
+    try:
+        monkeypatch.chdir(tmp_path)
+        request = json.loads(line.group(1))
+        lines = [{**request, "custom_id": f"r{i}"} for i in range(3)]
+        (tmp_path / "requests.jsonl").write_bytes(_jsonl(lines))
+        namespace: dict = {}
+        exec(compile(code.replace("127.0.0.1:8000", f"127.0.0.1:{s.port}"), "README", "exec"), namespace)
+    finally:
+        s.stop()
+    assert namespace["batch"].status == "completed" and len(namespace["answers"]) == 3
+    printed = capsys.readouterr().out
+    assert printed.startswith("completed ") and all(f"r{i} " in printed for i in range(3))

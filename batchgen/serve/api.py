@@ -25,10 +25,10 @@ from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..tools.gallery import write_gallery
-from .objects import BatchCreate, batch_object, file_object, page
+from .objects import BatchCreate, BatchRecord, FileRecord, page
 from .page import status_page
 from .queue import ENDPOINTS, Queue, ServeSettings, window_seconds
-from .store import BatchRecord, FileRecord, Store, write_file
+from .store import Store, write_file
 
 __all__ = ["make_app", "Guard"]
 
@@ -128,16 +128,16 @@ def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
             id=file_id, bytes=size, created_at=int(time.time()), filename=name, purpose="batch", lines=lines
         )
         store.add_file(record)
-        return file_object(record)
+        return record.api()
 
     @app.get("/v1/files")
     def list_files(after: str | None = None, limit: int = 10000, purpose: str | None = None) -> dict:
         records, more = store.files(after, max(1, min(limit, 10000)), purpose)
-        return page([file_object(r) for r in records], more)
+        return page([r.api() for r in records], more)
 
     @app.get("/v1/files/{file_id}")
     def get_file(file_id: str) -> dict[str, Any]:
-        return file_object(_file(file_id))
+        return _file(file_id).api()
 
     @app.get("/v1/files/{file_id}/content")
     def content(file_id: str) -> FileResponse:
@@ -178,26 +178,26 @@ def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
         )
         store.add_batch(record)
         queue.wake()
-        return batch_object(record)
+        return record.api()
 
     @app.get("/v1/batches")
     def list_batches(after: str | None = None, limit: int = 20) -> dict[str, Any]:
         records, more = store.batches(after, max(1, min(limit, 100)))
-        return page([batch_object(r) for r in records], more)
+        return page([r.api() for r in records], more)
 
     @app.get("/v1/batches/{batch_id}")
     def get_batch(batch_id: str) -> dict[str, Any]:
-        return batch_object(_batch(batch_id))
+        return _batch(batch_id).api()
 
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel(batch_id: str) -> dict[str, Any]:
         record = _batch(batch_id)
         if record.status in ("cancelling", "cancelled"):
-            return batch_object(record)
+            return record.api()
         cancelled = queue.cancel(record.id)
         if cancelled is None:
             raise ApiError(409, f"a batch that is {_batch(batch_id).status} cannot be cancelled", "id")
-        return batch_object(cancelled)
+        return cancelled.api()
 
     @app.get("/", response_class=HTMLResponse)
     def status() -> HTMLResponse:

@@ -1,5 +1,6 @@
 """The API's objects as the OpenAI clients read them (`openai/types/batch.py`,
-`file_object.py`), and the one request body the server parses as JSON."""
+`file_object.py`), the records the store keeps (those objects and what only the server needs),
+and the one request body the server parses as JSON."""
 
 from __future__ import annotations
 
@@ -7,9 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from .store import BatchRecord, FileRecord
-
-__all__ = ["FileObject", "Batch", "BatchCreate", "page", "file_object", "batch_object"]
+__all__ = ["FileObject", "Batch", "FileRecord", "BatchRecord", "BatchCreate", "page"]
 
 
 class FileObject(BaseModel):
@@ -43,9 +42,27 @@ class Batch(BaseModel):
     expired_at: int | None = None
     cancelling_at: int | None = None
     cancelled_at: int | None = None
-    request_counts: dict[str, int]
+    request_counts: dict[str, int] = Field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
     metadata: dict[str, str] | None = None
     model: str | None = None
+
+
+class FileRecord(FileObject):
+    """A stored file: its FileObject, and its request lines (for the status page)."""
+
+    lines: int = 0
+
+    def api(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"lines"})
+
+
+class BatchRecord(Batch):
+    """A stored batch: its Batch object, and the run's pace (for the status page)."""
+
+    eta_s: float | None = None  # seconds left at the run's pace
+
+    def api(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"eta_s"})
 
 
 class BatchCreate(BaseModel):
@@ -68,21 +85,6 @@ class BatchCreate(BaseModel):
         ):
             raise ValueError("metadata holds at most 16 pairs, keys of 64 characters, values of 512")
         return value
-
-
-def file_object(record: FileRecord) -> dict[str, Any]:
-    return FileObject(
-        id=record.id,
-        bytes=record.bytes,
-        created_at=record.created_at,
-        filename=record.filename,
-        purpose=record.purpose,
-    ).model_dump()
-
-
-def batch_object(record: BatchRecord) -> dict[str, Any]:
-    fields = {name: getattr(record, name) for name in Batch.model_fields if hasattr(record, name)}
-    return Batch(**fields).model_dump()
 
 
 def page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:

@@ -8,7 +8,8 @@ import time
 
 from jinja2 import Environment
 
-from .store import ACTIVE, BatchRecord, FileRecord
+from .objects import BatchRecord, FileRecord
+from .store import ACTIVE
 
 __all__ = ["status_page"]
 

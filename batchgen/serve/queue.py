@@ -38,7 +38,8 @@ from ..generate.generator import Resident
 from ..output.openai_batch import batch_lines, error_line
 from ..output.parts import partial_dir
 from ..output.tables import concat_tables
-from .store import BatchRecord, FileRecord, Store, write_file
+from .objects import BatchRecord, FileRecord
+from .store import Store, write_file
 
 __all__ = ["Queue", "ServeSettings", "window_seconds", "validate_lines"]
 

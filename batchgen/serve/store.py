@@ -8,7 +8,6 @@ their pattern before they name anything on disk: a client's id never becomes a p
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import secrets
@@ -17,11 +16,11 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError
+from .objects import BatchRecord, FileRecord
 
 __all__ = ["Store", "FileRecord", "BatchRecord", "ACTIVE", "ENDED", "FILE_ID", "BATCH_ID"]
 
@@ -40,45 +39,6 @@ CREATE TABLE IF NOT EXISTS batches (
 );
 CREATE INDEX IF NOT EXISTS batches_queue ON batches (status, seq);
 """
-
-
-@dataclass(slots=True, kw_only=True)
-class FileRecord:
-    """A stored file: the API's FileObject fields (less `object` and `status`)."""
-
-    id: str
-    bytes: int
-    created_at: int
-    filename: str
-    purpose: str  # "batch" (uploaded) or "batch_output" (a batch's output or error file)
-    lines: int = 0  # JSONL lines, for the status page
-
-
-@dataclass(slots=True, kw_only=True)
-class BatchRecord:
-    """A batch: the API's Batch fields (less `object`), as stored and returned."""
-
-    id: str
-    input_file_id: str
-    endpoint: str
-    completion_window: str
-    status: str
-    created_at: int
-    expires_at: int | None = None
-    metadata: dict[str, str] | None = None
-    model: str | None = None
-    errors: dict[str, Any] | None = None  # {"object": "list", "data": [{code, message, param, line}]}
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    request_counts: dict[str, int] = field(default_factory=lambda: {"total": 0, "completed": 0, "failed": 0})
-    in_progress_at: int | None = None
-    finalizing_at: int | None = None
-    completed_at: int | None = None
-    failed_at: int | None = None
-    expired_at: int | None = None
-    cancelling_at: int | None = None
-    cancelled_at: int | None = None
-    eta_s: float | None = None  # the status page's: seconds left at the run's pace
 
 
 class Store:
@@ -132,12 +92,12 @@ class Store:
         """The record of a file whose bytes are already at `file_path(record.id)`."""
         with self._transaction() as db:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM files").fetchone()[0]
-            db.execute("INSERT INTO files VALUES (?, ?, ?)", (record.id, seq, json.dumps(asdict(record))))
+            db.execute("INSERT INTO files VALUES (?, ?, ?)", (record.id, seq, record.model_dump_json()))
 
     def file(self, file_id: str) -> FileRecord | None:
         with self._lock:
             row = self._db.execute("SELECT record FROM files WHERE id = ?", (file_id,)).fetchone()
-        return FileRecord(**json.loads(row[0])) if row else None
+        return FileRecord.model_validate_json(row[0]) if row else None
 
     def files(
         self, after: str | None, limit: int, purpose: str | None = None
@@ -166,13 +126,13 @@ class Store:
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM batches").fetchone()[0]
             db.execute(
                 "INSERT INTO batches VALUES (?, ?, ?, ?)",
-                (record.id, seq, record.status, json.dumps(asdict(record))),
+                (record.id, seq, record.status, record.model_dump_json()),
             )
 
     def batch(self, batch_id: str) -> BatchRecord | None:
         with self._lock:
             row = self._db.execute("SELECT record FROM batches WHERE id = ?", (batch_id,)).fetchone()
-        return BatchRecord(**json.loads(row[0])) if row else None
+        return BatchRecord.model_validate_json(row[0]) if row else None
 
     def batches(self, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
         return self._page("batches", after, limit, BatchRecord)
@@ -186,7 +146,7 @@ class Store:
             row = db.execute("SELECT record FROM batches WHERE id = ?", (batch_id,)).fetchone()
             if row is None:
                 return None
-            record = BatchRecord(**json.loads(row[0]))
+            record = BatchRecord.model_validate_json(row[0])
             if expect is not None and record.status not in expect:
                 return None
             status = changes.get("status")
@@ -196,7 +156,7 @@ class Store:
                 setattr(record, name, value)
             db.execute(
                 "UPDATE batches SET status = ?, record = ? WHERE id = ?",
-                (record.status, json.dumps(asdict(record)), batch_id),
+                (record.status, record.model_dump_json(), batch_id),
             )
         return record
 
@@ -207,7 +167,7 @@ class Store:
             row = self._db.execute(
                 f"SELECT record FROM batches WHERE status IN ({marks}) ORDER BY seq LIMIT 1", ACTIVE
             ).fetchone()
-        return BatchRecord(**json.loads(row[0])) if row else None
+        return BatchRecord.model_validate_json(row[0]) if row else None
 
     # -- lists -------------------------------------------------------------------------
     def _page(self, table: str, after: str | None, limit: int, kind: Any, purpose: str | None = None) -> Any:
@@ -223,7 +183,7 @@ class Store:
         query += " ORDER BY seq DESC"
         with self._lock:
             rows = self._db.execute(query, args).fetchall()
-        records = [kind(**json.loads(r[0])) for r in rows]
+        records = [kind.model_validate_json(r[0]) for r in rows]
         if purpose is not None:
             records = [r for r in records if r.purpose == purpose]
         return records[:limit], len(records) > limit

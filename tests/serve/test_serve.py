@@ -415,6 +415,22 @@ def test_batches_run_in_creation_order_on_a_model_loaded_once(server):
     assert texts[0] == texts[1] == texts[2]  # the same requests, the same answers on the kept model
 
 
+def _chromium(tmp_path: Path, *args: str) -> str:
+    """What headless Chromium prints (--dump-dom: the page as it rendered it)."""
+    browser = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    return subprocess.run([*browser, *args], capture_output=True, text=True, timeout=120).stdout
+
+
 @pytest.mark.slow  # headless Chromium
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
 def test_the_status_page_in_headless_chromium(tmp_path):
@@ -433,20 +449,7 @@ def test_the_status_page_in_headless_chromium(tmp_path):
         )
         for b in (ok, failed):
             _wait(client, b.id)
-        browser = [
-            "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--no-first-run",
-            "--disable-sync",
-            f"--user-data-dir={tmp_path / 'profile'}",
-            "--dump-dom",
-            s.url + "/",
-        ]
-        dom = subprocess.run(browser, capture_output=True, text=True, timeout=120).stdout
+        dom = _chromium(tmp_path, "--dump-dom", s.url + "/")
     finally:
         s.stop()
     assert 'data-batches="2"' in dom and 'data-active="0"' in dom, dom[:500]
@@ -515,43 +518,30 @@ def test_a_running_batch_on_the_status_page_in_chromium(tmp_path):
     s = Server(tmp_path / "data", "--batch-size", "2", key=None)
     try:
         client = s.client("unused")
-        batch = _long_batch(client, 40, 160)
-        for _ in range(1200):
+        batch = _long_batch(client, 80, 200)  # a minute of work: still running when the page is read
+        for _ in range(2400):
             before = client.batches.retrieve(batch.id)
             if before.request_counts.completed >= 2:
                 break
             time.sleep(0.05)
+        assert before.request_counts.completed >= 2, before
         shot = tmp_path / "page.png"
-        browser = [
-            "chromium",
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--no-first-run",
-            "--disable-sync",
-            "--window-size=1200,600",
-            f"--user-data-dir={tmp_path / 'profile'}",
-        ]
-        dom = subprocess.run(
-            [*browser, "--dump-dom", s.url + "/"], capture_output=True, text=True, timeout=120
-        )
+        dom = _chromium(tmp_path, "--dump-dom", s.url + "/")
         after = client.batches.retrieve(batch.id)
-        subprocess.run([*browser, f"--screenshot={shot}", s.url + "/"], capture_output=True, timeout=120)
+        _chromium(tmp_path, "--window-size=1200,600", f"--screenshot={shot}", s.url + "/")
         client.batches.cancel(batch.id)
         _wait(client, batch.id)
     finally:
         s.stop()
-    row = re.search(rf'<tr class="batch" data-id="{batch.id}"([^>]*)>', dom.stdout)
-    assert row, dom.stdout[:800]
+    row = re.search(rf'<tr class="batch" data-id="{batch.id}"([^>]*)>', dom)
+    assert row, dom[:800]
     shown = dict(re.findall(r'data-([a-z]+)="([^"]*)"', row.group(1)))
     assert shown["status"] == "in_progress" == before.status == after.status
-    assert int(shown["total"]) == before.request_counts.total == 40
+    assert int(shown["total"]) == before.request_counts.total == 80
     completed = int(shown["completed"])
     assert before.request_counts.completed <= completed <= after.request_counts.completed
-    assert 0 < int(shown["share"]) == int(100 * (completed + int(shown["failed"])) / 40) < 100
-    assert f"{completed} done" in dom.stdout and 'http-equiv="refresh"' in dom.stdout  # it reloads itself
+    assert 0 < int(shown["share"]) == int(100 * (completed + int(shown["failed"])) / 80) < 100
+    assert f"{completed} done" in dom and 'http-equiv="refresh"' in dom  # it reloads itself
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
 
 

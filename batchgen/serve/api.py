@@ -19,7 +19,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
-from starlette.datastructures import UploadFile
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -90,6 +91,10 @@ def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
     async def _http(_: Request, e: HTTPException) -> JSONResponse:
         return _error(e.status_code, str(e.detail), getattr(e, "param", None), getattr(e, "code", None))
 
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, e: Exception) -> JSONResponse:
+        return _error(500, f"the server failed on this request: {type(e).__name__}")
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         first = e.errors()[0] if e.errors() else {}
@@ -111,23 +116,15 @@ def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
     @app.post("/v1/files")
     async def upload(request: Request) -> dict[str, Any]:
         form = await _form(request, settings.max_file_bytes)
-        purpose, upload = form.get("purpose"), form.get("file")
-        if purpose != "batch":
-            raise ApiError(400, "purpose must be 'batch' (the only files this server takes)", "purpose")
-        if not isinstance(upload, UploadFile):
-            raise ApiError(400, "a file part named 'file' is required", "file")
-        upload.file.seek(0)
-        lines = sum(1 for line in upload.file if line.strip())
-        if lines > settings.max_lines:
-            raise ApiError(400, f"the file holds {lines} requests; at most {settings.max_lines}", "file")
-        upload.file.seek(0)
-        file_id = store.new_file_id()
-        size = write_file(store.file_path(file_id), iter(lambda: upload.file.read(1 << 20), b""))
-        name = (upload.filename or "upload.jsonl")[:255]
-        record = FileRecord(
-            id=file_id, bytes=size, created_at=int(time.time()), filename=name, purpose="batch", lines=lines
-        )
-        store.add_file(record)
+        upload = form.get("file")
+        try:
+            if form.get("purpose") != "batch":
+                raise ApiError(400, "purpose must be 'batch' (the only files this server takes)", "purpose")
+            if not isinstance(upload, UploadFile):
+                raise ApiError(400, "a file part named 'file' is required", "file")
+            record = await run_in_threadpool(_kept, upload, store, settings.max_lines)
+        finally:
+            await form.close()
         return record.api()
 
     @app.get("/v1/files")
@@ -219,9 +216,27 @@ def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
     return app
 
 
-async def _form(request: Request, limit: int) -> dict[str, Any]:
+def _kept(upload: UploadFile, store: Store, max_lines: int) -> FileRecord:
+    """The uploaded file stored as sent, if it holds no more than `max_lines` requests."""
+    upload.file.seek(0)
+    lines = sum(1 for line in upload.file if line.strip())
+    if lines > max_lines:
+        raise ApiError(400, f"the file holds {lines} requests; at most {max_lines}", "file")
+    upload.file.seek(0)
+    file_id = store.new_file_id()
+    size = write_file(store.file_path(file_id), iter(lambda: upload.file.read(1 << 20), b""))
+    name = (upload.filename or "upload.jsonl")[:255]
+    record = FileRecord(
+        id=file_id, bytes=size, created_at=int(time.time()), filename=name, purpose="batch", lines=lines
+    )
+    store.add_file(record)
+    return record
+
+
+async def _form(request: Request, limit: int) -> FormData:
     """The multipart form, counted as it streams: 413 past `limit` bytes, before it is all read."""
-    if int(request.headers.get("content-length") or 0) > limit + 65536:
+    declared = request.headers.get("content-length") or "0"
+    if declared.isdigit() and int(declared) > limit + 65536:  # refused before a byte is read
         raise ApiError(413, f"the upload is over the {limit}-byte limit", "file")
 
     async def counted() -> AsyncGenerator[bytes, None]:
@@ -238,10 +253,10 @@ async def _form(request: Request, limit: int) -> dict[str, Any]:
         form = await MultiPartParser(request.headers, counted(), max_files=1, max_fields=4).parse()
     except MultiPartException as e:
         raise ApiError(400, f"the upload is not a valid form: {e.message}", "file") from None
-    items = dict(form.multi_items())
-    upload = items.get("file")
+    upload = form.get("file")
     if isinstance(upload, UploadFile):
         upload.file.seek(0, 2)
         if upload.file.tell() > limit:
+            await form.close()
             raise ApiError(413, f"the upload is over the {limit}-byte limit", "file")
-    return items
+    return form

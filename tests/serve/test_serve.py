@@ -38,7 +38,8 @@ def _http(url: str, key: str | None = None, basic: bool = False, body: bytes | N
         with urllib.request.urlopen(request, timeout=30) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
+        with e:
+            return e.code, e.read().decode()
 
 
 def _port() -> int:
@@ -52,6 +53,7 @@ class Server:
 
     def __init__(self, data: Path, *flags: str, key: str | None = KEY):
         self.data, self.port = data, _port()
+        self.clients: list[openai.OpenAI] = []
         self.url = f"http://127.0.0.1:{self.port}"
         auth = ("--api-key", key) if key else ("--no-auth",)
         argv = [
@@ -81,13 +83,18 @@ class Server:
         raise AssertionError(f"the server did not come up: {self.output()}")
 
     def client(self, key: str = KEY) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+        """A client of this server, closed with it."""
+        made = openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+        self.clients.append(made)
+        return made
 
     def output(self) -> str:
         self.log.flush()
         return (self.data.parent / f"{self.data.name}-{self.port}.log").read_text()
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
+        for made in self.clients:
+            made.close()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(30)
@@ -485,6 +492,7 @@ def test_without_the_key_every_endpoint_is_401_and_hostile_files_get_api_errors(
             )
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(request, timeout=30)
+            refused.value.close()
             assert refused.value.code == 401, (method, path)
         for path in (
             "/v1/files/..%2F..%2Fetc%2Fpasswd/content",

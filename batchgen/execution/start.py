@@ -12,7 +12,7 @@ from pathlib import Path
 from ..core.answers import answer_kinds, merge_kinds
 from ..core.errors import ConfigError, short
 from ..core.settings import RunConfig
-from ..input.parse import template_fields
+from ..input.parse import has_field, template_fields
 from ..input.plan import share_keys
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
@@ -176,7 +176,7 @@ def check_columns(config: RunConfig, index: JobIndex) -> None:
     ]
     if config.prompt_template is not None:
         named += [("--prompt-template", name) for name in template_fields(config.prompt_template)]
-    missing = [f"{flag} {name!r}" for flag, name in named if name not in index.columns]
+    missing = [f"{flag} {name!r}" for flag, name in named if not has_field(index.columns, name)]
     if missing:
         shown = ", ".join(index.columns[:40]) + (" …" if len(index.columns) > 40 else "")
         raise ConfigError(f"{config.input}: no column {', '.join(missing)}; its columns: {shown}")

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..core.errors import ConfigError, JobFileError, plural
 from ..core.records import GenParams, Job
 from ..core.settings import Columns
-from .parse import near_miss, parse_row, template_fields
+from .parse import has_field, near_miss, parse_row, template_fields
 from .read import id_key, iter_rows
 from .source import resolve
 
@@ -136,7 +136,7 @@ def _findings(
     yield from ((f, rows) for f in _said(file, groups, slips, unused))
     if rows and not parsed:
         raise JobFileError(f"{path}: not a JSONL file (no line parses as JSON)")
-    missing = [f"{flag} {name!r}" for flag, name in named if rows and name not in present]
+    missing = [f"{flag} {name!r}" for flag, name in named if rows and not has_field(present, name)]
     if missing:
         raise ConfigError(
             f"{path}: no column {', '.join(missing)}; its columns: {', '.join(sorted(present))}"

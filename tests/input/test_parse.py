@@ -15,10 +15,15 @@ def test_flat_media_come_first_in_the_user_turn():
     assert job.media == [MediaRef("image", "a.png"), MediaRef("video", "v.mp4")]
     assert job.messages == [
         {"role": "system", "content": "Short."},
-        {"role": "user", "content": [
-            {"type": "image", "media": 0}, {"type": "video", "media": 1}, {"type": "text", "text": "What?"},
-        ]},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "media": 0},
+                {"type": "video", "media": 1},
+                {"type": "text", "text": "What?"},
+            ],
+        },
+    ]
 
 
 def test_message_parts_keep_their_order_and_all_reference_forms():
@@ -42,8 +47,13 @@ def test_message_parts_keep_their_order_and_all_reference_forms():
         "audio",
         "text",
     ]
-    assert [m.source for m in job.media] == ["http://x/1.png", "data:image/png;base64,AAAA", "local.jpg",
-                                             "clip.mp4", "speech.wav"]  # fmt: skip
+    assert [m.source for m in job.media] == [
+        "http://x/1.png",
+        "data:image/png;base64,AAAA",
+        "local.jpg",
+        "clip.mp4",
+        "speech.wav",
+    ]
 
 
 def test_row_parameters_overlay_run_defaults():
@@ -105,3 +115,28 @@ def test_scoring_and_logprob_fields_are_checked_and_bounded():
     assert job.scoring.choices == ("a", "b") and not job.scoring.asked  # scored where a lane can
     job, _ = parse({"prompt": "x", "top_logprobs": 3})
     assert job.params.wants_logprobs and not GenParams().wants_logprobs
+
+
+def test_a_template_reads_dotted_columns_whole_and_never_an_objects_insides():
+    """A stage's template names an earlier stage's value by its dotted column
+    (`{caption.generated_text}`); a field that walks into a value's `_` attributes is the row's
+    error, not a look inside the interpreter."""
+    row = {"id": "a", "caption.generated_text": "A red circle.", "title": "x", "tags": ["red", "round"]}
+
+    def filled(template: str):
+        return parse_row(RawRow(index=0, line=1, value=row), GenParams(), template)
+
+    job, problems = filled("Does '{caption.generated_text}' fit {title}? First tag: {tags[0]}.")
+    assert not problems and job.messages == [
+        {"role": "user", "content": "Does 'A red circle.' fit x? First tag: red."}
+    ]
+    for hostile in ("{title.__class__.__mro__}", "{tags.__len__}", "{title._x}"):
+        job, problems = filled(hostile)
+        assert problems[:1] == [
+            (
+                "prompt_template",
+                f"cannot fill it (field {hostile[1:-1]!r}: no part of a field starts with '_')",
+            )
+        ], problems
+    job, problems = filled("{caption.missing}")
+    assert problems[:1] == [("prompt_template", "missing column 'caption'")]

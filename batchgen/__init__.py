@@ -18,7 +18,7 @@ from .core.errors import (  # light: the standard library only
 if TYPE_CHECKING:
     from .core.settings import RunConfig
     from .execution.config import build_config
-    from .execution.runner import run
+    from .execution.stages import run
     from .execution.summary import Progress, RunSummary
 
 __all__ = [
@@ -41,7 +41,7 @@ __version__ = "0.1.0"
 _HOMES = {
     "RunConfig": ".core.settings",
     "build_config": ".execution.config",
-    "run": ".execution.runner",
+    "run": ".execution.stages",
     "RunSummary": ".execution.summary",
     "Progress": ".execution.summary",
 }

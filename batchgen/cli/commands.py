@@ -218,7 +218,7 @@ def caption(
 
 def _run(job_file: str | Path, output: str | Path, **flags) -> int:
     """Run a job as the CLI does (progress, signals, the closing lines); the exit code."""
-    from ..execution.runner import run as run_job
+    from ..execution.stages import run as run_job
 
     config, openai_output = config_from_flags(job_file, output, **flags)
     seams = click.get_current_context().find_object(Seams) or Seams()

@@ -17,6 +17,7 @@ __all__ = [
     "MediaConfig",
     "Columns",
     "RunConfig",
+    "Stage",
     "GenerationSettings",
     "WorkSettings",
     "work_settings",
@@ -98,6 +99,17 @@ class Columns:
         return [(flag, c) for flag, c in pairs if c]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stage:
+    """One stage of a staged job (a preset's `stages:`): its name (its columns' prefix in the
+    output), the run settings it runs with (the job's, overlaid with its own; input and output
+    are set when it runs) and the rule its rows must meet to go on (core/keep)."""
+
+    name: str
+    config: RunConfig
+    keep_if: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class RunConfig:
     """Everything one run needs; `batchgen.run(config)` takes nothing else."""
@@ -148,6 +160,8 @@ class RunConfig:
     plan_horizon: int = 512  # MiB of rows held back to meet the rest of their group (input/plan); 0: off
     plan_aside: bool = True  # the next window's rows planned on a thread while this one decodes
     local_paths: bool = True  # rows may name files of this machine; off: a server's clients' jobs
+    stages: tuple[Stage, ...] = ()  # a staged job: each stage's rows feed the next (execution/stages)
+    paths_from: str | None = None  # where rows' relative paths start; None: the job file's folder
     output_shards: bool = False  # -o DIR/: a folder of Parquet shards, never one table in memory
     shard_rows: int = 100_000  # rows per shard: a few hundred MB at most for captioning rows
     flush_rows: int = 64  # rows per part file: a kill loses at most this many

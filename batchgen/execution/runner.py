@@ -94,6 +94,8 @@ def run(
     committed, or a failed Ray run), FailFastError (1, `fail_fast`), Interrupted (130; the CLI
     says 143 after SIGTERM). Any other exception is a bug (the CLI exits 3); finished rows are
     kept in every case, and a rerun resumes."""
+    if config.stages:
+        raise ConfigError("a staged job runs through batchgen.run (execution.stages), a stage at a time")
     started = time.perf_counter()
     stop = stop if stop is not None else Stop()
     index = open_job(config)

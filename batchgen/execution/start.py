@@ -43,6 +43,8 @@ def open_job(config: RunConfig) -> JobIndex:
     source = dataclasses.replace(
         resolve(config.input, config.format), caps=config.media.caps, video_columns=config.columns.video
     )
+    if config.paths_from is not None:  # a staged job's later stage: the job's own folder
+        source = dataclasses.replace(source, base=config.paths_from)
     check_paths(config, source)
     share = share_keys(config.columns)
     index = scan(source, id_column=config.columns.id, share=share)

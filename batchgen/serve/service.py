@@ -37,7 +37,8 @@ class Service:
         """The settings checked as a run would check them (ConfigError), before anything is
         served; `key` None serves without one (the CLI allows it on loopback only)."""
         data.mkdir(parents=True, exist_ok=True)
-        settings.config(data / "check.jsonl", data / "check.parquet")
+        if settings.config(data / "check.jsonl", data / "check.parquet").stages:
+            raise ConfigError("batchgen serve runs one-stage jobs: give it a preset without stages")
         if min(settings.max_file_bytes, settings.max_lines, settings.max_line_bytes) < 1:
             raise ConfigError("--max-file-bytes, --max-lines and --max-line-bytes must be >= 1")
         store = Store(data)

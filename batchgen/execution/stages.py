@@ -1,0 +1,200 @@
+"""A staged job (a preset's `stages:`): each stage a run of its own over the rows the stage
+before kept, its prompt filled from the job's columns and the earlier stages' values by their
+dotted names (`{caption.generated_text}`, `{score.choice_scores.yes}`), then one output.
+
+Each stage runs through `runner.run` into `OUT.stages/NN-NAME.parquet`, so it resumes as any
+run does: a kill during stage 2 leaves stage 1 whole, and the rerun finds stage 1 done and goes
+on with stage 2's rows not done. The job a later stage reads (`NN-NAME.job.parquet`) is made
+from the stages before it each time: the kept rows with the job's columns and every earlier
+stage's values. A stage whose settings changed since its last run is run again from scratch, and
+so is every stage after it; the stages before it are kept. The models stay loaded from stage to
+stage while they are the same (`Resident`): a later stage's picture rows find the picture's
+prefix in the prefix cache when it still holds it.
+
+The output: a row per job row, the job's columns, then each stage's columns under its name
+(`caption.generated_text`, `score.choice_scores`, …), and `dropped_at`, the stage whose keep_if
+a row did not meet (null for rows that went through every stage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..core.errors import ConfigError, JobFileError
+from ..core.keep import KeepIf
+from ..core.records import RESULT_COLUMNS
+from ..core.settings import RunConfig, Stage
+from ..generate.generator import GeneratorFactory, Resident
+from ..output.resume import settings_of
+from ..output.store import atomic_write
+from ..output.tables import ANSWER_PREFIX
+from . import runner
+from .start import open_job
+from .summary import Progress, RunSummary
+
+__all__ = ["run", "run_stages", "stage_values"]
+
+_OURS = set(RESULT_COLUMNS) - {"id"}
+
+
+def run(
+    config: RunConfig,
+    progress: Callable[[Progress], None] | None = None,
+    stop: threading.Event | None = None,
+    generator: GeneratorFactory | None = None,
+) -> RunSummary:
+    """A job's run (`batchgen.run`): its stages one after another when it has them, else the
+    one run `runner.run` makes."""
+    if config.stages:
+        return run_stages(config, progress, stop, generator)
+    return runner.run(config, progress, stop, generator)
+
+
+def run_stages(
+    config: RunConfig,
+    progress: Callable[[Progress], None] | None = None,
+    stop: threading.Event | None = None,
+    generator: GeneratorFactory | None = None,
+) -> RunSummary:
+    """Every stage in turn, then the joined output at `config.output`; the summary counts every
+    stage's work (the last stage's figures otherwise)."""
+    if isinstance(config.output, str) or isinstance(config.input, str) or config.output_shards:
+        raise ConfigError("a staged job reads a local job file and writes one local Parquet file")
+    if any(stage.config.executor != "local" for stage in config.stages):
+        raise ConfigError("a staged job runs on the local engine")
+    index = open_job(dataclasses.replace(config.stages[0].config, input=config.input, output=config.output))
+    rules = _rules(config, set(index.columns))
+    folder = Path(f"{config.output}.stages")
+    folder.mkdir(parents=True, exist_ok=True)
+    resident = Resident()  # the models kept from stage to stage (unless the caller makes them)
+    models: GeneratorFactory = generator if generator is not None else resident
+    table: pa.Table | None = None  # the job's rows so far: its columns and the stages' values
+    dropped: dict[Any, str] = {}
+    redo = False
+    totals: dict[str, int] = dict.fromkeys(("generated", "resumed", "prompt_tokens", "completion_tokens"), 0)
+    summary: RunSummary | None = None
+    try:
+        for number, stage in enumerate(config.stages, 1):
+            base = folder / f"{number:02d}-{stage.name}"
+            job = (
+                config.input
+                if table is None
+                else _stage_job(table, dropped, base.with_suffix(".job.parquet"))
+            )
+            stage_config = dataclasses.replace(
+                stage.config,
+                input=job,
+                output=base.with_suffix(".parquet"),
+                stages=(),
+                changed="redo" if table is not None else stage.config.changed,
+                paths_from=None if table is None else index.base,  # the job's relative paths, from its folder
+                columns=stage.config.columns
+                if table is None
+                else dataclasses.replace(stage.config.columns, id=None),
+            )
+            redo = _settled(stage, stage_config, base.with_suffix(".settings.json"), redo)
+            if redo:
+                stage_config = dataclasses.replace(stage_config, overwrite=True)
+            summary = runner.run(stage_config, progress, stop, models)
+            for name in totals:
+                totals[name] += getattr(summary, name)
+            out = pq.read_table(stage_config.output)
+            table = _joined(table, out, stage.name)
+            _dropped(table, stage.name, rules.get(stage.name), dropped)
+    finally:
+        resident.close()
+    assert table is not None and summary is not None
+    table = table.append_column(
+        "dropped_at", pa.array([dropped.get(i) for i in table.column("id").to_pylist()], pa.string())
+    )
+    atomic_write(Path(config.output), lambda p: pq.write_table(table, p))
+    summary = dataclasses.replace(summary, output=str(config.output), rows=table.num_rows)
+    for name, total in totals.items():
+        setattr(summary, name, total)
+    return summary
+
+
+def _settled(stage: Stage, config: RunConfig, path: Path, redo: bool) -> bool:
+    """Whether the stage runs again from scratch: a stage before it did, or its settings
+    changed since its output was made (recorded beside it)."""
+    now = {
+        "settings": settings_of(config),
+        "prompt_template": config.prompt_template,
+        "keep_if": stage.keep_if,
+    }
+    now = json.loads(json.dumps(now, default=str))
+    before = json.loads(path.read_text()) if path.exists() else None
+    changed = before is not None and before != now
+    atomic_write(path, lambda p: p.write_text(json.dumps(now, indent=2) + "\n"))
+    return redo or changed
+
+
+def _result_columns(out: pa.Table) -> list[str]:
+    return [n for n in out.column_names if n in _OURS or n.startswith(ANSWER_PREFIX)]
+
+
+def _joined(table: pa.Table | None, out: pa.Table, name: str) -> pa.Table:
+    """The rows so far with a stage's values (`name.column`), by id; rows the stage did not run
+    (dropped before it) get nulls."""
+    results = _result_columns(out)
+    if table is None:  # the first stage: the job's own columns, then the stage's
+        own = out.select([c for c in out.column_names if c not in results])
+    else:
+        own = table
+    at = {row_id: i for i, row_id in enumerate(out.column("id").to_pylist())}
+    take = pa.array([at.get(row_id) for row_id in own.column("id").to_pylist()], pa.int64())
+    for column in results:
+        own = own.append_column(f"{name}.{column}", out.column(column).take(take))
+    return own
+
+
+def stage_values(row: dict[str, Any]) -> dict[str, Any]:
+    """A row's values as templates and keep_if read them: each column by its name, and a
+    score's choices one by one (`score.choice_scores.yes`: that choice's probability)."""
+    values = dict(row)
+    for name, value in row.items():
+        if name.endswith(".choice_scores") and isinstance(value, list):
+            for scored in value:
+                if isinstance(scored, dict) and isinstance(scored.get("choice"), str):
+                    values[f"{name}.{scored['choice']}"] = scored.get("prob")
+    return values
+
+
+def _rules(config: RunConfig, columns: set[str]) -> dict[str, KeepIf]:
+    """Each stage's keep_if, its names checked before any work: a job column, or a stage's
+    value up to and including its own."""
+    rules: dict[str, KeepIf] = {}
+    for number, stage in enumerate(config.stages):
+        if stage.keep_if is not None:
+            known = columns | {s.name for s in config.stages[: number + 1]}
+            rules[stage.name] = KeepIf.parse(stage.keep_if, known, where=f"stage {stage.name}: keep_if")
+    return rules
+
+
+def _dropped(table: pa.Table, name: str, rule: KeepIf | None, dropped: dict[Any, str]) -> None:
+    """The rows the stage answered that meet its keep_if go on; the others stop here
+    (`dropped_at`): a row the stage failed, or one its rule does not keep."""
+    for row in table.to_pylist():
+        if row["id"] in dropped:
+            continue
+        if row.get(f"{name}.status") != "ok" or (rule is not None and not rule.keeps(stage_values(row))):
+            dropped[row["id"]] = name
+
+
+def _stage_job(table: pa.Table, dropped: dict[Any, str], path: Path) -> Path:
+    """The job a later stage reads: the rows still going, each with the job's columns and the
+    earlier stages' values (a score's choices as their own columns, for templates)."""
+    rows = [stage_values(r) for r in table.to_pylist() if r["id"] not in dropped]
+    if not rows:
+        raise JobFileError(f"{path}: no row went on past the stages before (every row was dropped)")
+    made = pa.Table.from_pylist(rows)
+    atomic_write(path, lambda p: pq.write_table(made, p))
+    return path

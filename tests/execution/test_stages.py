@@ -1,0 +1,198 @@
+"""A staged job (caption → yes/no score of the caption → keep_if → tags) in one run: the same
+columns as three `batchgen run`s chained by hand on the id, resumable by stage, a changed stage
+redone with the ones after it, a hostile keep_if refused before any work."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from conftest import MEDIA, read, run_cli, write_jsonl
+
+CAPTION = "Describe the picture."
+SCORE = 'Does "{caption.generated_text}" describe the picture? Answer yes or no.'
+TAGS = "Three tags for a picture described as: {caption.generated_text}"
+PICTURES = ["red_circle.png", "blue_square.webp", "green_triangle_rotated.jpg"]
+
+
+def _job(tmp_path):
+    """Six picture rows, their paths relative to the job's folder (a later stage reads its job
+    from elsewhere: the paths still start here)."""
+    (tmp_path / "media").mkdir(exist_ok=True)
+    for name in PICTURES:
+        shutil.copy(MEDIA / name, tmp_path / "media" / name)
+    rows = [{"id": f"p{i}", "image": f"media/{name}", "note": f"n{i}"} for i, name in enumerate(PICTURES * 2)]
+    return write_jsonl(tmp_path / "jobs.jsonl", rows)
+
+
+def _preset(tmp_path, model, threshold: float, tags: str = TAGS):
+    stages = [
+        {"name": "caption", "prompt_template": CAPTION, "generation": {"max_tokens": 10}},
+        {
+            "name": "score",
+            "prompt_template": SCORE,
+            "generation": {"choices_to_score": ["yes", "no"], "score_only": True},
+            "keep_if": f"score.choice_scores.yes > {threshold!r}",
+        },
+        {"name": "tags", "prompt_template": tags, "generation": {"max_tokens": 6}},
+    ]
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump({"model": str(model), "generation": {"temperature": 0}, "stages": stages}))
+    return path
+
+
+def _by_hand(tmp_path, model, job):
+    """The three runs chained by hand: each later job made from the earlier outputs by id."""
+
+    def run(name, job, template, *flags):
+        out = tmp_path / f"hand-{name}.parquet"
+        code, output = run_cli(
+            "run",
+            str(job),
+            "-o",
+            str(out),
+            "--model",
+            str(model),
+            "--temperature",
+            "0",
+            "--prompt-template",
+            template,
+            "-q",
+            *flags,
+        )
+        assert code == 0, output
+        return {r["id"]: r for r in read(out)}
+
+    first = run("caption", job, CAPTION, "--max-tokens", "10")
+    rows = [
+        {"id": i, "image": r["image"], "caption.generated_text": r["generated_text"]}
+        for i, r in first.items()
+    ]
+    second = run(
+        "score",
+        write_jsonl(tmp_path / "hand2.jsonl", rows),
+        SCORE,
+        "--choices-to-score",
+        "yes",
+        "--choices-to-score",
+        "no",
+        "--score-only",
+    )
+    yes = {i: next(c["prob"] for c in r["choice_scores"] if c["choice"] == "yes") for i, r in second.items()}
+    return first, second, yes, run, rows
+
+
+def test_a_staged_job_equals_the_runs_chained_by_hand(tmp_path, sensitive_vlm):
+    job = _job(tmp_path)
+    first, second, yes, run, rows = _by_hand(tmp_path, sensitive_vlm, job)
+    threshold = sorted(yes.values())[len(yes) // 2 - 1]  # about half the rows go on
+    kept = [r for r in rows if yes[r["id"]] > threshold]
+    assert 0 < len(kept) < len(rows)
+    third = run("tags", write_jsonl(tmp_path / "hand3.jsonl", kept), TAGS, "--max-tokens", "6")
+
+    out = tmp_path / "staged.parquet"
+    preset = _preset(tmp_path, sensitive_vlm, threshold)
+    code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "-q")
+    assert code == 0, output
+    staged = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert sorted(staged) == sorted(first)  # a row per job row
+    for i, row in staged.items():
+        assert row["note"] == f"n{i[1:]}" and row["image"] == first[i]["image"]  # the job's columns
+        assert row["caption.generated_text"] == first[i]["generated_text"]
+        assert row["caption.completion_tokens"] == first[i]["completion_tokens"]
+        assert [c["choice"] for c in row["score.choice_scores"]] == ["yes", "no"]
+        assert all(
+            math.isclose(a["prob"], b["prob"], rel_tol=1e-6)
+            for a, b in zip(row["score.choice_scores"], second[i]["choice_scores"], strict=True)
+        )
+        if i in third:
+            assert row["dropped_at"] is None and row["tags.generated_text"] == third[i]["generated_text"]
+        else:
+            assert row["dropped_at"] == "score" and row["tags.generated_text"] is None
+    assert len({r["caption.generated_text"] for r in staged.values()}) >= 3  # they follow the pictures
+    # the later stages ran on the model stage 1 loaded, and found each picture's prefix cached
+    folder = out.with_name("staged.parquet.stages")
+    loads = [json.loads(p.read_text())["model_loads"] for p in sorted(folder.glob("*.stats.json"))]
+    assert loads == [1, 0, 0]
+    assert all(r["score.cached_tokens"] > 0 for r in staged.values())
+
+    # run again: every stage is done, nothing generated, nothing rewritten
+
+    def stamps(pattern: str) -> dict[str, int]:
+        return {p.name: p.stat().st_mtime_ns for p in folder.glob(pattern) if ".job." not in p.name}
+
+    before = stamps("0?-*[a-z].parquet")
+    assert len(before) == 3
+    code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset))
+    assert code == 0, output
+    assert stamps("0?-*[a-z].parquet") == before and pq.read_table(out).to_pylist() == list(staged.values())
+    # the last stage changed: it alone runs again, the stages before are kept
+    kept_stamps = stamps("0[12]-*[a-z].parquet")
+    preset = _preset(tmp_path, sensitive_vlm, threshold, tags="Two tags: {caption.generated_text}")
+    code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "-q")
+    assert code == 0, output
+    again = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert stamps("0[12]-*[a-z].parquet") == kept_stamps
+    assert all(again[i]["caption.generated_text"] == staged[i]["caption.generated_text"] for i in staged)
+    assert any(again[i]["tags.generated_text"] != staged[i]["tags.generated_text"] for i in third)
+
+
+@pytest.mark.parametrize(
+    ("keep_if", "says"),
+    [
+        ("colour > 0.5", "stage score: keep_if: unknown name(s) colour"),
+        ("tags.status == 'ok'", "stage score: keep_if: unknown name(s) tags.status"),  # a later stage's
+        ("score.choice_scores.yes.__class__", "a name is words joined by dots"),
+        ("__import__('os')", "Call is not part of the rule language"),
+        ("score.choice_scores.yes > 1e400", "numbers up to"),
+        ("not " * 50 + "note", "too large a rule"),
+    ],
+)
+def test_a_hostile_keep_if_stops_the_run_before_any_work(tmp_path, keep_if, says):
+    job = _job(tmp_path)
+    stages = [
+        {"name": "caption", "prompt_template": CAPTION},
+        {"name": "score", "prompt_template": SCORE, "keep_if": keep_if},
+    ]
+    preset = tmp_path / "p.yaml"
+    preset.write_text(
+        yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages})
+    )
+    out = tmp_path / "out.parquet"
+    code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "-q")
+    assert code == 2 and says in output, output
+    assert not out.exists() and not out.with_name("out.parquet.stages").exists()
+
+
+@pytest.mark.parametrize(
+    ("stages", "says"),
+    [
+        ([{"name": "Caption"}], "stage 1's name 'Caption' must be like caption"),
+        ([{"name": "a"}, {"name": "a"}], "two stages are named 'a'"),
+        ([{"name": "id"}], "stage 1's name 'id'"),
+        ([{"name": "a", "batch_size": 0}], "stage a: batch_size must be >= 1"),
+        ([{"name": "a", "stages": []}], "stage a: a stage holds no stages"),
+        ([{"name": "a", "generation": {"max_tokens": -1}}], "stage a: "),
+        ("caption", "stages: a list of 1 to 16 stages"),
+    ],
+)
+def test_bad_stages_are_config_errors_naming_the_stage(tmp_path, stages, says):
+    preset = tmp_path / "p.yaml"
+    preset.write_text(
+        yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages})
+    )
+    code, output = run_cli(
+        "run", str(_job(tmp_path)), "-o", str(tmp_path / "o.parquet"), "--config", str(preset)
+    )
+    assert code == 2 and says in output, output
+
+
+def test_stage_values_give_each_scored_choice_its_own_name():
+    from batchgen.execution.stages import stage_values
+
+    row = {"score.choice_scores": [{"choice": "yes", "prob": 0.7}, {"choice": "no", "prob": 0.3}], "x": 1}
+    assert stage_values(row) == {**row, "score.choice_scores.yes": 0.7, "score.choice_scores.no": 0.3}

@@ -13,7 +13,8 @@ prefix in the prefix cache when it still holds it.
 
 The output: a row per job row, the job's columns, then each stage's columns under its name
 (`caption.generated_text`, `score.choice_scores`, …), and `dropped_at`, the stage whose keep_if
-a row did not meet (null for rows that went through every stage).
+a row did not meet or that failed it (null for rows that went through every stage). When no row
+goes on, the stages left do not run and have no columns.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.errors import ConfigError, JobFileError
+from ..core.errors import ConfigError
 from ..core.keep import KeepIf
 from ..core.records import RESULT_COLUMNS
 from ..core.settings import RunConfig, Stage
@@ -84,6 +85,8 @@ def run_stages(
     try:
         for number, stage in enumerate(config.stages, 1):
             base = folder / f"{number:02d}-{stage.name}"
+            if table is not None and len(dropped) == table.num_rows:
+                break  # every row stopped before this stage: the stages left have nothing to do
             job = (
                 config.input
                 if table is None
@@ -193,8 +196,6 @@ def _stage_job(table: pa.Table, dropped: dict[Any, str], path: Path) -> Path:
     """The job a later stage reads: the rows still going, each with the job's columns and the
     earlier stages' values (a score's choices as their own columns, for templates)."""
     rows = [stage_values(r) for r in table.to_pylist() if r["id"] not in dropped]
-    if not rows:
-        raise JobFileError(f"{path}: no row went on past the stages before (every row was dropped)")
     made = pa.Table.from_pylist(rows)
     atomic_write(path, lambda p: pq.write_table(made, p))
     return path

@@ -107,7 +107,12 @@ def test_a_wheel_installed_outside_the_checkout_finds_its_presets(tmp_path):
 
 # Each real-model preset and the tiny checkpoint of its model's family (families-notes.md):
 # the preset's settings run a row on that family offline. A new preset names its stand-in here.
-STAND_INS = {"qwen2.5-vl-captioning": "qwen2_5_vl", "qwen3-vl-video": "qwen3_vl", "olmocr-documents": "vlm"}
+STAND_INS = {
+    "qwen2.5-vl-captioning": "qwen2_5_vl",
+    "qwen3-vl-video": "qwen3_vl",
+    "olmocr-documents": "vlm",
+    "caption-then-vqascore": "qwen2_5_vl",
+}
 
 
 @pytest.mark.slow  # builds a tiny checkpoint per family
@@ -137,7 +142,12 @@ def test_each_real_model_preset_runs_on_a_tiny_stand_in_of_its_family(tmp_path, 
     code, output = run_cli("run", str(job), "-o", str(out), "--config", preset, "--model", str(model),
                            "--max-tokens", "4", "-q")  # fmt: skip
     assert code == 0, output
-    assert [r["status"] for r in read(out)] == ["ok", "ok"]
+    rows = read(out)
+    if config.stages:  # each stage's status; a row the first stage's keep_if drops stops there
+        assert [r[f"{config.stages[0].name}.status"] for r in rows] == ["ok", "ok"]
+        assert all(r["dropped_at"] in (None, *(s.name for s in config.stages)) for r in rows)
+    else:
+        assert [r["status"] for r in rows] == ["ok", "ok"]
 
 
 @pytest.mark.parametrize(

@@ -110,7 +110,7 @@ def run_stages(
             for name in totals:
                 totals[name] += getattr(summary, name)
             out = pq.read_table(stage_config.output)
-            table = _joined(table, out, stage.name)
+            table = _joined(table, out, stage.name, dropped)
             _dropped(table, stage.name, rules.get(stage.name), dropped)
     finally:
         resident.close()
@@ -144,16 +144,17 @@ def _result_columns(out: pa.Table) -> list[str]:
     return [n for n in out.column_names if n in _OURS or n.startswith(ANSWER_PREFIX)]
 
 
-def _joined(table: pa.Table | None, out: pa.Table, name: str) -> pa.Table:
+def _joined(table: pa.Table | None, out: pa.Table, name: str, dropped: dict[Any, str]) -> pa.Table:
     """The rows so far with a stage's values (`name.column`), by id; rows the stage did not run
-    (dropped before it) get nulls."""
+    (dropped before it) get nulls, whatever its output holds for them from an earlier run."""
     results = _result_columns(out)
     if table is None:  # the first stage: the job's own columns, then the stage's
         own = out.select([c for c in out.column_names if c not in results])
     else:
         own = table
     at = {row_id: i for i, row_id in enumerate(out.column("id").to_pylist())}
-    take = pa.array([at.get(row_id) for row_id in own.column("id").to_pylist()], pa.int64())
+    ids = own.column("id").to_pylist()
+    take = pa.array([None if row_id in dropped else at.get(row_id) for row_id in ids], pa.int64())
     for column in results:
         own = own.append_column(f"{name}.{column}", out.column(column).take(take))
     return own

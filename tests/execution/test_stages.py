@@ -196,3 +196,60 @@ def test_stage_values_give_each_scored_choice_its_own_name():
 
     row = {"score.choice_scores": [{"choice": "yes", "prob": 0.7}, {"choice": "no", "prob": 0.3}], "x": 1}
     assert stage_values(row) == {**row, "score.choice_scores.yes": 0.7, "score.choice_scores.no": 0.3}
+
+
+@pytest.mark.slow  # a run killed mid-stage, in a subprocess
+def test_kill_9_during_stage_2_then_a_rerun_keeps_stage_1(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rows = [{"id": f"r{i:02}", "topic": f"topic {i}"} for i in range(40)]
+    job = write_jsonl(tmp_path / "jobs.jsonl", rows)
+    stages = [
+        {"name": "word", "prompt_template": "One word about {topic}.", "generation": {"max_tokens": 3}},
+        {
+            "name": "essay",
+            "prompt_template": "Write about {word.generated_text}.",
+            "generation": {"max_tokens": 120},
+        },
+    ]
+    preset = tmp_path / "p.yaml"
+    preset.write_text(
+        yaml.safe_dump(
+            {
+                "model": str(MEDIA.parent / "models" / "tiny-lm"),
+                "batch_size": 2,
+                "generation": {"temperature": 0},
+                "stages": stages,
+            }
+        )
+    )
+    out = tmp_path / "out.parquet"
+    parts = tmp_path / "out.parquet.stages" / "02-essay.parquet.partial"
+    argv = [sys.executable, "-m", "batchgen", "run", str(job), "-o", str(out), "--config", str(preset), "-q"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(1200):
+            if list(parts.glob("part-*.parquet")) or proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        assert proc.poll() is None, "the run ended before stage 2 committed a batch"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not out.exists()
+    folder = tmp_path / "out.parquet.stages"
+    stage_1 = (folder / "01-word.parquet").stat().st_mtime_ns
+    code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "-q")
+    assert code == 0, output
+    assert (folder / "01-word.parquet").stat().st_mtime_ns == stage_1  # stage 1 was not run again
+    second = json.loads((folder / "02-essay.parquet.stats.json").read_text())
+    assert second["resumed"] >= 2 and second["generated"] + second["resumed"] == 40
+    ids = [r["id"] for r in pq.read_table(out).to_pylist()]
+    assert sorted(ids) == [f"r{i:02}" for i in range(40)]  # every id once
+    assert all(r["essay.status"] == "ok" for r in pq.read_table(out).to_pylist())

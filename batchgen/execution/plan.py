@@ -174,6 +174,8 @@ class _Counts:
 def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     """The plan of a run of `config`, changing nothing on disk. Errors that would stop the run
     (unreadable job, duplicate ids, settings that differ from the output's) stop it too."""
+    if config.stages:
+        raise ConfigError("batchgen plan reads one-stage jobs; a staged job's stages are not planned yet")
     started = time.perf_counter()
     index = open_job(config)
     scan_s = time.perf_counter() - started

@@ -253,3 +253,11 @@ def test_kill_9_during_stage_2_then_a_rerun_keeps_stage_1(tmp_path):
     ids = [r["id"] for r in pq.read_table(out).to_pylist()]
     assert sorted(ids) == [f"r{i:02}" for i in range(40)]  # every id once
     assert all(r["essay.status"] == "ok" for r in pq.read_table(out).to_pylist())
+
+
+def test_plan_says_it_does_not_read_a_staged_job_yet(tmp_path):
+    stages = [{"name": "caption", "prompt_template": CAPTION}]
+    preset = tmp_path / "p.yaml"
+    preset.write_text(yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages}))
+    code, output = run_cli("plan", str(_job(tmp_path)), "--config", str(preset))
+    assert code == 2 and "a staged job's stages are not planned yet" in output, output

@@ -7,7 +7,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -175,6 +175,12 @@ def _plan(job_file: str, output: str, calibrate: int = 0, as_json: bool = False,
     help="Then export: a .txt beside each image (prompts' answers joined by a space), or an "
     "imagefolder metadata.jsonl (see `export`).",
 )
+@option(
+    "--then-score",
+    help="A second stage: this yes/no question about each picture, its caption as {caption}, "
+    "scored as P(Yes) (columns score.*).",
+)
+@option("--keep-if", help="With --then-score: the rows to keep, e.g. 'score > 0.5' (dropped_at says where).")
 @caption_options
 def caption(
     paths: tuple[str, ...],
@@ -182,6 +188,8 @@ def caption(
     prompts: tuple[str, ...],
     extensions: tuple[str, ...],
     write_captions: str | None,
+    then_score: str | None,
+    keep_if: str | None,
     **flags,
 ):
     """Caption image and video files: PATHS are files, folders (recursive) or globs; one row
@@ -193,6 +201,8 @@ def caption(
 
     if not prompts and not flags.get("prompt_template"):
         fail(BatchgenError("give at least one --prompt (or a --prompt-template)"))
+    if then_score is not None or keep_if is not None:
+        flags["stages"] = _scored_stages(then_score, keep_if, write_captions)
     try:
         sidecars = SIDECAR_FIELD in (flags.get("prompt_template") or "")
         job_file = write_caption_jobs(paths, prompts or ("",), output, extensions or None, sidecars)
@@ -214,6 +224,23 @@ def caption(
         joined = " " if len(prompts) > 1 else None
         export_results(output, ExportOptions(write_captions, join=joined, changed=changed))  # type: ignore[arg-type]
     sys.exit(code)
+
+
+def _scored_stages(question: str | None, keep_if: str | None, write_captions: str | None) -> list[dict]:
+    """caption's --then-score and --keep-if as a staged job: the captions, then the question
+    scored Yes/No with the caption in it (a VQAScore), its keep_if on the score."""
+    if question is None:
+        fail(BatchgenError("--keep-if needs --then-score (the stage whose values it reads)"))
+    if write_captions is not None:
+        fail(BatchgenError("--write-captions with --then-score: export a staged output is not done yet"))
+    score: dict[str, Any] = {
+        "name": "score",
+        "prompt_template": question,
+        "generation": {"choices_to_score": ["Yes", "No"], "score_only": True},
+    }
+    if keep_if is not None:
+        score["keep_if"] = keep_if
+    return [{"name": "caption"}, score]
 
 
 def _run(job_file: str | Path, output: str | Path, **flags) -> int:

@@ -161,20 +161,31 @@ def _joined(table: pa.Table | None, out: pa.Table, name: str, dropped: dict[Any,
 
 
 def stage_values(row: dict[str, Any]) -> dict[str, Any]:
-    """A row's values as templates and keep_if read them: each column by its name, and a
-    score's choices one by one (`score.choice_scores.yes`: that choice's probability)."""
+    """A row's values as templates and keep_if read them: each column by its name, a score's
+    choices one by one (`score.choice_scores.yes`: that choice's probability), and each stage's
+    own value by its bare name: a scoring stage's first choice's probability (`score > 0.5`),
+    else its answer (`{caption}`)."""
     values = dict(row)
     for name, value in row.items():
         if name.endswith(".choice_scores") and isinstance(value, list):
             for scored in value:
                 if isinstance(scored, dict) and isinstance(scored.get("choice"), str):
                     values[f"{name}.{scored['choice']}"] = scored.get("prob")
+    for name in [
+        n[: -len(".status")] for n in row if n.endswith(".status") and "." not in n[: -len(".status")]
+    ]:
+        scored = row.get(f"{name}.choice_scores")
+        first = scored[0] if isinstance(scored, list) and scored and isinstance(scored[0], dict) else None
+        values[name] = first.get("prob") if first is not None else row.get(f"{name}.generated_text")
     return values
 
 
 def _rules(config: RunConfig, columns: set[str]) -> dict[str, KeepIf]:
     """Each stage's keep_if, its names checked before any work: a job column, or a stage's
-    value up to and including its own."""
+    value up to and including its own. A stage named like a job column would hide it."""
+    clash = sorted(stage.name for stage in config.stages if stage.name in columns)
+    if clash:
+        raise ConfigError(f"stage(s) {', '.join(clash)} named like a column of the job: name them otherwise")
     rules: dict[str, KeepIf] = {}
     for number, stage in enumerate(config.stages):
         if stage.keep_if is not None:

@@ -191,11 +191,24 @@ def test_bad_stages_are_config_errors_naming_the_stage(tmp_path, stages, says):
     assert code == 2 and says in output, output
 
 
-def test_stage_values_give_each_scored_choice_its_own_name():
+def test_stage_values_name_each_scored_choice_and_each_stages_own_value():
     from batchgen.execution.stages import stage_values
 
-    row = {"score.choice_scores": [{"choice": "yes", "prob": 0.7}, {"choice": "no", "prob": 0.3}], "x": 1}
-    assert stage_values(row) == {**row, "score.choice_scores.yes": 0.7, "score.choice_scores.no": 0.3}
+    row = {
+        "caption.status": "ok",
+        "caption.generated_text": "A cat.",
+        "score.status": "ok",
+        "score.choice_scores": [{"choice": "yes", "prob": 0.7}, {"choice": "no", "prob": 0.3}],
+        "x": 1,
+    }
+    values = stage_values(row)
+    assert values == {
+        **row,
+        "score.choice_scores.yes": 0.7,
+        "score.choice_scores.no": 0.3,
+        "score": 0.7,
+        "caption": "A cat.",
+    }
 
 
 @pytest.mark.slow  # a run killed mid-stage, in a subprocess
@@ -258,6 +271,59 @@ def test_kill_9_during_stage_2_then_a_rerun_keeps_stage_1(tmp_path):
 def test_plan_says_it_does_not_read_a_staged_job_yet(tmp_path):
     stages = [{"name": "caption", "prompt_template": CAPTION}]
     preset = tmp_path / "p.yaml"
-    preset.write_text(yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages}))
+    preset.write_text(
+        yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages})
+    )
     code, output = run_cli("plan", str(_job(tmp_path)), "--config", str(preset))
     assert code == 2 and "a staged job's stages are not planned yet" in output, output
+
+
+def test_caption_then_score_and_keep_on_the_command_line(tmp_path):
+    """`batchgen caption DIR --then-score Q --keep-if RULE`: the captions, then Q about each
+    picture with its caption in it, scored Yes/No; the rows the rule keeps went on, the others
+    stopped at the score (`score` is P(Yes), `{caption}` the caption)."""
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for name in PICTURES:
+        shutil.copy(MEDIA / name, folder / name)
+    out = tmp_path / "out.parquet"
+    question = 'Does this figure show "{caption}"? Please answer yes or no.'
+    model = str(MEDIA.parent / "models" / "shapes-vlm")
+    code, output = run_cli(
+        "caption",
+        str(folder),
+        "-o",
+        str(out),
+        "-p",
+        "Describe it.",
+        "--model",
+        model,
+        "--then-score",
+        question,
+        "--keep-if",
+        "score > 0.5",
+        "--max-tokens",
+        "8",
+        "-q",
+    )
+    assert code == 0, output
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 3 and all(r["caption.status"] == r["score.status"] == "ok" for r in rows)
+    for r in rows:
+        yes = next(c["prob"] for c in r["score.choice_scores"] if c["choice"] == "Yes")
+        assert r["dropped_at"] == (None if yes > 0.5 else "score"), r
+    job = pq.read_table(tmp_path / "out.parquet.stages" / "02-score.job.parquet").to_pylist()
+    assert all(j["caption"] == j["caption.generated_text"] for j in job)  # {caption}: the caption
+    code, output = run_cli(
+        "caption",
+        str(folder),
+        "-o",
+        str(tmp_path / "o2.parquet"),
+        "-p",
+        "x",
+        "--model",
+        model,
+        "--keep-if",
+        "score > 0.5",
+    )
+    assert code == 2 and "--keep-if needs --then-score" in output

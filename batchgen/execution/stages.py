@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,14 @@ def run_stages(
     stop: threading.Event | None = None,
     generator: GeneratorFactory | None = None,
 ) -> RunSummary:
-    """Every stage in turn, then the joined output at `config.output`; the summary counts every
-    stage's work (the last stage's figures otherwise)."""
+    """Every stage in turn, then the joined output at `config.output`. The summary counts every
+    stage's rows and tokens (the last stage's other figures); a --time-limit is the whole job's,
+    each stage getting what the stages before left (the job is then incomplete, a rerun goes on)."""
     if isinstance(config.output, str) or isinstance(config.input, str) or config.output_shards:
         raise ConfigError("a staged job reads a local job file and writes one local Parquet file")
     if any(stage.config.executor != "local" for stage in config.stages):
         raise ConfigError("a staged job runs on the local engine")
+    started = time.monotonic()
     index = open_job(dataclasses.replace(config.stages[0].config, input=config.input, output=config.output))
     rules = _rules(config, set(index.columns))
     folder = Path(f"{config.output}.stages")
@@ -79,49 +82,66 @@ def run_stages(
     models: GeneratorFactory = generator if generator is not None else resident
     table: pa.Table | None = None  # the job's rows so far: its columns and the stages' values
     dropped: dict[Any, str] = {}
-    redo = False
-    totals: dict[str, int] = dict.fromkeys(("generated", "resumed", "prompt_tokens", "completion_tokens"), 0)
-    summary: RunSummary | None = None
+    summaries: list[RunSummary] = []
+    redo, complete, timed_out = config.overwrite, False, False  # --overwrite: every stage afresh
     try:
         for number, stage in enumerate(config.stages, 1):
-            base = folder / f"{number:02d}-{stage.name}"
             if table is not None and len(dropped) == table.num_rows:
-                break  # every row stopped before this stage: the stages left have nothing to do
-            job = (
-                config.input
-                if table is None
-                else _stage_job(table, dropped, base.with_suffix(".job.parquet"))
-            )
-            stage_config = dataclasses.replace(
-                stage.config,
-                input=job,
-                output=base.with_suffix(".parquet"),
-                stages=(),
-                changed="redo" if table is not None else stage.config.changed,
-                paths_from=None if table is None else index.base,  # the job's relative paths, from its folder
-                columns=stage.config.columns
-                if table is None
-                else dataclasses.replace(stage.config.columns, id=None),
-            )
+                complete = True  # every row stopped before this stage: the stages left have nothing to do
+                break
+            left = None if config.time_limit is None else config.time_limit - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                timed_out = True
+                break
+            base = folder / f"{number:02d}-{stage.name}"
+            stage_config = _stage_config(stage, base, table, dropped, index.base, left)
             redo = _settled(stage, stage_config, base.with_suffix(".settings.json"), redo)
-            if redo:
-                stage_config = dataclasses.replace(stage_config, overwrite=True)
-            summary = runner.run(stage_config, progress, stop, models)
-            for name in totals:
-                totals[name] += getattr(summary, name)
-            out = pq.read_table(stage_config.output)
-            table = _joined(table, out, stage.name, dropped)
+            summary = runner.run(dataclasses.replace(stage_config, overwrite=redo), progress, stop, models)
+            summaries.append(summary)
+            table = _joined(table, pq.read_table(stage_config.output), stage.name, dropped)
             _dropped(table, stage.name, rules.get(stage.name), dropped)
+            if not summary.complete:
+                break
+        else:
+            complete = True
     finally:
         resident.close()
-    assert table is not None and summary is not None
+    assert table is not None
     table = table.append_column(
         "dropped_at", pa.array([dropped.get(i) for i in table.column("id").to_pylist()], pa.string())
     )
     atomic_write(Path(config.output), lambda p: pq.write_table(table, p))
-    summary = dataclasses.replace(summary, output=str(config.output), rows=table.num_rows)
-    for name, total in totals.items():
-        setattr(summary, name, total)
+    summary = _summed(summaries, str(config.output), table.num_rows, complete)
+    summary.time_limited = summary.time_limited or timed_out
+    return summary
+
+
+def _stage_config(
+    stage: Stage,
+    base: Path,
+    table: pa.Table | None,
+    dropped: dict[Any, str],
+    paths_from: str | None,
+    left: float | None,
+) -> RunConfig:
+    """A stage's run: the job itself for the first stage; for a later one, the rows still
+    going (made into `base.job.parquet`), their relative paths from the job's folder, and a
+    row the stages before answered differently redone."""
+    own = stage.config
+    more: dict[str, Any] = {"time_limit": left} if left is not None else {}
+    if table is not None:
+        job = _stage_job(table, dropped, base.with_suffix(".job.parquet"))
+        columns = dataclasses.replace(own.columns, id=None)
+        more |= {"input": job, "changed": "redo", "paths_from": paths_from, "columns": columns}
+    return dataclasses.replace(own, output=base.with_suffix(".parquet"), stages=(), **more)
+
+
+def _summed(summaries: list[RunSummary], output: str, rows: int, complete: bool) -> RunSummary:
+    """The last stage's summary, with every stage's rows and tokens and the job's completeness."""
+    summary = dataclasses.replace(summaries[-1], output=output, rows=rows, complete=complete)
+    for name in ("generated", "resumed", "prompt_tokens", "completion_tokens", "cached_tokens"):
+        setattr(summary, name, sum(getattr(s, name) for s in summaries))
+    summary.time_limited = any(s.time_limited for s in summaries)
     return summary
 
 

@@ -237,6 +237,9 @@ class Queue:
             stop = Stop()
             with self._lock:
                 self._running = (batch.id, stop)
+            current = self.store.batch(batch.id)
+            if current is None or current.status == "cancelling":  # cancelled before it was running
+                stop.set()
             try:
                 config = self.settings.config(
                     folder / "input.jsonl", folder / "output.parquet", time_limit=left
@@ -253,7 +256,8 @@ class Queue:
             finally:
                 with self._lock:
                     self._running = None
-        if ending == "cancelled" or self.store.batch(batch.id).status == "cancelling":  # type: ignore[union-attr]
+        current = self.store.batch(batch.id)
+        if current is None or current.status == "cancelling":  # a cancel that came as the run ended
             ending = "cancelled"
         self._finalize(batch, ending)
 

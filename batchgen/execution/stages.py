@@ -94,7 +94,7 @@ def run_stages(
                 timed_out = True
                 break
             base = folder / f"{number:02d}-{stage.name}"
-            stage_config = _stage_config(stage, base, table, dropped, index.base, left)
+            stage_config = _stage_config(stage, number, base, table, dropped, index.base, left)
             redo = _settled(stage, stage_config, base.with_suffix(".settings.json"), redo)
             summary = runner.run(dataclasses.replace(stage_config, overwrite=redo), progress, stop, models)
             summaries.append(summary)
@@ -118,6 +118,7 @@ def run_stages(
 
 def _stage_config(
     stage: Stage,
+    number: int,
     base: Path,
     table: pa.Table | None,
     dropped: dict[Any, str],
@@ -130,7 +131,7 @@ def _stage_config(
     own = stage.config
     more: dict[str, Any] = {"time_limit": left} if left is not None else {}
     if table is not None:
-        job = _stage_job(table, dropped, base.with_suffix(".job.parquet"))
+        job = _stage_job(table, dropped, base.with_suffix(".job.parquet"), backwards=number % 2 == 0)
         columns = dataclasses.replace(own.columns, id=None)
         more |= {"input": job, "changed": "redo", "paths_from": paths_from, "columns": columns}
     return dataclasses.replace(own, output=base.with_suffix(".parquet"), stages=(), **more)
@@ -224,10 +225,14 @@ def _dropped(table: pa.Table, name: str, rule: KeepIf | None, dropped: dict[Any,
             dropped[row["id"]] = name
 
 
-def _stage_job(table: pa.Table, dropped: dict[Any, str], path: Path) -> Path:
+def _stage_job(table: pa.Table, dropped: dict[Any, str], path: Path, backwards: bool) -> Path:
     """The job a later stage reads: the rows still going, each with the job's columns and the
-    earlier stages' values (a score's choices as their own columns, for templates)."""
+    earlier stages' values (a score's choices as their own columns, for templates). Every
+    other stage reads them backwards: it starts with the pictures the stage before ended with,
+    whose prefixes and vision features the caches still hold (they keep the latest few dozen)."""
     rows = [stage_values(r) for r in table.to_pylist() if r["id"] not in dropped]
+    if backwards:
+        rows.reverse()
     made = pa.Table.from_pylist(rows)
     atomic_write(path, lambda p: pq.write_table(made, p))
     return path

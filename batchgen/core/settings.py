@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from .budget import budget_spec
 from .errors import ConfigError
+from .keep import KeepIf
 from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "Columns",
     "RunConfig",
     "Stage",
+    "stages_of",
     "GenerationSettings",
     "WorkSettings",
     "work_settings",
@@ -325,3 +328,40 @@ def _number(value: object, kind: type | tuple[type, ...]) -> bool:
 
 def _either(allowed: tuple[str, ...]) -> str:
     return f"{', '.join(allowed[:-1])} or {allowed[-1]}"
+
+
+_STAGE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
+_RESERVED_STAGES = {"id", "input", "answer", "dropped_at", "stage", "true", "false", "null"}
+MAX_STAGES = 16
+
+
+def stages_of(raw: object, stage_config: Callable[[dict[str, Any]], RunConfig]) -> tuple[Stage, ...]:
+    """A preset's `stages:`, each checked as a run's settings are (a stage's error names it),
+    its keep_if's syntax too (the names it reads are checked against the job's columns when
+    the run starts)."""
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_STAGES:
+        raise ConfigError(f"stages: a list of 1 to {MAX_STAGES} stages, each a mapping with a name")
+    stages: list[Stage] = []
+    for number, item in enumerate(raw, 1):
+        if not isinstance(item, dict):
+            raise ConfigError(f"stages: stage {number} is not a mapping of settings")
+        own = dict(item)
+        name = own.pop("name", None)
+        if not isinstance(name, str) or not _STAGE_NAME.fullmatch(name) or name in _RESERVED_STAGES:
+            raise ConfigError(
+                f"stages: stage {number}'s name {name!r:.40} must be like caption or score_2 "
+                "(lowercase letters, digits, _; not id, input or answer)"
+            )
+        if any(s.name == name for s in stages):
+            raise ConfigError(f"stages: two stages are named {name!r}")
+        keep_if = own.pop("keep_if", None)
+        if keep_if is not None:
+            KeepIf.parse(keep_if, None, where=f"stage {name}: keep_if")
+        if "stages" in own:
+            raise ConfigError(f"stage {name}: a stage holds no stages")
+        try:
+            config = stage_config(own)
+        except ConfigError as e:
+            raise ConfigError(f"stage {name}: {e}") from None
+        stages.append(Stage(name=name, config=config, keep_if=keep_if))
+    return tuple(stages)

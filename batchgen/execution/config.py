@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import stat
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,6 @@ from ..core.budget import parse_duration
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, one_line
 from ..core.files import adapter_config
-from ..core.keep import KeepIf
 from ..core.params import check_params
 from ..core.records import Constraint, GenParams
 from ..core.settings import (
@@ -31,7 +29,7 @@ from ..core.settings import (
     Columns,
     MediaConfig,
     RunConfig,
-    Stage,
+    stages_of,
 )
 from ..core.uris import checked_location, is_uri
 
@@ -167,8 +165,9 @@ def build_config(
     input, output = checked_location(str(input), "job"), checked_location(str(output), "-o")
     given = dict(overrides)  # as the caller gave them: each stage's settings overlay these
     data = load_preset(find_preset(preset))
-    stages = overrides.pop("stages", None)
-    stages = data.pop("stages", None) if stages is None else stages
+    preset_stages = data.pop("stages", None)
+    stages = overrides.pop("stages", None)  # (): a stage's own settings, which hold no stages
+    stages = preset_stages if stages is None else stages
     gen = dict(data.pop("generation", None) or {})
     gen.update({k: v for k, v in (generation or {}).items() if v is not None})
     med = dict(data.pop("media", None) or {})
@@ -192,12 +191,7 @@ def build_config(
         raise ConfigError(f"unknown config key(s): {', '.join(sorted(unknown))}")
     limits = _media_config(med)
     _check_run_settings(data)
-    if str(output).endswith("/") or (not is_uri(str(output)) and Path(output).is_dir()):
-        data["output_shards"] = True  # -o DIR/ (or a folder that exists): shards
-    if data.get("output_shards") and data.get("openai_output") is not None:
-        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
-    if mapping.prompt and data.get("prompt_template"):
-        raise ConfigError("give --prompt-column or --prompt-template, not both")
+    _check_outputs(data, output, mapping)
     data = {k: tuple(v) if k in _LISTS else v for k, v in data.items()}
     config = RunConfig(
         input=str(input) if is_uri(str(input)) else Path(input),
@@ -209,58 +203,40 @@ def build_config(
     )
     if not stages:
         return config
+    made = _stage_settings(input, output, preset, generation or {}, media or {}, columns, given)
+    return dataclasses.replace(config, stages=stages_of(stages, made))
 
-    def stage_config(own: dict[str, Any]) -> RunConfig:
-        """A stage's settings: the job's (preset, then what the caller gave), then its own."""
-        gen_own, med_own = own.pop("generation", None) or {}, own.pop("media", None) or {}
-        return build_config(
-            input,
-            output,
-            preset,
-            {**(generation or {}), **gen_own},
-            {**(media or {}), **med_own},
-            columns,
-            **{**given, **own, "stages": ()},
+
+def _check_outputs(data: dict[str, Any], output: str, mapping: Columns) -> None:
+    """-o DIR/ (or a folder that exists) makes shards, which an OpenAI output file cannot be."""
+    if output.endswith("/") or (not is_uri(output) and Path(output).is_dir()):
+        data["output_shards"] = True
+    if data.get("output_shards") and data.get("openai_output") is not None:
+        raise ConfigError("--output-format openai/both writes one file: give -o a file name, not a folder")
+    if mapping.prompt and data.get("prompt_template"):
+        raise ConfigError("give --prompt-column or --prompt-template, not both")
+
+
+def _stage_settings(
+    input: str,
+    output: str,
+    preset: str | None,
+    generation: dict,
+    media: dict,
+    columns: dict | None,
+    given: dict,
+) -> Callable[[dict[str, Any]], RunConfig]:
+    """How a stage's settings are made: the job's (its preset, then what the caller gave), then
+    the stage's own (`generation` and `media` merged key by key)."""
+
+    def made(own: dict[str, Any]) -> RunConfig:
+        gen, med = (
+            {**generation, **(own.pop("generation", None) or {})},
+            {**media, **(own.pop("media", None) or {})},
         )
+        return build_config(input, output, preset, gen, med, columns, **{**given, **own, "stages": ()})
 
-    return dataclasses.replace(config, stages=_stages(stages, stage_config))
-
-
-_STAGE_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
-_RESERVED_STAGES = {"id", "input", "answer", "dropped_at", "stage", "true", "false", "null"}
-MAX_STAGES = 16
-
-
-def _stages(raw: object, stage_config: Callable[[dict[str, Any]], RunConfig]) -> tuple[Stage, ...]:
-    """A preset's `stages:`, each checked as a run's settings are (a stage's error names it),
-    its keep_if's syntax too (the names it reads are checked against the job's columns when
-    the run starts)."""
-    if not isinstance(raw, list) or not raw or len(raw) > MAX_STAGES:
-        raise ConfigError(f"stages: a list of 1 to {MAX_STAGES} stages, each a mapping with a name")
-    stages: list[Stage] = []
-    for number, item in enumerate(raw, 1):
-        if not isinstance(item, dict):
-            raise ConfigError(f"stages: stage {number} is not a mapping of settings")
-        own = dict(item)
-        name = own.pop("name", None)
-        if not isinstance(name, str) or not _STAGE_NAME.fullmatch(name) or name in _RESERVED_STAGES:
-            raise ConfigError(
-                f"stages: stage {number}'s name {name!r:.40} must be like caption or score_2 "
-                "(lowercase letters, digits, _; not id, input or answer)"
-            )
-        if any(s.name == name for s in stages):
-            raise ConfigError(f"stages: two stages are named {name!r}")
-        keep_if = own.pop("keep_if", None)
-        if keep_if is not None:
-            KeepIf.parse(keep_if, None, where=f"stage {name}: keep_if")
-        if "stages" in own:
-            raise ConfigError(f"stage {name}: a stage holds no stages")
-        try:
-            config = stage_config(own)
-        except ConfigError as e:
-            raise ConfigError(f"stage {name}: {e}") from None
-        stages.append(Stage(name=name, config=config, keep_if=keep_if))
-    return tuple(stages)
+    return made
 
 
 def _overlaid(data: dict[str, Any], overrides: dict[str, Any]) -> None:

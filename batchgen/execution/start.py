@@ -12,10 +12,10 @@ from pathlib import Path
 from ..core.answers import answer_kinds, merge_kinds
 from ..core.errors import ConfigError, short
 from ..core.settings import RunConfig
-from ..input.parse import has_field, template_fields
 from ..input.plan import share_keys
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
+from ..input.template import has_field, template_fields
 from ..output.openai_batch import BatchOutput
 from ..output.parts import Earlier, partial_dir
 from ..output.resume import Resume, settings_of

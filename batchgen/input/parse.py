@@ -6,14 +6,11 @@ import dataclasses
 import difflib
 import functools
 import json
-import re
-import string
 from collections import Counter
-from collections.abc import Collection
 from typing import Any, Protocol
 
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of, with_tool_choice
-from ..core.errors import ConfigError, short
+from ..core.errors import short
 from ..core.params import (
     MOST_SCORED,
     OPENAI_FIELDS,
@@ -36,6 +33,7 @@ from .messages import (
 )
 from .openai_batch import from_batch_request, is_batch_request
 from .read import RawRow, valid_id
+from .template import fields_of, fill_template
 
 __all__ = [
     "parse_row",
@@ -44,8 +42,6 @@ __all__ = [
     "asked",
     "shared_parts",
     "media_like",
-    "template_fields",
-    "has_field",
     "near_miss",
     "FIELDS",
 ]
@@ -139,40 +135,6 @@ def media_like(name: str, value: object) -> bool:
     if isinstance(value, dict) and ("bytes" in value or "path" in value):
         return True
     return name.lower() in _MEDIA_NAMES
-
-
-class _Template(string.Formatter):
-    """A prompt template's fields: a column by its whole name first (a stage's dotted ones,
-    `{caption.generated_text}`), else a column and an index or attribute into it, none that
-    starts with `_` (a template reads values; it does not walk an object's insides)."""
-
-    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
-        if field_name in kwargs:
-            return kwargs[field_name], field_name
-        if any(part.startswith("_") for part in re.split(r"[.\[\]]", field_name)[1:]):
-            raise ValueError(f"field {field_name!r}: no part of a field starts with '_'")
-        return super().get_field(field_name, args, kwargs)
-
-    def get_value(self, key: Any, args: Any, kwargs: Any) -> Any:
-        if key not in kwargs:
-            raise KeyError(key)
-        return kwargs[key]
-
-
-def _fill_template(template: str, value: dict[str, object], problems: list[Problem]) -> dict[str, object]:
-    """The row with `prompt` made from the template and the row's own columns."""
-    if value.get("messages") is not None:
-        problems.append(("prompt_template", "a row with 'messages' cannot take a prompt template"))
-        return value
-    try:
-        prompt = _Template().vformat(template, (), {k: "" if v is None else v for k, v in value.items()})
-    except KeyError as e:
-        problems.append(("prompt_template", f"missing column {e.args[0]!r}"))
-        return value
-    except (ValueError, IndexError, AttributeError, TypeError) as e:
-        problems.append(("prompt_template", f"cannot fill it ({e})"))
-        return value
-    return {**value, "prompt": prompt}
 
 
 def _mapped(value: dict[str, object], columns: Columns, problems: list[Problem]) -> dict[str, object]:
@@ -292,7 +254,7 @@ def _parse_row(
     if columns.named():
         value = _mapped(value, columns, problems)
     if template is not None:
-        value = _fill_template(template, value, problems)
+        value = fill_template(template, value, problems)
     if not (value.get("id") is None or valid_id(value["id"])):
         problems.append(("id", f"expected a string or an integer, got {value['id']!r:.60}"))
     _parameters(job, value, defaults, problems)
@@ -300,7 +262,7 @@ def _parse_row(
         job.model = _model_name(job.asked_model if job.asked_model else value.get(columns.model), problems)
         job.asked_model = None  # honoured, not ignored
     _turns(job, value, problems)
-    mapped = {c for _, c in columns.named()} | set(_fields_of(template))
+    mapped = {c for _, c in columns.named()} | set(fields_of(template))
     if not job.media and not is_batch_request(job.raw):  # a Batch line's `url` is its endpoint
         job.unused_media = tuple(k for k, v in job.raw.items() if k not in mapped and media_like(k, v))
     job.near_misses = tuple(k for k in job.raw if isinstance(k, str) and k not in mapped and near_miss(k))
@@ -389,30 +351,3 @@ def asked(
         if message["role"] != "system":
             texts += [content] if isinstance(content, str) else [p["text"] for p in content if "text" in p]
     return " ".join(texts), job.media
-
-
-@functools.lru_cache(maxsize=64)
-def _fields_of(template: str | None) -> tuple[str, ...]:
-    try:
-        return tuple(template_fields(template)) if template else ()
-    except ConfigError:
-        return ()
-
-
-def template_fields(template: str) -> list[str]:
-    """The columns a --prompt-template names, each as written up to an index (a stage's
-    dotted column whole: `caption.generated_text`); a malformed one is a ConfigError."""
-    try:
-        fields = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
-    except ValueError as e:
-        raise ConfigError(f"--prompt-template {template!r:.80}: malformed ({e})") from None
-    names = [name.split("[", 1)[0] for name in fields]
-    if any(not name or name.split(".", 1)[0].isdigit() or not name.split(".", 1)[0] for name in names):
-        raise ConfigError(f"--prompt-template {template!r:.80}: every field names a column, e.g. {{caption}}")
-    return names
-
-
-def has_field(columns: Collection[str], name: str) -> bool:
-    """Whether a template's field finds its column: the whole dotted name, or its first part
-    (a column with an attribute or key read from it)."""
-    return name in columns or name.split(".", 1)[0] in columns

@@ -13,9 +13,10 @@ from pathlib import Path
 from ..core.errors import ConfigError, JobFileError, plural
 from ..core.records import GenParams, Job
 from ..core.settings import Columns
-from .parse import has_field, near_miss, parse_row, template_fields
+from .parse import near_miss, parse_row
 from .read import id_key, iter_rows
 from .source import resolve
+from .template import has_field, template_fields
 
 __all__ = ["Finding", "Validation", "validate_file"]
 

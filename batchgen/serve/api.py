@@ -16,7 +16,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -101,19 +101,30 @@ def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
         return _error(400, f"{where}: {first.get('msg', 'invalid request')}", where or None)
 
-    def _file(file_id: str) -> FileRecord:
-        record = store.file(file_id)
-        if record is None:
-            raise ApiError(404, f"No such File object: {file_id[:80]}", "id")
-        return record
+    for router in (_files(store, settings), _batches(store, queue, settings), _pages(store, settings)):
+        app.include_router(router)
+    return app
 
-    def _batch(batch_id: str) -> BatchRecord:
-        record = store.batch(batch_id)
-        if record is None:
-            raise ApiError(404, f"No such batch: {batch_id[:80]}", "id")
-        return record
 
-    @app.post("/v1/files")
+def _file(store: Store, file_id: str) -> FileRecord:
+    record = store.file(file_id)
+    if record is None:
+        raise ApiError(404, f"No such File object: {file_id[:80]}", "id")
+    return record
+
+
+def _batch(store: Store, batch_id: str) -> BatchRecord:
+    record = store.batch(batch_id)
+    if record is None:
+        raise ApiError(404, f"No such batch: {batch_id[:80]}", "id")
+    return record
+
+
+def _files(store: Store, settings: ServeSettings) -> APIRouter:
+    """/v1/files: upload, list, look at, read and delete."""
+    router = APIRouter(prefix="/v1/files")
+
+    @router.post("")
     async def upload(request: Request) -> dict[str, Any]:
         form = await _form(request, settings.max_file_bytes)
         upload = form.get("file")
@@ -127,93 +138,110 @@ def make_app(store: Store, queue: Queue, settings: ServeSettings) -> FastAPI:
             await form.close()
         return record.api()
 
-    @app.get("/v1/files")
+    @router.get("")
     def list_files(after: str | None = None, limit: int = 10000, purpose: str | None = None) -> dict:
         records, more = store.files(after, max(1, min(limit, 10000)), purpose)
         return page([r.api() for r in records], more)
 
-    @app.get("/v1/files/{file_id}")
+    @router.get("/{file_id}")
     def get_file(file_id: str) -> dict[str, Any]:
-        return _file(file_id).api()
+        return _file(store, file_id).api()
 
-    @app.get("/v1/files/{file_id}/content")
+    @router.get("/{file_id}/content")
     def content(file_id: str) -> FileResponse:
-        record = _file(file_id)
-        return FileResponse(store.file_path(record.id), media_type="application/jsonl")
+        return FileResponse(store.file_path(_file(store, file_id).id), media_type="application/jsonl")
 
-    @app.delete("/v1/files/{file_id}")
+    @router.delete("/{file_id}")
     def delete_file(file_id: str) -> dict[str, Any]:
-        record = _file(file_id)
+        record = _file(store, file_id)
         store.delete_file(record.id)
         return {"id": record.id, "object": "file", "deleted": True}
 
-    @app.post("/v1/batches")
+    return router
+
+
+def _batches(store: Store, queue: Queue, settings: ServeSettings) -> APIRouter:
+    """/v1/batches: create, list, look at and cancel."""
+    router = APIRouter(prefix="/v1/batches")
+
+    @router.post("")
     def create_batch(body: BatchCreate) -> dict[str, Any]:
-        source = store.file(body.input_file_id)
-        if source is None or source.purpose != "batch":
-            raise ApiError(
-                400, f"input_file_id {body.input_file_id!r} is not an uploaded batch file", "input_file_id"
-            )
-        if body.endpoint not in ENDPOINTS:
-            raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
-        seconds = window_seconds(body.completion_window)
-        if seconds is None:
-            raise ApiError(
-                400, "completion_window must be like 24h (s, m, h or d; at most 7d)", "completion_window"
-            )
-        now = int(time.time())
-        record = BatchRecord(
-            id=store.new_batch_id(),
-            input_file_id=source.id,
-            endpoint=body.endpoint,
-            completion_window=body.completion_window,
-            status="validating",
-            created_at=now,
-            expires_at=now + seconds,
-            metadata=body.metadata,
-            model=settings.model,
-        )
+        record = _new_batch(store, body, settings.model)
         store.add_batch(record)
         queue.wake()
         return record.api()
 
-    @app.get("/v1/batches")
+    @router.get("")
     def list_batches(after: str | None = None, limit: int = 20) -> dict[str, Any]:
         records, more = store.batches(after, max(1, min(limit, 100)))
         return page([r.api() for r in records], more)
 
-    @app.get("/v1/batches/{batch_id}")
+    @router.get("/{batch_id}")
     def get_batch(batch_id: str) -> dict[str, Any]:
-        return _batch(batch_id).api()
+        return _batch(store, batch_id).api()
 
-    @app.post("/v1/batches/{batch_id}/cancel")
+    @router.post("/{batch_id}/cancel")
     def cancel(batch_id: str) -> dict[str, Any]:
-        record = _batch(batch_id)
+        record = _batch(store, batch_id)
         if record.status in ("cancelling", "cancelled"):
             return record.api()
         cancelled = queue.cancel(record.id)
         if cancelled is None:
-            raise ApiError(409, f"a batch that is {_batch(batch_id).status} cannot be cancelled", "id")
+            raise ApiError(409, f"a batch that is {_batch(store, batch_id).status} cannot be cancelled", "id")
         return cancelled.api()
 
-    @app.get("/", response_class=HTMLResponse)
+    return router
+
+
+def _new_batch(store: Store, body: BatchCreate, model: str | None) -> BatchRecord:
+    """A batch as created (validating), its request checked as the API checks it."""
+    source = store.file(body.input_file_id)
+    if source is None or source.purpose != "batch":
+        raise ApiError(
+            400, f"input_file_id {body.input_file_id!r} is not an uploaded batch file", "input_file_id"
+        )
+    if body.endpoint not in ENDPOINTS:
+        raise ApiError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", "endpoint")
+    seconds = window_seconds(body.completion_window)
+    if seconds is None:
+        raise ApiError(
+            400, "completion_window must be like 24h (s, m, h or d; at most 7d)", "completion_window"
+        )
+    now = int(time.time())
+    return BatchRecord(
+        id=store.new_batch_id(),
+        input_file_id=source.id,
+        endpoint=body.endpoint,
+        completion_window=body.completion_window,
+        status="validating",
+        created_at=now,
+        expires_at=now + seconds,
+        metadata=body.metadata,
+        model=model,
+    )
+
+
+def _pages(store: Store, settings: ServeSettings) -> APIRouter:
+    """The status page, and the gallery of a batch's results."""
+    router = APIRouter()
+
+    @router.get("/", response_class=HTMLResponse)
     def status() -> HTMLResponse:
         batches, _ = store.batches(None, 100)
         files = {r.id: r for r in store.files(None, 10000)[0]}
         return HTMLResponse(status_page(batches, files, settings.model))
 
-    @app.get("/batches/{batch_id}/gallery", response_class=HTMLResponse)
+    @router.get("/batches/{batch_id}/gallery", response_class=HTMLResponse)
     def gallery(batch_id: str) -> FileResponse:
         """`batchgen report`'s page of the batch's results, made when asked."""
-        record = _batch(batch_id)
-        folder = store.batch_dir(record.id)
+        folder = store.batch_dir(_batch(store, batch_id).id)
         results = folder / "output.parquet"
         if not results.exists():
-            raise ApiError(404, f"batch {record.id} has no results yet", "id")
+            raise ApiError(404, f"batch {batch_id[:80]} has no results yet", "id")
         write_gallery(results, folder / "gallery.html")
         return FileResponse(folder / "gallery.html", media_type="text/html")
 
-    return app
+    return router
 
 
 def _kept(upload: UploadFile, store: Store, max_lines: int) -> FileRecord:

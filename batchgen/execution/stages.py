@@ -90,9 +90,10 @@ def run_stages(
                 complete = True  # every row stopped before this stage: the stages left have nothing to do
                 break
             left = None if config.time_limit is None else config.time_limit - (time.monotonic() - started)
-            if left is not None and left <= 0:
+            if left is not None and left <= 0 and table is not None:  # the first stage always starts
                 timed_out = True
                 break
+            left = None if left is None else max(left, 1.0)
             base = folder / f"{number:02d}-{stage.name}"
             stage_config = _stage_config(stage, number, base, table, dropped, index.base, left)
             redo = _settled(stage, stage_config, base.with_suffix(".settings.json"), redo)

@@ -302,6 +302,7 @@ def _long_batch(client: openai.OpenAI, rows: int, tokens: int, window: str = "24
     )
 
 
+@pytest.mark.slow  # a server process and a batch run to its end
 def test_cancel_keeps_the_finished_lines_and_lists_the_rest(tmp_path):
     s = Server(tmp_path / "data", "--batch-size", "4")
     try:
@@ -328,6 +329,7 @@ def test_cancel_keeps_the_finished_lines_and_lists_the_rest(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow  # a server process and a batch run to its end
 def test_a_batch_past_its_window_expires_with_its_finished_lines(server):
     client = server.client()
     batch = _long_batch(client, 40, 200, window="2s")
@@ -400,6 +402,7 @@ def test_lists_page_newest_first_and_end(server):
     assert [f.id for f in client.files.list(limit=2)] == ids[::-1]  # auto-paging ends
 
 
+@pytest.mark.slow  # a server process and a batch run to its end
 def test_batches_run_in_creation_order_on_a_model_loaded_once(server):
     client = server.client()
     made = [_long_batch(client, 6, 12) for _ in range(3)]
@@ -553,6 +556,7 @@ def test_a_running_batch_on_the_status_page_in_chromium(tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 5000
 
 
+@pytest.mark.slow  # a server process and a batch run to its end
 def test_the_readme_client_example_runs_as_written(tmp_path, monkeypatch, capsys):
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme[readme.index("## A local Batch API") : readme.index("## Caption a folder for training")]

@@ -59,6 +59,7 @@ def inspect_results(results: Path, slowest: int, failed: bool, as_json: bool) ->
     show_default=True,
     help="txt: a.png's caption in a.txt, or in a.png.txt (two pictures share a stem).",
 )
+@option("--stage", help="A staged job's output: this stage's answers, of the rows kept to the end.")
 @option("--prompt", help="Only this prompt's answers (its number, from 0, or its text).")
 @option("--join", help="Every prompt's answers, in prompt order, joined by this.")
 @option("--field", help="A JSON-schema answer's field as the caption (a list of tags joined by ', ').")

@@ -36,6 +36,7 @@ from ..core.records import RESULT_COLUMNS
 from ..core.settings import RunConfig, Stage
 from ..generate.generator import GeneratorFactory, Resident
 from ..output.resume import settings_of
+from ..output.run_files import stage_output, stages_folder
 from ..output.store import atomic_write
 from ..output.tables import ANSWER_PREFIX
 from . import runner
@@ -76,8 +77,7 @@ def run_stages(
     started = time.monotonic()
     index = open_job(dataclasses.replace(config.stages[0].config, input=config.input, output=config.output))
     rules = _rules(config, set(index.columns))
-    folder = Path(f"{config.output}.stages")
-    folder.mkdir(parents=True, exist_ok=True)
+    stages_folder(config.output).mkdir(parents=True, exist_ok=True)
     resident = Resident()  # the models kept from stage to stage (unless the caller makes them)
     models: GeneratorFactory = generator if generator is not None else resident
     table: pa.Table | None = None  # the job's rows so far: its columns and the stages' values
@@ -94,7 +94,7 @@ def run_stages(
                 timed_out = True
                 break
             left = None if left is None else max(left, 1.0)
-            base = folder / f"{number:02d}-{stage.name}"
+            base = stage_output(config.output, number, stage.name).with_suffix("")
             stage_config = _stage_config(stage, number, base, table, dropped, index.base, left)
             redo = _settled(stage, stage_config, base.with_suffix(".settings.json"), redo)
             summary = runner.run(dataclasses.replace(stage_config, overwrite=redo), progress, stop, models)

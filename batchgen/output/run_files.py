@@ -31,6 +31,8 @@ __all__ = [
     "Heartbeat",
     "heartbeat_path",
     "errors_path",
+    "stages_folder",
+    "stage_output",
     "read_heartbeat",
     "failed_records",
     "read_stats",
@@ -54,6 +56,16 @@ def stamp(t: float | None = None) -> str:
 
 def heartbeat_path(output: Path | str, sharded: bool = False) -> str:
     return f"{output}/_heartbeat.json" if sharded else f"{output}.heartbeat.json"
+
+
+def stages_folder(output: Path) -> Path:
+    """Where a staged job's stages keep their runs (execution/stages): `OUT.stages/`."""
+    return Path(f"{output}.stages")
+
+
+def stage_output(output: Path, number: int, name: str) -> Path:
+    """A stage's own output (its job, settings and stats files are named from it)."""
+    return stages_folder(output) / f"{number:02d}-{name}.parquet"
 
 
 def errors_path(output: Path | str, sharded: bool = False) -> Path | str:

@@ -31,7 +31,7 @@ from .caption import MEDIA_EXTENSIONS
 from .export_files import write_txt
 from .export_imagefolder import write_imagefolder
 from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
-from .results import MediaPolicy, asking, job_of, media_policy, read_results, results_schema
+from .results import MediaPolicy, asking, job_of, media_policy, read_results, results_schema, stage_results
 
 __all__ = ["FORMATS", "ExportOptions", "ExportSummary", "export"]
 
@@ -44,7 +44,10 @@ def export(results: Path, options: ExportOptions) -> ExportSummary:
     replace a media file, the results or a file batchgen did not write, is a ConfigError before
     anything is written."""
     _check_options(options)
+    results, kept = stage_results(results, options.stage)
     rows = read_results(results)
+    if kept is not None:  # a staged job's: the rows its keep_if rules kept
+        rows = [r for r in rows if r["id"] in kept]
     schema = results_schema(results)
     about = schema.metadata or {}
     policy = media_policy(results, about)

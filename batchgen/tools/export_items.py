@@ -35,6 +35,7 @@ class ExportOptions:
     caption_name: Literal["stem", "with-extension"] = "stem"  # a.png → a.txt (kohya's), or a.png.txt
     link: Literal["copy", "hard", "symbolic"] = "copy"  # imagefolder --to: a copy the trainer may edit
     changed: Literal["refuse", "keep"] = "refuse"  # a picture replaced since the run: its caption is stale
+    stage: str | None = None  # a staged job's output: this stage's answers, of the rows kept to the end
 
 
 @dataclass(slots=True)

@@ -21,10 +21,12 @@ from ..core.settings import Columns
 from ..input.parse import asked
 from ..input.read import id_key, iter_rows
 from ..input.source import resolve
+from ..output.run_files import stages_folder
 from ..output.tables import RESULT_SCHEMA
 from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
 __all__ = [
+    "stage_results",
     "read_results",
     "results_schema",
     "results_metadata",
@@ -52,6 +54,34 @@ def read_results(path: Path) -> list[ResultRow]:
             empty = pa.scalar(0 if pa.types.is_integer(type_) or pa.types.is_floating(type_) else None, type_)
             table = table.append_column(pa.field(name, type_), pa.repeat(empty, table.num_rows))
     return table.to_pylist()
+
+
+def stage_results(path: Path, stage: str | None) -> tuple[Path, set[Any] | None]:
+    """The results to read: `path` itself, or for a staged job's output (`--stage NAME`) that
+    stage's own results with the ids of the rows that went through every stage (the kept ones:
+    `dropped_at` null)."""
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, ValueError) as e:
+        raise JobFileError(f"{path}: not a batchgen results file ({e})") from e
+    staged = "dropped_at" in names and "status" not in names
+    if not staged:
+        if stage is not None:
+            raise JobFileError(f"{path}: --stage {stage!r:.40}, but these are a one-stage run's results")
+        return path, None
+    found = {
+        p.stem.split("-", 1)[1]: p
+        for p in sorted(stages_folder(path).glob("[0-9][0-9]-*.parquet"))
+        if not p.name.endswith(".job.parquet")
+    }
+    if stage not in found:
+        raise JobFileError(
+            f"{path}: a staged job's output: give --stage, one of {', '.join(found) or 'none'}"
+        )
+    table = pq.read_table(path, columns=["id", "dropped_at"])
+    ids, dropped = table.column("id").to_pylist(), table.column("dropped_at").to_pylist()
+    kept = {i for i, d in zip(ids, dropped, strict=True) if d is None}
+    return found[stage], kept
 
 
 def _table(path: Path):

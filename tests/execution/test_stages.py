@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -327,3 +328,39 @@ def test_caption_then_score_and_keep_on_the_command_line(tmp_path):
         "score > 0.5",
     )
     assert code == 2 and "--keep-if needs --then-score" in output
+
+
+def test_export_a_stage_of_a_staged_output_for_the_rows_kept(tmp_path):
+    """`export --stage caption`: the caption stage's answers as caption files, for the pictures
+    the job kept to the end only; a staged output without --stage is a clear error."""
+    folder = tmp_path / "pictures"
+    folder.mkdir()
+    for name in PICTURES:
+        shutil.copy(MEDIA / name, folder / name)
+    out = tmp_path / "out.parquet"
+    model = str(MEDIA.parent / "models" / "shapes-vlm")
+    question = 'Does this figure show "{caption}"? Please answer yes or no.'
+    code, output = run_cli(
+        "caption",
+        str(folder),
+        "-o",
+        str(out),
+        "-p",
+        "Describe it.",
+        "--model",
+        model,
+        "--then-score",
+        question,
+        "--keep-if",
+        '"red" in image',
+        "-q",
+    )
+    assert code == 0, output
+    kept = [r for r in pq.read_table(out).to_pylist() if r["dropped_at"] is None]
+    assert [Path(r["image"]).name for r in kept] == ["red_circle.png"]
+    code, output = run_cli("export", str(out), "--format", "txt")
+    assert code == 2 and "a staged job's output: give --stage, one of caption, score" in output, output
+    code, output = run_cli("export", str(out), "--format", "txt", "--stage", "caption")
+    assert code == 0, output
+    assert sorted(p.name for p in folder.glob("*.txt")) == ["red_circle.txt"]
+    assert (folder / "red_circle.txt").read_text() == kept[0]["caption.generated_text"] + "\n"

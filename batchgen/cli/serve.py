@@ -63,6 +63,14 @@ def serve(
             raise ConfigError(f"--no-auth serves anyone who can reach {host}: only on a loopback --host")
         if api_key is None and not no_auth:
             raise ConfigError("an API key is needed: --api-key or BATCHGEN_API_KEY (--no-auth on loopback)")
+        if (
+            api_key is not None
+            and not no_auth
+            and (len(api_key) < 8 or not api_key.isprintable() or " " in api_key)
+        ):
+            raise ConfigError(
+                "--api-key: at least 8 printable characters, no spaces (clients send it as a token)"
+            )
         overrides = {"batch_size": batch_size} if batch_size else {}
         settings = ServeSettings(
             model=model,

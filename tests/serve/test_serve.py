@@ -292,6 +292,8 @@ def test_no_auth_only_on_loopback(tmp_path):
         timeout=60,
     )
     assert done.returncode == 2 and "an API key is needed" in done.stderr + done.stdout
+    code, output = run_cli("serve", "--model", LM, "--data", str(tmp_path / "d"), "--api-key", "")
+    assert code == 2 and "--api-key: at least 8 printable characters" in output  # "Bearer " would match ""
 
 
 def _long_batch(client: openai.OpenAI, rows: int, tokens: int, window: str = "24h"):

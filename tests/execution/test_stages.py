@@ -283,30 +283,8 @@ def test_caption_then_score_and_keep_on_the_command_line(tmp_path):
     """`batchgen caption DIR --then-score Q --keep-if RULE`: the captions, then Q about each
     picture with its caption in it, scored Yes/No; the rows the rule keeps went on, the others
     stopped at the score (`score` is P(Yes), `{caption}` the caption)."""
-    folder = tmp_path / "pictures"
-    folder.mkdir()
-    for name in PICTURES:
-        shutil.copy(MEDIA / name, folder / name)
-    out = tmp_path / "out.parquet"
-    question = 'Does this figure show "{caption}"? Please answer yes or no.'
-    model = str(MEDIA.parent / "models" / "shapes-vlm")
-    code, output = run_cli(
-        "caption",
-        str(folder),
-        "-o",
-        str(out),
-        "-p",
-        "Describe it.",
-        "--model",
-        model,
-        "--then-score",
-        question,
-        "--keep-if",
-        "score > 0.5",
-        "--max-tokens",
-        "8",
-        "-q",
-    )
+    folder, out = tmp_path / "pictures", tmp_path / "out.parquet"
+    code, output = _caption_then_score(folder, out, "score > 0.5", "--max-tokens", "8")
     assert code == 0, output
     rows = pq.read_table(out).to_pylist()
     assert len(rows) == 3 and all(r["caption.status"] == r["score.status"] == "ok" for r in rows)
@@ -323,7 +301,7 @@ def test_caption_then_score_and_keep_on_the_command_line(tmp_path):
         "-p",
         "x",
         "--model",
-        model,
+        str(MEDIA.parent / "models" / "shapes-vlm"),
         "--keep-if",
         "score > 0.5",
     )
@@ -333,14 +311,28 @@ def test_caption_then_score_and_keep_on_the_command_line(tmp_path):
 def test_export_a_stage_of_a_staged_output_for_the_rows_kept(tmp_path):
     """`export --stage caption`: the caption stage's answers as caption files, for the pictures
     the job kept to the end only; a staged output without --stage is a clear error."""
-    folder = tmp_path / "pictures"
+    folder, out = tmp_path / "pictures", tmp_path / "out.parquet"
+    code, output = _caption_then_score(folder, out, '"red" in image')
+    assert code == 0, output
+    kept = [r for r in pq.read_table(out).to_pylist() if r["dropped_at"] is None]
+    assert [Path(r["image"]).name for r in kept] == ["red_circle.png"]
+    code, output = run_cli("export", str(out), "--format", "txt")
+    assert code == 2 and "a staged job's output: give --stage, one of caption, score" in output, output
+    code, output = run_cli("export", str(out), "--format", "txt", "--stage", "caption")
+    assert code == 0, output
+    assert sorted(p.name for p in folder.glob("*.txt")) == ["red_circle.txt"]
+    assert (folder / "red_circle.txt").read_text() == kept[0]["caption.generated_text"] + "\n"
+
+
+def _caption_then_score(folder: Path, out: Path, keep_if: str, *flags: str) -> tuple[int, str]:
+    """`batchgen caption` of the sample pictures (copied into `folder`), then a VQAScore of
+    each caption and `keep_if`."""
     folder.mkdir()
     for name in PICTURES:
         shutil.copy(MEDIA / name, folder / name)
-    out = tmp_path / "out.parquet"
-    model = str(MEDIA.parent / "models" / "shapes-vlm")
     question = 'Does this figure show "{caption}"? Please answer yes or no.'
-    code, output = run_cli(
+    model = str(MEDIA.parent / "models" / "shapes-vlm")
+    return run_cli(
         "caption",
         str(folder),
         "-o",
@@ -352,15 +344,7 @@ def test_export_a_stage_of_a_staged_output_for_the_rows_kept(tmp_path):
         "--then-score",
         question,
         "--keep-if",
-        '"red" in image',
+        keep_if,
         "-q",
+        *flags,
     )
-    assert code == 0, output
-    kept = [r for r in pq.read_table(out).to_pylist() if r["dropped_at"] is None]
-    assert [Path(r["image"]).name for r in kept] == ["red_circle.png"]
-    code, output = run_cli("export", str(out), "--format", "txt")
-    assert code == 2 and "a staged job's output: give --stage, one of caption, score" in output, output
-    code, output = run_cli("export", str(out), "--format", "txt", "--stage", "caption")
-    assert code == 0, output
-    assert sorted(p.name for p in folder.glob("*.txt")) == ["red_circle.txt"]
-    assert (folder / "red_circle.txt").read_text() == kept[0]["caption.generated_text"] + "\n"

@@ -32,20 +32,17 @@ import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
 from ..core.keep import KeepIf
-from ..core.records import RESULT_COLUMNS
 from ..core.settings import RunConfig, Stage
 from ..generate.generator import GeneratorFactory, Resident
 from ..output.resume import settings_of
 from ..output.run_files import stage_output, stages_folder
 from ..output.store import atomic_write
-from ..output.tables import ANSWER_PREFIX
+from ..output.tables import is_ours
 from . import runner
 from .start import open_job
 from .summary import Progress, RunSummary
 
 __all__ = ["run", "run_stages", "stage_values"]
-
-_OURS = set(RESULT_COLUMNS) - {"id"}
 
 
 def run(
@@ -162,14 +159,10 @@ def _settled(stage: Stage, config: RunConfig, path: Path, redo: bool) -> bool:
     return redo or changed
 
 
-def _result_columns(out: pa.Table) -> list[str]:
-    return [n for n in out.column_names if n in _OURS or n.startswith(ANSWER_PREFIX)]
-
-
 def _joined(table: pa.Table | None, out: pa.Table, name: str, dropped: dict[Any, str]) -> pa.Table:
     """The rows so far with a stage's values (`name.column`), by id; rows the stage did not run
     (dropped before it) get nulls, whatever its output holds for them from an earlier run."""
-    results = _result_columns(out)
+    results = [n for n in out.column_names if is_ours(n)]
     if table is None:  # the first stage: the job's own columns, then the stage's
         own = out.select([c for c in out.column_names if c not in results])
     else:

@@ -21,6 +21,7 @@ __all__ = [
     "RESULT_SCHEMA",
     "ROW_GROUP_ROWS",
     "ANSWER_PREFIX",
+    "is_ours",
     "rows_to_table",
     "ordered",
     "concat_tables",
@@ -160,6 +161,11 @@ def _column(values: Sequence[object], type_: pa.DataType | None) -> pa.Array:
 _OURS = set(RESULT_COLUMNS) - {"id"}
 
 
+def is_ours(name: str) -> bool:
+    """A result column (or a structured answer's), not one carried from the job."""
+    return name in _OURS or name.startswith(ANSWER_PREFIX)
+
+
 def _output_name(name: str) -> str:
     """An input column named like one of ours (or an answer's) is kept under `input_<name>`;
     one already named `input_<ours>` gains another prefix, so two input columns never meet
@@ -167,7 +173,7 @@ def _output_name(name: str) -> str:
     bare = name
     while bare.startswith("input_"):
         bare = bare[len("input_") :]
-    return f"input_{name}" if bare in _OURS or bare.startswith(ANSWER_PREFIX) else name
+    return f"input_{name}" if is_ours(bare) else name
 
 
 def dropped_columns(index: JobIndex, keep: tuple[str, ...] = (), drop: tuple[str, ...] = ()) -> set[str]:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import base64
 import hmac
+import shutil
 import time
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -25,11 +27,12 @@ from starlette.exceptions import HTTPException
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..output.store import atomic_write
 from ..tools.gallery import write_gallery
 from .objects import BatchCreate, BatchRecord, FileRecord, page
 from .page import status_page
 from .queue import ENDPOINTS, Queue, ServeSettings, window_seconds
-from .store import Store, write_file
+from .store import Store
 
 __all__ = ["make_app", "Guard"]
 
@@ -228,7 +231,7 @@ def _pages(store: Store, settings: ServeSettings) -> APIRouter:
     @router.get("/", response_class=HTMLResponse)
     def status() -> HTMLResponse:
         batches, _ = store.batches(None, 100)
-        files = {r.id: r for r in store.files(None, 10000)[0]}
+        files = {b.input_file_id: f for b in batches if (f := store.file(b.input_file_id)) is not None}
         return HTMLResponse(status_page(batches, files, settings.model))
 
     @router.get("/batches/{batch_id}/gallery", response_class=HTMLResponse)
@@ -252,13 +255,21 @@ def _kept(upload: UploadFile, store: Store, max_lines: int) -> FileRecord:
         raise ApiError(400, f"the file holds {lines} requests; at most {max_lines}", "file")
     upload.file.seek(0)
     file_id = store.new_file_id()
-    size = write_file(store.file_path(file_id), iter(lambda: upload.file.read(1 << 20), b""))
+    path = store.file_path(file_id)
+    atomic_write(path, lambda p: _copied(upload, p))
+    size = path.stat().st_size
     name = (upload.filename or "upload.jsonl")[:255]
     record = FileRecord(
         id=file_id, bytes=size, created_at=int(time.time()), filename=name, purpose="batch", lines=lines
     )
     store.add_file(record)
     return record
+
+
+def _copied(upload: UploadFile, path: Path) -> None:
+    upload.file.seek(0)
+    with open(path, "wb") as f:
+        shutil.copyfileobj(upload.file, f, 1 << 20)
 
 
 async def _form(request: Request, limit: int) -> FormData:

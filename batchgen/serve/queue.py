@@ -37,9 +37,10 @@ from ..execution.summary import Progress
 from ..generate.generator import Resident
 from ..output.openai_batch import batch_lines, error_line
 from ..output.parts import partial_dir
+from ..output.store import atomic_write
 from ..output.tables import concat_tables
 from .objects import BatchRecord, FileRecord
-from .store import Store, write_file
+from .store import Store
 
 __all__ = ["Queue", "ServeSettings", "window_seconds", "validate_lines"]
 
@@ -309,7 +310,9 @@ class Queue:
         if not lines:
             return None
         file_id = self.store.new_file_id()
-        size = write_file(self.store.file_path(file_id), iter([line.encode() for line in lines]))
+        path = self.store.file_path(file_id)
+        atomic_write(path, lambda p: p.write_text("".join(lines), encoding="utf-8"))
+        size = path.stat().st_size
         record = FileRecord(
             id=file_id,
             bytes=size,

@@ -8,7 +8,6 @@ their pattern before they name anything on disk: a client's id never becomes a p
 from __future__ import annotations
 
 import fcntl
-import os
 import re
 import secrets
 import sqlite3
@@ -22,7 +21,7 @@ from typing import Any
 from ..core.errors import ConfigError
 from .objects import BatchRecord, FileRecord
 
-__all__ = ["Store", "FileRecord", "BatchRecord", "ACTIVE", "ENDED", "FILE_ID", "BATCH_ID"]
+__all__ = ["Store", "ACTIVE", "ENDED", "FILE_ID", "BATCH_ID"]
 
 FILE_ID = re.compile(r"file-[0-9a-f]{24}")
 BATCH_ID = re.compile(r"batch_[0-9a-f]{24}")
@@ -181,26 +180,11 @@ class Store:
         if where:
             query += " WHERE " + " AND ".join(where)
         query += " ORDER BY seq DESC"
+        if purpose is None:  # a page and one more row say whether more follow
+            query += f" LIMIT {int(limit) + 1}"
         with self._lock:
             rows = self._db.execute(query, args).fetchall()
         records = [kind.model_validate_json(r[0]) for r in rows]
         if purpose is not None:
             records = [r for r in records if r.purpose == purpose]
         return records[:limit], len(records) > limit
-
-
-def write_file(path: Path, chunks: Iterator[bytes]) -> int:
-    """Bytes to `path` whole or not at all (a temporary name, then renamed); their count."""
-    tmp = path.with_name(f".{path.name}.part")
-    size = 0
-    try:
-        with open(tmp, "wb") as f:
-            for chunk in chunks:
-                f.write(chunk)
-                size += len(chunk)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return size

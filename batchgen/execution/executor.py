@@ -15,6 +15,7 @@ from ..core.figures import CacheStats, MediaStats, MemoryStats
 from ..core.records import Finished
 from ..core.settings import RunConfig, WorkSettings
 from ..generate.generator import GenerationStats, Generator, GeneratorFactory
+from ..media.resolve import Decoded
 from ..output.pending import Pending
 
 __all__ = ["Executor", "ExecutorStats", "Batches"]
@@ -83,7 +84,8 @@ class ExecutorStats:
 class Executor(ABC):
     """Pending rows in, finished rows out a list at a time, in the order they finish. A set
     `stop` ends the run between two lists (the caller commits what came out before). Every
-    executor is made the same way; `generator` makes the generator wherever rows run."""
+    executor is made the same way; `generator` makes the generator wherever rows run, and
+    `decoded` holds the media decoded by earlier runs of the same caller (a local run's)."""
 
     def __init__(
         self,
@@ -92,9 +94,10 @@ class Executor(ABC):
         tmp_dir: Path,
         stop: threading.Event,
         generator: GeneratorFactory = Generator,
+        decoded: Decoded | None = None,
     ):
         self.config, self.work, self.tmp_dir, self.stop = config, work, tmp_dir, stop
-        self.make_generator = generator
+        self.make_generator, self.decoded = generator, decoded
         self._start()
 
     @abstractmethod

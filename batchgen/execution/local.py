@@ -22,7 +22,7 @@ from ..generate.generator import Generated, Generator
 from ..input.parse import near_miss, parse_job
 from ..input.plan import Grouping
 from ..input.read import RawRow, id_key
-from ..media.resolve import MediaStage, Prefetcher, Prepared
+from ..media.resolve import Decoded, MediaStage, Prefetcher, Prepared
 from ..output.pending import Pending
 from .executor import Batches, Executor, ExecutorStats
 from .planner import AsidePlanner
@@ -68,11 +68,15 @@ def _result(job: Job, prepared: Prepared | None, outcome: Generated | RowError) 
 
 
 def media_stage(
-    work: WorkSettings, tmp: Path, generator: Generator, stop: threading.Event | None = None
+    work: WorkSettings,
+    tmp: Path,
+    generator: Generator,
+    stop: threading.Event | None = None,
+    decoded: Decoded | None = None,
 ) -> MediaStage:
     """The media stage for a generator's rows: frames and pictures bounded as its model takes them."""
     info = generator.vision_info
-    return MediaStage(work.media, work.base_dir, tmp, info.audio, info.max_pixels, stop)
+    return MediaStage(work.media, work.base_dir, tmp, info.audio, info.max_pixels, stop, decoded)
 
 
 def generate_window(
@@ -114,7 +118,7 @@ class LocalExecutor(Executor):
         work, stop = self.work, self.stop
         self.generator = self.make_generator(work.generation, stop)  # the models inspected, none loaded
         self.generator.load_drafter()  # a drafter that cannot pair with its target stops the run here
-        self.stage = media_stage(work, self.tmp_dir, self.generator, stop)
+        self.stage = media_stage(work, self.tmp_dir, self.generator, stop, self.decoded)
         self.pool = ThreadPoolExecutor(work.media.fetch_workers, thread_name_prefix="batchgen-media")
         self.unused_media: dict[str, int] = {}  # rows without media beside a column that looks like media
         self.near_misses: dict[str, int] = {}  # rows with a field one slip from a field of ours

@@ -33,6 +33,7 @@ from ..core.stop import Stop
 from ..generate.generator import Generator, GeneratorFactory
 from ..input.parse import near_miss
 from ..input.read import JobIndex
+from ..media.resolve import Decoded
 from ..output.resume import Resume
 from ..output.run_files import Heartbeat, OutputLock, errors_owned, errors_path, heartbeat_path, write_errors
 from ..output.store import strict_json
@@ -77,6 +78,7 @@ def run(
     progress: Callable[[Progress], None] | None = None,
     stop: threading.Event | None = None,
     generator: GeneratorFactory | None = None,
+    decoded: Decoded | None = None,
 ) -> RunSummary:
     """Run a job file to completion; rows already in the output or its parts are skipped.
 
@@ -85,6 +87,8 @@ def run(
     it starts and after every batch it commits; a set `stop` ends it between two batches
     (finished rows written, then Interrupted), and a `core.stop.Stop` also learns what a hard
     exit must clean. `config.time_limit` ends it early as an incomplete run, not an error.
+    `generator` and `decoded` are what a caller running several runs keeps between them: the
+    models (`generate.generator.Resident`) and the decoded media (`media.resolve.Decoded`).
 
     Returns the RunSummary (its `exit_code(fail_on, require_complete)` is the CLI's: 0, 1 for
     failed rows, 4 for an incomplete run that had to complete). Raises, each with the
@@ -105,7 +109,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))
         try:  # the models are inspected here, before the output is touched
-            executor = executor_for(config)(config, work, Path(tmp), stop, generator or Generator)
+            executor = executor_for(config)(config, work, Path(tmp), stop, generator or Generator, decoded)
             try:
                 with OutputLock(config.output) as lock:
                     cleanups.append(lambda: lock.path.unlink(missing_ok=True))

@@ -8,8 +8,11 @@ on with stage 2's rows not done. The job a later stage reads (`NN-NAME.job.parqu
 from the stages before it each time: the kept rows with the job's columns and every earlier
 stage's values. A stage whose settings changed since its last run is run again from scratch, and
 so is every stage after it; the stages before it are kept. The models stay loaded from stage to
-stage while they are the same (`Resident`): a later stage's picture rows find the picture's
-prefix in the prefix cache when it still holds it.
+stage while they are the same (`Resident`), and so do the decoded pictures (`Decoded`): a later
+stage's picture rows find the picture decoded and its prefix in the prefix cache while the
+caches still hold them (every other stage reads its rows backwards, so it starts with the
+pictures the stage before ended with). A job past the caches' bounds (512 MB of decoded
+pixels, the prefix cache's entries) decodes and prefills the pictures it no longer holds again.
 
 The output: a row per job row, the job's columns, then each stage's columns under its name
 (`caption.generated_text`, `score.choice_scores`, …), and `dropped_at`, the stage whose keep_if
@@ -31,9 +34,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError
+from ..core.figures import MediaStats
 from ..core.keep import KeepIf
 from ..core.settings import RunConfig, Stage
 from ..generate.generator import GeneratorFactory, Resident
+from ..media.resolve import Decoded
 from ..output.resume import settings_of
 from ..output.run_files import stage_output, stages_folder
 from ..output.store import atomic_write
@@ -77,6 +82,7 @@ def run_stages(
     stages_folder(config.output).mkdir(parents=True, exist_ok=True)
     resident = Resident()  # the models kept from stage to stage (unless the caller makes them)
     models: GeneratorFactory = generator if generator is not None else resident
+    decoded = Decoded()  # and the pictures: each decoded once for every stage (within its bounds)
     table: pa.Table | None = None  # the job's rows so far: its columns and the stages' values
     dropped: dict[Any, str] = {}
     summaries: list[RunSummary] = []
@@ -94,7 +100,8 @@ def run_stages(
             base = stage_output(config.output, number, stage.name).with_suffix("")
             stage_config = _stage_config(stage, number, base, table, dropped, index.base, left)
             redo = _settled(stage, stage_config, base.with_suffix(".settings.json"), redo)
-            summary = runner.run(dataclasses.replace(stage_config, overwrite=redo), progress, stop, models)
+            stage_config = dataclasses.replace(stage_config, overwrite=redo)
+            summary = runner.run(stage_config, progress, stop, models, decoded)
             summaries.append(summary)
             table = _joined(table, pq.read_table(stage_config.output), stage.name, dropped)
             _dropped(table, stage.name, rules.get(stage.name), dropped)
@@ -136,8 +143,10 @@ def _stage_config(
 
 
 def _summed(summaries: list[RunSummary], output: str, rows: int, complete: bool) -> RunSummary:
-    """The last stage's summary, with every stage's rows and tokens and the job's completeness."""
+    """The last stage's summary, with every stage's rows, tokens and media work and the job's
+    completeness."""
     summary = dataclasses.replace(summaries[-1], output=output, rows=rows, complete=complete)
+    summary.media = MediaStats.added([s.media for s in summaries])
     for name in ("generated", "resumed", "prompt_tokens", "completion_tokens", "cached_tokens"):
         setattr(summary, name, sum(getattr(s, name) for s in summaries))
     summary.time_limited = any(s.time_limited for s in summaries)

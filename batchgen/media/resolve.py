@@ -2,7 +2,8 @@
 
 `MediaStage.resolve` runs in worker threads ahead of generation. Identical content is
 decoded once per run: decoded images and frames are kept by content digest in bounded
-memos, so rows sharing an image (by URL, path or data URL) share one decode.
+memos (`Decoded`), so rows sharing an image (by URL, path or data URL) share one decode; runs
+handed the same `Decoded` (a staged job's stages) share it too.
 """
 
 from __future__ import annotations
@@ -30,10 +31,27 @@ from .fetch import Fetched, Fetcher
 from .frames import extract_frames
 from .images import decode_image, image_size
 
-__all__ = ["MediaStats", "StageTimes", "Prepared", "MediaStage", "Prefetcher"]
+__all__ = ["Decoded", "MediaStats", "StageTimes", "Prepared", "MediaStage", "Prefetcher"]
 
 _IMAGE_MEMORY = 512 * 2**20  # decoded pixels kept for reuse; a 448² image is 0.6 MB
 _FRAMES_MEMORY = 512 * 2**20  # frames are kept at the model's size, ~0.6 Mpx each
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """Decoded pictures and frames by content (and the bounds they were decoded under), and
+    image sizes read from headers: what rows sharing media share. A run makes its own unless
+    its caller hands one over to keep them from one run to the next."""
+
+    images: Memo[Image.Image] = field(
+        default_factory=lambda: Memo(4096, _IMAGE_MEMORY, lambda im: im.width * im.height * 3)
+    )
+    frames: Memo[np.ndarray] = field(default_factory=lambda: Memo(256, _FRAMES_MEMORY, lambda a: a.nbytes))
+    sizes: Memo[tuple[int, int]] = field(default_factory=lambda: Memo(100_000))  # one header read per content
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """Image decodes and reuses, video decodes and reuses, so far."""
+        return self.images.misses, self.images.hits, self.frames.misses, self.frames.hits
 
 
 @dataclass(slots=True)
@@ -73,30 +91,33 @@ class MediaStage:
         audio_from_video: bool = False,
         model_pixels: int | None = None,
         stop: threading.Event | None = None,
+        decoded: Decoded | None = None,
     ):
         self.config = config
         self.tmp_dir = tmp_dir
         self.fetcher = Fetcher(config, base_dir, tmp_dir, stop)
-        self.images: Memo[Image.Image] = Memo(4096, _IMAGE_MEMORY, lambda im: im.width * im.height * 3)
-        self.frames: Memo[np.ndarray] = Memo(256, _FRAMES_MEMORY, lambda a: a.nbytes)
-        self.audio_tracks: Memo[str | None] = Memo(4096)
-        self.sizes: Memo[tuple[int, int]] = Memo(100_000)  # image headers, read once per content
+        self.decoded = decoded if decoded is not None else Decoded()
+        self._counted_from = self.decoded.counts()  # what earlier runs sharing it counted
+        self.audio_tracks: Memo[str | None] = Memo(4096)  # files in this run's tmp_dir: not shared
         self.frame_pixels = config.frame_pixels or min(model_pixels or _FRAME_PIXELS, _FRAME_PIXELS)
         self._cpu = threading.BoundedSemaphore(config.decode_workers)
         self._ffmpeg = shutil.which("ffmpeg") if audio_from_video else None
 
     def stats(self) -> MediaStats:
         f = self.fetcher
+        images, image_reuses, videos, video_reuses = (
+            now - before for now, before in zip(self.decoded.counts(), self._counted_from, strict=True)
+        )
         return MediaStats(
             downloads=f.downloads,
             download_bytes=f.download_bytes,
             download_retries=f.retries,
             url_reuses=f.url_reuses,
             media_cache_hits=f.cache_hits,
-            image_decodes=self.images.misses,
-            image_decode_reuses=self.images.hits,
-            video_decodes=self.frames.misses,
-            video_decode_reuses=self.frames.hits,
+            image_decodes=images,
+            image_decode_reuses=image_reuses,
+            video_decodes=videos,
+            video_decode_reuses=video_reuses,
         )
 
     def resolve(self, job: Job) -> Prepared:
@@ -156,20 +177,20 @@ class MediaStage:
         c = self.config
         budget = self._budget_left(out)
         if ref.kind == "image":
-            width, height = self.sizes.get(item.digest, lambda: image_size(item.read()))
+            width, height = self.decoded.sizes.get(item.digest, lambda: image_size(item.read()))
             if budget < width * height <= c.max_image_pixels:  # past the bound, decode names the bomb
                 raise RowError(
                     "decode",
                     f"{width}x{height} image is over what is left of the row's budget of {c.max_row_pixels} "
                     "decoded pixels",
                 )
-            image = self.images.get(item.digest, lambda: self._decode(item))
+            image = self.decoded.images.get((item.digest, c.max_image_pixels), lambda: self._decode(item))
             out.media.items.append(MediaItem("image", image, item.digest))
         elif ref.kind == "video":
             fps = job.video_fps or c.video_fps
             max_frames = job.video_max_frames or c.video_max_frames
-            key = (item.digest, fps, c.video_min_frames, max_frames, self.frame_pixels)
-            frames = self.frames.get(key, lambda: self._frames(item, fps, max_frames))
+            key = (item.digest, fps, c.video_min_frames, max_frames, self.frame_pixels, c.max_row_pixels)
+            frames = self.decoded.frames.get(key, lambda: self._frames(item, fps, max_frames))
             if frames.shape[0] * frames.shape[1] * frames.shape[2] > budget:
                 raise RowError(
                     "frames",

@@ -115,11 +115,16 @@ def test_a_staged_job_equals_the_runs_chained_by_hand(tmp_path, sensitive_vlm):
         else:
             assert row["dropped_at"] == "score" and row["tags.generated_text"] is None
     assert len({r["caption.generated_text"] for r in staged.values()}) >= 3  # they follow the pictures
-    # the later stages ran on the model stage 1 loaded, and found each picture's prefix cached
+    # the later stages ran on the model stage 1 loaded, found each picture decoded (three
+    # pictures, one decode each in the whole job) and its prefix cached: at least as many tokens
+    # as a picture's second row finds on its own (the hand-run score stage's best)
     folder = out.with_name("staged.parquet.stages")
-    loads = [json.loads(p.read_text())["model_loads"] for p in sorted(folder.glob("*.stats.json"))]
-    assert loads == [1, 0, 0]
-    assert all(r["score.cached_tokens"] > 0 for r in staged.values())
+    stats = [json.loads(p.read_text()) for p in sorted(folder.glob("*.stats.json"))]
+    assert [s["model_loads"] for s in stats] == [1, 0, 0]
+    assert [s["media"]["image_decodes"] for s in stats] == [3, 0, 0]
+    assert [s["media"]["image_decode_reuses"] for s in stats] == [3, 6, len(third)]
+    picture_prefix = max(r["cached_tokens"] for r in second.values())
+    assert picture_prefix > 0 and all(r["score.cached_tokens"] >= picture_prefix for r in staged.values())
 
     # run again: every stage is done, nothing generated, nothing rewritten
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import shutil
+from pathlib import Path
 
 import pyarrow.parquet as pq
 from conftest import ROOT, run_cli
@@ -48,3 +50,11 @@ def test_the_readme_offline_captioning_walkthrough_runs_as_written(tmp_path, mon
         assert caption == f"ohwx, a {stem.replace('_', ' ')}\n", (stem, caption)
     metadata = (tmp_path / "dataset-hf" / "metadata.jsonl").read_text().splitlines()
     assert len(metadata) == 6 and (tmp_path / "gallery.html").exists()
+    # the filtered export: the pictures the caption's VQAScore kept, and only those
+    curated = pq.read_table(tmp_path / "dataset.curated.parquet").to_pylist()
+    kept = sorted(Path(r["image"]).name for r in curated if r["dropped_at"] is None)
+    assert 0 < len(kept) < 6 and all(r["dropped_at"] in (None, "score") for r in curated)
+    metadata = (tmp_path / "dataset-curated" / "metadata.jsonl").read_text().splitlines()
+    lines = [json.loads(line) for line in metadata]
+    assert sorted(line["file_name"] for line in lines) == kept
+    assert sorted(p.name for p in (tmp_path / "dataset-curated").glob("*.png")) == kept

@@ -152,11 +152,12 @@ def plan(job_file: str, output: str | None, fmt: str | None, **flags) -> None:
 def _plan(job_file: str, output: str, calibrate: int = 0, as_json: bool = False, **flags) -> None:
     import json
 
-    from ..execution.plan import plan_job
+    from ..execution.plan import PlanReport, plan_job
+    from ..execution.plan_stages import StagedPlan, plan_stages
 
     config, _ = config_from_flags(job_file, output, **flags)
     try:
-        report = plan_job(config, calibrate)
+        report: PlanReport | StagedPlan = (plan_stages if config.stages else plan_job)(config, calibrate)
     except BatchgenError as e:
         fail(e)
     if as_json:

@@ -175,7 +175,7 @@ def plan_job(config: RunConfig, calibrate: int = 0) -> PlanReport:
     """The plan of a run of `config`, changing nothing on disk. Errors that would stop the run
     (unreadable job, duplicate ids, settings that differ from the output's) stop it too."""
     if config.stages:
-        raise ConfigError("batchgen plan reads one-stage jobs; a staged job's stages are not planned yet")
+        raise ConfigError("a staged job is planned by execution.plan_stages, a stage at a time")
     started = time.perf_counter()
     index = open_job(config)
     scan_s = time.perf_counter() - started

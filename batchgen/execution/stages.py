@@ -41,11 +41,12 @@ from ..generate.generator import GeneratorFactory, Resident
 from ..media.resolve import Decoded
 from ..output.resume import settings_of
 from ..output.run_files import stage_output, stages_folder
-from ..output.store import atomic_write
+from ..output.store import atomic_write, strict_json
 from ..output.tables import is_ours
+from ..output.write import stats_path
 from . import runner
 from .start import open_job
-from .summary import Progress, RunSummary
+from .summary import Progress, RunSummary, finish
 
 __all__ = ["run", "run_stages", "stage_values"]
 
@@ -86,12 +87,11 @@ def run_stages(
     table: pa.Table | None = None  # the job's rows so far: its columns and the stages' values
     dropped: dict[Any, str] = {}
     summaries: list[RunSummary] = []
-    redo, complete, timed_out = config.overwrite, False, False  # --overwrite: every stage afresh
+    redo, timed_out = config.overwrite, False  # --overwrite: every stage afresh
     try:
         for number, stage in enumerate(config.stages, 1):
             if table is not None and len(dropped) == table.num_rows:
-                complete = True  # every row stopped before this stage: the stages left have nothing to do
-                break
+                break  # every row stopped before this stage: the stages left have nothing to do
             left = None if config.time_limit is None else config.time_limit - (time.monotonic() - started)
             if left is not None and left <= 0 and table is not None:  # the first stage always starts
                 timed_out = True
@@ -107,17 +107,15 @@ def run_stages(
             _dropped(table, stage.name, rules.get(stage.name), dropped)
             if not summary.complete:
                 break
-        else:
-            complete = True
     finally:
         resident.close()
     assert table is not None
-    table = table.append_column(
-        "dropped_at", pa.array([dropped.get(i) for i in table.column("id").to_pylist()], pa.string())
-    )
+    table = _finished(table, dropped, config.stages[-1].name)
     atomic_write(Path(config.output), lambda p: pq.write_table(table, p))
-    summary = _summed(summaries, str(config.output), table.num_rows, complete)
+    summary = _summed(summaries, str(config.output), table, len(index.output), time.monotonic() - started)
     summary.time_limited = summary.time_limited or timed_out
+    figures = strict_json(dataclasses.asdict(summary), indent=2) + "\n"
+    atomic_write(Path(stats_path(config.output)), lambda p: p.write_text(figures))
     return summary
 
 
@@ -142,15 +140,58 @@ def _stage_config(
     return dataclasses.replace(own, output=base.with_suffix(".parquet"), stages=(), **more)
 
 
-def _summed(summaries: list[RunSummary], output: str, rows: int, complete: bool) -> RunSummary:
-    """The last stage's summary, with every stage's rows, tokens and media work and the job's
-    completeness."""
-    summary = dataclasses.replace(summaries[-1], output=output, rows=rows, complete=complete)
-    summary.media = MediaStats.added([s.media for s in summaries])
-    for name in ("generated", "resumed", "prompt_tokens", "completion_tokens", "cached_tokens"):
+def _summed(
+    summaries: list[RunSummary], output: str, table: pa.Table, job_rows: int, wall: float
+) -> RunSummary:
+    """The job's summary: its rows counted from its output as a run's are (ok, failed by
+    `stage.error_stage`, pending), every stage's tokens and media work added up, the last
+    stage's other figures."""
+    summary = dataclasses.replace(summaries[-1], output=output, errors_by_stage={}, groups={})
+    for name in _ADDED:
         setattr(summary, name, sum(getattr(s, name) for s in summaries))
+    summary.media = MediaStats.added([s.media for s in summaries])
     summary.time_limited = any(s.time_limited for s in summaries)
+    summary.failed_now = sum(s.failed_now for s in summaries)
+    finish(summary, table, job_rows, wall)
+    summary.resumed = sum(s.resumed for s in summaries)
     return summary
+
+
+_ADDED = (
+    "generated",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "model_loads",
+    "mtp_drafts",
+    "mtp_accepted",
+    "repetitions",
+    "max_tokens_capped",
+)
+
+
+def _finished(table: pa.Table, dropped: dict[Any, str], last: str) -> pa.Table:
+    """The rows done with: those that went through every stage (`last` answered them) and those
+    that stopped at one (`dropped_at`), each with the job's `status`: `error` when a stage failed
+    the row, `error` and `error_stage` then that stage's (`stage.error_stage`). The rows still
+    going wait in the stages' files for a rerun, as a run's pending rows do."""
+    rows = table.to_pylist()
+    done = [r["id"] in dropped or r.get(f"{last}.status") is not None for r in rows]
+    table = table.filter(pa.array(done, pa.bool_()))
+    rows = [r for r, d in zip(rows, done, strict=True) if d]
+    at = [dropped.get(r["id"], last) for r in rows]  # the stage each row ended at
+    failed = [name if r.get(f"{name}.status") == "error" else None for r, name in zip(rows, at, strict=True)]
+    ended = list(zip(rows, failed, strict=True))
+    columns = {
+        "status": ["error" if f else "ok" for f in failed],
+        "error": [r.get(f"{f}.error") if f else None for r, f in ended],
+        "error_stage": [f"{f}.{r.get(f'{f}.error_stage')}" if f else None for r, f in ended],
+        "dropped_at": [dropped.get(r["id"]) for r in rows],
+    }
+    for name, values in columns.items():
+        table = table.append_column(name, pa.array(values, pa.string()))
+    return table
 
 
 def _settled(stage: Stage, config: RunConfig, path: Path, redo: bool) -> bool:
@@ -210,6 +251,8 @@ def _rules(config: RunConfig, columns: set[str]) -> dict[str, KeepIf]:
     clash = sorted(stage.name for stage in config.stages if stage.name in columns)
     if clash:
         raise ConfigError(f"stage(s) {', '.join(clash)} named like a column of the job: name them otherwise")
+    if "dropped_at" in columns:
+        raise ConfigError("the job has a column 'dropped_at', which a staged job's output writes: rename it")
     rules: dict[str, KeepIf] = {}
     for number, stage in enumerate(config.stages):
         if stage.keep_if is not None:

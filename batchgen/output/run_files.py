@@ -33,6 +33,7 @@ __all__ = [
     "errors_path",
     "stages_folder",
     "stage_output",
+    "stage_files",
     "read_heartbeat",
     "failed_records",
     "read_stats",
@@ -66,6 +67,16 @@ def stages_folder(output: Path) -> Path:
 def stage_output(output: Path, number: int, name: str) -> Path:
     """A stage's own output (its job, settings and stats files are named from it)."""
     return stages_folder(output) / f"{number:02d}-{name}.parquet"
+
+
+def stage_files(output: Path) -> dict[str, Path]:
+    """A staged job's stages that have started (each writes its settings first), by name in
+    order: each one's own output, there once the stage has finished a run."""
+    found = {}
+    for settings in sorted(stages_folder(output).glob("[0-9][0-9]-*.settings.json")):
+        stem = settings.name[: -len(".settings.json")]
+        found[stem.split("-", 1)[1]] = settings.with_name(f"{stem}.parquet")
+    return found
 
 
 def errors_path(output: Path | str, sharded: bool = False) -> Path | str:

@@ -22,6 +22,7 @@ __all__ = [
     "ROW_GROUP_ROWS",
     "ANSWER_PREFIX",
     "is_ours",
+    "stage_names",
     "rows_to_table",
     "ordered",
     "concat_tables",
@@ -164,6 +165,14 @@ _OURS = set(RESULT_COLUMNS) - {"id"}
 def is_ours(name: str) -> bool:
     """A result column (or a structured answer's), not one carried from the job."""
     return name in _OURS or name.startswith(ANSWER_PREFIX)
+
+
+def stage_names(columns: list[str]) -> list[str]:
+    """A staged job's output's stages, in order, from its columns (`caption.status`, …, then
+    `dropped_at`); none for a one-stage run's output."""
+    if "dropped_at" not in columns:
+        return []
+    return [c[: -len(".status")] for c in columns if c.endswith(".status") and c.count(".") == 1]
 
 
 def _output_name(name: str) -> str:

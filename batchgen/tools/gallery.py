@@ -27,6 +27,7 @@ from .results import (
     media_policy,
     read_results,
     results_metadata,
+    staged,
 )
 
 __all__ = ["write_gallery"]
@@ -159,11 +160,13 @@ class _Thumbs(dict[str, list[str]]):
         return key
 
 
-def _entry(r: ResultRow, question: str, made: str) -> dict[str, Any]:
-    """A row on its card: its question, its answer (or error), its figures and scores, and the
-    model and adapter that made it when the run had several."""
+def _entry(r: ResultRow, question: str, made: str, stage: str | None = None) -> dict[str, Any]:
+    """A row on its card: its question, its answer (or error), its figures and scores, the
+    model and adapter that made it when the run had several, and a staged job's stage."""
     return {
         "id": str(r["id"]),
+        "stage": stage or "",
+        "stopped": False,  # the row stopped at this stage: its keep_if did not keep it
         "status": r["status"],
         "question": question,
         "text": r["generated_text"] or "",
@@ -174,6 +177,27 @@ def _entry(r: ResultRow, question: str, made: str) -> dict[str, Any]:
         "metrics": " · ".join(filter(None, [made, _metrics(r)])),
         "scores": _scores(r),
     }
+
+
+def _later_stages(
+    path: Path, stages: list[tuple[str, Path]], by_id: dict[str, dict[str, Any]]
+) -> list[ResultRow]:
+    """A staged job's later stages' answers, each on the card of its row, and each row's
+    entry of the stage its keep_if stopped it at marked; returns the job's rows."""
+    for stage, results in stages:
+        reader = asking(results_metadata(results))
+        for r in read_results(results):
+            card = by_id.get(id_key(r["id"]))
+            if card is not None:
+                card["entries"].append(_entry(r, reader.of(r)[0], "", stage))
+                card["score"] = card["score"] if card.get("score") is not None else _score(r)
+    rows = read_results(path)
+    for r in rows:
+        card = by_id.get(id_key(r["id"]))
+        at = r.get("dropped_at")
+        for entry in card["entries"] if card is not None and at is not None else []:
+            entry["stopped"] = entry["stopped"] or (entry["stage"] == at and entry["id"] == str(r["id"]))
+    return rows
 
 
 def _card_id(row_id: object) -> str:
@@ -194,10 +218,13 @@ def write_gallery(
     opened. Pictures come from the media columns (bytes too), then from the job for a dataset
     whose image bytes the output does not carry, then from a `url` column.
     A card whose picture was replaced since the run says so: its answers are the old picture's.
+    A staged job's output shows each row's stages one under the other, and where it stopped.
     Returns (cards, media not found, where paths started: None for a remote job, pictures
     changed since the run)."""
-    rows = read_results(path)
-    about = results_metadata(path)
+    stages = list(staged(path).items())
+    stage, first = stages[0] if stages else (None, path)
+    rows = read_results(first)
+    about = results_metadata(first)
     policy = media_policy(path, about, media_base)
     columns = media_columns(about, extra_columns)
     reader = asking(about, extra_columns)
@@ -208,6 +235,7 @@ def write_gallery(
     thumbs, changed = _Thumbs(policy, out.parent), Replaced(policy.path)
     cards: list[dict[str, Any]] = []
     by_media: dict[tuple[str, ...], dict[str, Any]] = {}
+    by_id: dict[str, dict[str, Any]] = {}  # the card each row is on
     several = made_by(rows)
     made = [" · ".join(f"{c} {v[i]}" for c, v in several.items()) for i in range(len(rows))]
     for r, refs, (question, _), by in zip(rows, media, asked, made, strict=True):
@@ -225,19 +253,28 @@ def write_gallery(
             cards.append(card)
             if keys:
                 by_media[tuple(keys)] = card
-        card["entries"].append(_entry(r, question, by))
+        card["entries"].append(_entry(r, question, by, stage))
+        by_id[id_key(r["id"])] = card
         for ref in changed.refs(r.get("media_files") or []):
             if ref not in card.setdefault("changed", []):
                 card["changed"].append(ref)
         if card.get("score") is None:
             card["score"] = _score(r)
+    if stages:
+        rows = _later_stages(path, stages[1:], by_id)
     for card in cards:
         card["status"] = "ok" if all(e["status"] == "ok" for e in card["entries"]) else "error"
+        card["rows"] = len({e["id"] for e in card["entries"]})
     missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
     ok = sum(r["status"] == "ok" for r in rows)
     page = _PAGE.render(
         title=path.name,
-        counts=f"{len(rows)} rows on {len(cards)} cards · {ok} ok · {len(rows) - ok} failed",
+        counts=f"{len(rows)} rows on {len(cards)} cards · {ok} ok · {len(rows) - ok} failed"
+        + (
+            f" · {len(stages)} stages, {sum(r['dropped_at'] is None for r in rows)} rows through all"
+            if stages
+            else ""
+        ),
         data={"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS},
     )
     out.write_text(page)
@@ -281,7 +318,8 @@ function render() {
     card.append(el("div", "id", c.id));
     if (c.changed) card.append(el("div", "err", "changed since the run: " + c.changed.join(", ") + " (these answers are the old picture's; rerun with --changed redo)"));
     for (const e of c.entries) {
-      if (c.entries.length > 1) card.append(el("div", "rid", e.id));  // whose answer and score follow
+      if (e.stage) card.append(el("div", "rid", e.stage + (c.rows > 1 ? " · " + e.id : "")));  // a staged job's stage
+      else if (c.entries.length > 1) card.append(el("div", "rid", e.id));  // whose answer and score follow
       card.append(el("div", "q", e.question));
       if (e.reasoning) { const d = el("details", "r"); d.append(el("summary", "", "reasoning"), el("div", "a", e.reasoning)); card.append(d); }
       if (e.status === "ok") card.append(el("div", "a", e.text)); else card.append(el("div", "err", e.error));
@@ -289,6 +327,7 @@ function render() {
       if (e.expected !== null) { const ok = e.text.trim() === e.expected; card.append(el("div", ok ? "hit" : "miss", (ok ? "✓ expected " : "✗ expected ") + e.expected)); }
       if (e.scores) card.append(el("div", "s", e.scores));
       card.append(el("div", "m", e.metrics));
+      if (e.stopped) card.append(el("div", "err", "stopped here: the stage's keep_if did not keep it"));
     }
     box.append(card);
   }

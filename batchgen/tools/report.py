@@ -10,7 +10,7 @@ from ..core.errors import gist, one_line, plural
 from ..output.run_files import failed_records, read_stats
 from ..output.store import strict_json
 from ..output.write import COMPLETE_KEY
-from .results import made_by, read_results, results_schema
+from .results import made_by, read_results, results_schema, staged
 
 __all__ = ["summarize", "failed_rows"]
 
@@ -21,7 +21,7 @@ def _spread(values: list[float]) -> str:
     return f"mean {sum(values) / len(values):.3f}, p10 {at(0.1):.3f}, median {at(0.5):.3f}, p90 {at(0.9):.3f}"
 
 
-def _score_lines(rows: list[dict]) -> list[str]:
+def _score_lines(rows: list[dict], recorded: set[str]) -> list[str]:
     """Scored rows: each choice's normalized probability and the texts' mean logprob, spread."""
     lines = []
     probs: dict[str, list[float]] = {}
@@ -30,7 +30,7 @@ def _score_lines(rows: list[dict]) -> list[str]:
             probs.setdefault(c["choice"], []).append(c["prob"])
     for choice, values in list(probs.items())[:8]:
         lines.append(f"scores: {choice!r:.40} prob over {len(values)} rows: {_spread(values)}")
-    means = [r["score_mean"] for r in rows if r.get("score_mean") is not None]
+    means = [r["score_mean"] for r in rows if r.get("score_mean") is not None and "score_mean" in recorded]
     if means:
         lines.append(f"scores: score_text logprob per token over {len(means)} rows: {_spread(means)}")
     return lines
@@ -81,7 +81,8 @@ def failed_rows(path: Path, as_json: bool = False) -> str:
 
 def summarize(path: Path, slowest: int = 5) -> str:
     """Rows by status, errors by stage with their commonest messages, tokens and speed,
-    prefix reuse, draft acceptance, and the slowest rows."""
+    prefix reuse, draft acceptance, and the slowest rows; for a staged job's output, where its
+    rows stopped, then each stage's own results so."""
     rows = read_results(path)
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [f"{path}: {plural(len(rows), 'row')}, {ok:,} ok, {len(rows) - ok:,} failed"]
@@ -118,13 +119,25 @@ def summarize(path: Path, slowest: int = 5) -> str:
             f"({reused / len(cached):.0%} of rows), "
             f"{sum(cached):,} prompt tokens saved"
         )
-    lines += _loop_lines(rows) + _answer_lines(rows) + _score_lines(rows)
+    lines += _loop_lines(rows) + _answer_lines(rows) + _score_lines(rows, recorded)
     drafted = sum(r.get("mtp_drafts") or 0 for r in rows)
     if drafted:
         accepted = sum(r.get("mtp_accepted") or 0 for r in rows)
         lines.append(f"drafts: {accepted}/{drafted} accepted ({accepted / drafted:.0%})")
     lines += _slowest_lines(rows, recorded, slowest)
+    for number, (name, results) in enumerate(staged(path).items(), 1):  # a staged job: each stage
+        if number == 1:
+            lines.append(_stopped_line(rows))
+        lines.append(f"stage {number} {name}:")
+        lines += [f"  {line}" for line in summarize(results, slowest).splitlines()]
     return "\n".join(map(one_line, lines))
+
+
+def _stopped_line(rows: list[dict]) -> str:
+    """A staged job's rows: how many went through every stage, and where the others stopped."""
+    stopped = Counter(r["dropped_at"] for r in rows if r.get("dropped_at") is not None)
+    where = "".join(f", {n:,} stopped at {stage}" for stage, n in stopped.most_common())
+    return f"stages: {len(rows) - stopped.total():,} rows went through every stage{where}"
 
 
 def _group_lines(rows: list[dict]) -> list[str]:

@@ -21,12 +21,13 @@ from ..core.settings import Columns
 from ..input.parse import asked
 from ..input.read import id_key, iter_rows
 from ..input.source import resolve
-from ..output.run_files import stages_folder
-from ..output.tables import RESULT_SCHEMA
+from ..output.run_files import stage_files
+from ..output.tables import RESULT_SCHEMA, stage_names
 from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
 __all__ = [
     "stage_results",
+    "staged",
     "read_results",
     "results_schema",
     "results_metadata",
@@ -64,16 +65,11 @@ def stage_results(path: Path, stage: str | None) -> tuple[Path, set[Any] | None]
         names = pq.read_schema(path).names
     except (OSError, ValueError) as e:
         raise JobFileError(f"{path}: not a batchgen results file ({e})") from e
-    staged = "dropped_at" in names and "status" not in names
-    if not staged:
+    if not stage_names(names):
         if stage is not None:
             raise JobFileError(f"{path}: --stage {stage!r:.40}, but these are a one-stage run's results")
         return path, None
-    found = {
-        p.stem.split("-", 1)[1]: p
-        for p in sorted(stages_folder(path).glob("[0-9][0-9]-*.parquet"))
-        if not p.name.endswith(".job.parquet")
-    }
+    found = staged(path)
     if stage not in found:
         raise JobFileError(
             f"{path}: a staged job's output: give --stage, one of {', '.join(found) or 'none'}"
@@ -82,6 +78,19 @@ def stage_results(path: Path, stage: str | None) -> tuple[Path, set[Any] | None]
     ids, dropped = table.column("id").to_pylist(), table.column("dropped_at").to_pylist()
     kept = {i for i, d in zip(ids, dropped, strict=True) if d is None}
     return found[stage], kept
+
+
+def staged(path: Path) -> dict[str, Path]:
+    """A staged job's output's stages (those its columns name) and each one's own results
+    file, by name in order; none for a one-stage run's results or a shard folder."""
+    if path.is_dir():
+        return {}
+    try:
+        names = stage_names(pq.read_schema(path).names)
+    except (OSError, ValueError):
+        return {}
+    files = stage_files(path)
+    return {name: files[name] for name in names if name in files and files[name].is_file()}
 
 
 def _table(path: Path):

@@ -27,6 +27,7 @@ from ..output.run_files import (
     lock_held,
     read_heartbeat,
     read_lock,
+    stage_files,
 )
 from ..output.store import Store, json_object, strict_json
 from ..output.write import stats_path
@@ -71,6 +72,7 @@ class OutputStatus:
     last_run: Heartbeat | None = None  # the latest run's heartbeat (the running one's, while it runs)
     shards: list[ShardRows] = field(default_factory=list)
     groups: dict[str, list[RowGroup]] = field(default_factory=dict)  # several models: each one's rows
+    stages: dict[str, OutputStatus] = field(default_factory=dict)  # a staged job: each stage's own run
     notes: list[str] = field(default_factory=list)  # files left out, and why
 
     @property
@@ -96,7 +98,8 @@ def status_of(output: str) -> OutputStatus:
             status.notes.append(
                 f"{path}: not a file batchgen wrote (damaged, forged, not a regular file): left out"
             )
-    if beat is None and figures is None:
+    status.stages = _stages(output)
+    if beat is None and figures is None and not status.stages:
         raise ConfigError(f"{one_line(output)}: no batchgen run has written here (no heartbeat, no stats)")
     if figures is not None:
         status.rows, status.ok, status.failed, status.pending, status.job_rows = (figures[k] for k in _COUNTS)
@@ -110,11 +113,27 @@ def status_of(output: str) -> OutputStatus:
         status.pending = max(beat.todo - beat.done, 0)
         status.job_rows = max(status.job_rows, beat.done_before + beat.todo)
         status.state = "complete" if beat.state == "complete" else "incomplete"
-    if _running(output, beat):
+    if figures is None and beat is None:  # a staged job before its first end: nothing of it written yet
+        first = next(iter(status.stages.values()))
+        status.job_rows = status.pending = max(first.job_rows, first.rows + first.pending)
+    if _running(output, beat) or any(stage.state == "running" for stage in status.stages.values()):
         status.state = "running"
     if sharded and not is_uri(output):
         status.shards = _shards(Path(output))
     return status
+
+
+def _stages(output: str) -> dict[str, OutputStatus]:
+    """A staged job's stages that have committed rows, each one's status by name in order."""
+    if is_uri(output):
+        return {}
+    found = {}
+    for name, path in stage_files(Path(output)).items():
+        try:
+            found[name] = status_of(str(path))
+        except ConfigError:  # started, nothing committed yet
+            continue
+    return found
 
 
 def _there(store: Store, path: str) -> bool:
@@ -221,14 +240,15 @@ def _when(stamp: str | None) -> str:
     return stamp.replace("T", " ")[:19] if stamp else "?"
 
 
-def render(s: OutputStatus) -> str:
-    """The status as a person reads it: one headline, then what the latest run did."""
+def render(s: OutputStatus, name: str | None = None) -> str:
+    """The status as a person reads it: one headline (naming the output, or `name`), then what
+    the latest run did; a staged job's stages so, each under its name."""
     stages = ", ".join(f"{stage} {n:,}" for stage, n in sorted(s.errors_by_stage.items()))
     failed = f"{s.failed:,} failed" + (f" ({stages})" if stages else "")
     counts = f"{plural(s.rows, 'row')}: {s.ok:,} ok, {failed}" if s.state != "running" else ""
     if s.state == "incomplete":
         counts = f"{s.rows:,} of {s.job_rows:,} rows, {s.pending:,} pending; {s.ok:,} ok, {failed}"
-    lines = [f"{s.output}: {s.state}" + (f" · {counts}" if counts else "")]
+    lines = [f"{name or s.output}: {s.state}" + (f" · {counts}" if counts else "")]
     b = s.last_run
     if b is not None and s.state == "running":
         share = f" ({b.done / b.todo:.1%})" if b.todo else ""
@@ -257,6 +277,8 @@ def render(s: OutputStatus) -> str:
         lines.append(
             f"  shard {shard.name}: {plural(shard.rows, 'row')}, {shard.ok:,} ok, {shard.failed:,} failed"
         )
+    for number, (stage, status) in enumerate(s.stages.items(), 1):
+        lines += [f"  {line}" for line in render(status, f"stage {number} {stage}").splitlines()]
     lines += [f"  note: {note}" for note in s.notes]
     return "\n".join(
         map(one_line, lines)

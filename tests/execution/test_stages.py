@@ -46,6 +46,14 @@ def _preset(tmp_path, model, threshold: float, tags: str = TAGS):
     return path
 
 
+def _shapes_preset(tmp_path, stages) -> Path:
+    """A preset of `stages` on the bundled shapes captioner."""
+    preset = tmp_path / "p.yaml"
+    shapes = MEDIA.parent / "models" / "shapes-vlm"
+    preset.write_text(yaml.safe_dump({"model": str(shapes), "stages": stages}))
+    return preset
+
+
 def _by_hand(tmp_path, model, job):
     """The three runs chained by hand: each later job made from the earlier outputs by id."""
 
@@ -164,10 +172,7 @@ def test_a_hostile_keep_if_stops_the_run_before_any_work(tmp_path, keep_if, says
         {"name": "caption", "prompt_template": CAPTION},
         {"name": "score", "prompt_template": SCORE, "keep_if": keep_if},
     ]
-    preset = tmp_path / "p.yaml"
-    preset.write_text(
-        yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages})
-    )
+    preset = _shapes_preset(tmp_path, stages)
     out = tmp_path / "out.parquet"
     code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "-q")
     assert code == 2 and says in output, output
@@ -187,10 +192,7 @@ def test_a_hostile_keep_if_stops_the_run_before_any_work(tmp_path, keep_if, says
     ],
 )
 def test_bad_stages_are_config_errors_naming_the_stage(tmp_path, stages, says):
-    preset = tmp_path / "p.yaml"
-    preset.write_text(
-        yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages})
-    )
+    preset = _shapes_preset(tmp_path, stages)
     code, output = run_cli(
         "run", str(_job(tmp_path)), "-o", str(tmp_path / "o.parquet"), "--config", str(preset)
     )
@@ -262,6 +264,9 @@ def test_kill_9_during_stage_2_then_a_rerun_keeps_stage_1(tmp_path):
         if proc.poll() is None:
             proc.kill()
     assert not out.exists()
+    code, said = run_cli("status", str(out))
+    assert code == 4 and "out.parquet: incomplete · 0 of 40 rows, 40 pending" in said, said
+    assert "stage 1 word: complete · 40 rows" in said and "stage 2 essay: incomplete" in said, said
     folder = tmp_path / "out.parquet.stages"
     stage_1 = (folder / "01-word.parquet").stat().st_mtime_ns
     code, output = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "-q")
@@ -272,16 +277,6 @@ def test_kill_9_during_stage_2_then_a_rerun_keeps_stage_1(tmp_path):
     ids = [r["id"] for r in pq.read_table(out).to_pylist()]
     assert sorted(ids) == [f"r{i:02}" for i in range(40)]  # every id once
     assert all(r["essay.status"] == "ok" for r in pq.read_table(out).to_pylist())
-
-
-def test_plan_says_it_does_not_read_a_staged_job_yet(tmp_path):
-    stages = [{"name": "caption", "prompt_template": CAPTION}]
-    preset = tmp_path / "p.yaml"
-    preset.write_text(
-        yaml.safe_dump({"model": str(MEDIA.parent / "models" / "shapes-vlm"), "stages": stages})
-    )
-    code, output = run_cli("plan", str(_job(tmp_path)), "--config", str(preset))
-    assert code == 2 and "a staged job's stages are not planned yet" in output, output
 
 
 def test_caption_then_score_and_keep_on_the_command_line(tmp_path):
@@ -353,3 +348,73 @@ def _caption_then_score(folder: Path, out: Path, keep_if: str, *flags: str) -> t
         "-q",
         *flags,
     )
+
+
+def test_status_inspect_report_and_plan_read_a_staged_job(tmp_path):
+    """The tools that read a run read a staged job as one: the output has the job's `status`
+    (a stage's failure named `stage.error_stage`) and a stats file; `status` and `inspect` show
+    each stage under the job; the gallery puts a row's stages on its card and marks where the
+    keep_if stopped it; `plan` plans every stage, the later ones as a range that holds the run."""
+    job = _job(tmp_path)
+    with job.open("a") as f:
+        f.write(json.dumps({"id": "gone", "image": "media/missing.png", "note": "x"}) + "\n")
+    stages = [
+        {"name": "caption", "prompt_template": CAPTION, "generation": {"max_tokens": 6}},
+        {
+            "name": "score",
+            "prompt_template": SCORE,
+            "generation": {"choices_to_score": ["yes", "no"], "score_only": True},
+            "keep_if": '"red" in image',
+        },
+        {"name": "tags", "prompt_template": "Tags: {caption}", "generation": {"max_tokens": 4}},
+    ]
+    preset = _shapes_preset(tmp_path, stages)
+    out = tmp_path / "out.parquet"
+    args = (str(job), "-o", str(out), "--config", str(preset))
+    code, planned = run_cli("plan", *args, "--json")
+    assert code == 0, planned
+    code, said = run_cli("plan", *args, "--calibrate", "2")
+    assert code == 2 and "a staged job's stages are planned without it" in said, said
+    code, output = run_cli("run", *args, "-q")
+    assert code == 1, output  # the missing picture's row failed
+    rows = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert rows["gone"]["status"] == "error" and rows["gone"]["error_stage"] == "caption.fetch"
+    assert rows["gone"]["dropped_at"] == "caption" and "missing.png" in rows["gone"]["error"]
+    kept = sorted(i for i, r in rows.items() if r["dropped_at"] is None)
+    assert kept == ["p0", "p3"] and all(rows[i]["status"] == "ok" for i in rows if i != "gone")
+
+    code, said = run_cli("status", str(out))
+    assert code == 1, said  # complete, one row failed
+    assert "out.parquet: complete · 7 rows: 6 ok, 1 failed (caption.fetch 1)" in said
+    for line in ("stage 1 caption: complete · 7 rows: 6 ok, 1 failed", "stage 2 score: complete · 6 rows"):
+        assert line in said, said
+    assert "stage 3 tags: complete · 2 rows: 2 ok" in said
+
+    code, said = run_cli("inspect", str(out))
+    assert code == 0, said
+    assert "stages: 2 rows went through every stage, 4 stopped at score, 1 stopped at caption" in said
+    assert said.index("stage 1 caption:") < said.index("stage 2 score:") < said.index("stage 3 tags:")
+    assert "  scores: 'yes' prob over 6 rows" in said and "caption.fetch" in said
+
+    page = tmp_path / "page.html"
+    code, said = run_cli("report", str(out), "-o", str(page))
+    assert code == 0, said
+    cards = json.loads(page.read_text().split('type="application/json">')[1].split("</script>")[0])["cards"]
+    entries = {(e["id"], e["stage"]): e for c in cards for e in c["entries"]}
+    assert [e["stage"] for e in (entries[("p0", s)] for s in ("caption", "score", "tags"))] == [
+        "caption",
+        "score",
+        "tags",
+    ]
+    assert entries[("p1", "score")]["stopped"] and not entries[("p0", "score")]["stopped"]
+    assert entries[("p1", "caption")]["text"] in entries[("p1", "score")]["question"]
+
+    plans = {s["name"]: s for s in json.loads(planned)["stages"]}
+    assert plans["caption"]["rows"] == plans["score"]["rows"] == [6, 6]  # one of 7 fails to fetch
+    assert plans["tags"]["rows"] == [0, 6]  # the score's keep_if decides
+    folder = tmp_path / "out.parquet.stages"
+    for number, name in enumerate(("caption", "score", "tags"), 1):
+        ran = json.loads((folder / f"0{number}-{name}.parquet.stats.json").read_text())["prompt_tokens"]
+        low, high = plans[name]["prompt_tokens"]
+        assert low <= ran <= high, (name, low, ran, high)
+    assert plans["score"]["prompt_tokens"][1] - plans["score"]["prompt_tokens"][0] == 6 * 6  # captions quoted

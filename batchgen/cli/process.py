@@ -103,6 +103,10 @@ class ProgressDisplay:
         if self.bar is None:
             self._start(report)
             return
+        if not report.rows:  # a staged job's next stage starts: the bar counts its rows
+            self.bar.reset(total=report.total)
+            self._started = time.perf_counter() - report.elapsed
+            return
         self.bar.update(report.rows)
         self.bar.set_postfix_str(report.tail, refresh=False)
 

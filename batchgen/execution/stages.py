@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..core.errors import ConfigError
+from ..core.errors import ConfigError, plural
 from ..core.figures import MediaStats
 from ..core.keep import KeepIf
 from ..core.settings import RunConfig, Stage
@@ -49,6 +50,8 @@ from .start import open_job
 from .summary import Progress, RunSummary, finish
 
 __all__ = ["run", "run_stages", "stage_values"]
+
+log = logging.getLogger(__name__)
 
 
 def run(
@@ -70,9 +73,10 @@ def run_stages(
     stop: threading.Event | None = None,
     generator: GeneratorFactory | None = None,
 ) -> RunSummary:
-    """Every stage in turn, then the joined output at `config.output`. The summary counts every
-    stage's rows and tokens (the last stage's other figures); a --time-limit is the whole job's,
-    each stage getting what the stages before left (the job is then incomplete, a rerun goes on)."""
+    """Every stage in turn, then the joined output at `config.output` and its stats file. The
+    summary counts the job's rows from its output and adds up every stage's tokens and media
+    work; a --time-limit is the whole job's, each stage getting what the stages before left
+    (the job is then incomplete, a rerun goes on)."""
     if isinstance(config.output, str) or isinstance(config.input, str) or config.output_shards:
         raise ConfigError("a staged job reads a local job file and writes one local Parquet file")
     if any(stage.config.executor != "local" for stage in config.stages):
@@ -97,6 +101,9 @@ def run_stages(
                 timed_out = True
                 break
             left = None if left is None else max(left, 1.0)
+            _say_stage(
+                config.stages, number, len(index.output) if table is None else table.num_rows - len(dropped)
+            )
             base = stage_output(config.output, number, stage.name).with_suffix("")
             stage_config = _stage_config(stage, number, base, table, dropped, index.base, left)
             redo = _settled(stage, stage_config, base.with_suffix(".settings.json"), redo)
@@ -117,6 +124,23 @@ def run_stages(
     figures = strict_json(dataclasses.asdict(summary), indent=2) + "\n"
     atomic_write(Path(stats_path(config.output)), lambda p: p.write_text(figures))
     return summary
+
+
+def _say_stage(stages: tuple[Stage, ...], number: int, rows: int) -> None:
+    """The log's line as a stage starts, and why it cannot reuse the stage before's prefixes
+    when it runs on another model."""
+    stage = stages[number - 1]
+    log.info("stage %d of %d, %s: %s", number, len(stages), stage.name, plural(rows, "row"))
+    before = stages[number - 2] if number > 1 else None
+    if before is not None and before.config.model != stage.config.model:
+        log.info(
+            "stage %s runs on %s, stage %s on %s: the pictures' prefixes cannot be shared between "
+            "them (their decoded pictures are)",
+            stage.name,
+            Path(stage.config.model).name,
+            before.name,
+            Path(before.config.model).name,
+        )
 
 
 def _stage_config(

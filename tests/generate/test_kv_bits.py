@@ -96,6 +96,7 @@ def _run(tmp_path, models, name, *flags, rows=None):
     return code, output, {r["id"]: r for r in read(out)} if out.exists() else {}
 
 
+@pytest.mark.slow  # every row against mlx-lm's quantized generate (5 s)
 def test_kv_bits_8_batches_text_rows_as_the_engines_own_quantized_generate(tmp_path, models):
     flags = ("--kv-bits", "8", "--kv-group-size", "32")
     code, output, rows = _run(tmp_path, models, "kv8", *flags)

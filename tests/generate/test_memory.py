@@ -56,6 +56,7 @@ def test_a_bad_budget_stops_the_run_before_it_starts(tmp_path):
     assert not (tmp_path / "o.parquet").exists()
 
 
+@pytest.mark.slow  # long rows decoded under a budget (16 s)
 def test_under_a_budget_long_rows_run_narrow_within_it_and_outputs_do_not_change(tmp_path):
     import mlx_lm
 

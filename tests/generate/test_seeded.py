@@ -43,6 +43,7 @@ def _tokens(tmp_path, name, rows, lm, vlm, *flags) -> dict[str, list[int]]:
     return {r["id"]: [t["id"] for t in r["logprobs"]] for r in read(out)}
 
 
+@pytest.mark.slow  # many widths and orders (5 s)
 def test_seeded_rows_draw_the_same_tokens_at_any_width_order_and_beside_any_rows(tmp_path, lm, sensitive_vlm):
     rows = _seeded_rows()
     alone = _tokens(tmp_path, "w1", rows, lm, sensitive_vlm, "--batch-size", "1")

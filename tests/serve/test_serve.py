@@ -369,6 +369,7 @@ def test_kill_9_and_start_again_the_batch_goes_on(tmp_path):
         again.stop()
 
 
+@pytest.mark.slow  # a server process
 def test_the_status_page_escapes_what_clients_send(server):
     client = server.client()
     uploaded = client.files.create(
@@ -391,6 +392,7 @@ def test_the_status_page_escapes_what_clients_send(server):
     assert status == 200 and "<html" in gallery.lower()
 
 
+@pytest.mark.slow  # a server process
 def test_lists_page_newest_first_and_end(server):
     client = server.client()
     ids = [

@@ -3,8 +3,8 @@
 
   (a) chained by hand: three `batchgen.run`s, each later job made from the earlier outputs
       (each run loads the model and prefills every picture again);
-  (b) staged: one `batchgen.run` of a job with `stages:` (the model loaded once, the prefix
-      cache kept from stage to stage).
+  (b) staged: one `batchgen.run` of a job with `stages:` (the model loaded once, the decoded
+      pictures and the prefix cache kept from stage to stage).
 
     python bench/stages.py [--fast-blas] [--pictures 120]   # last line: staged X× the chained runs
 """
@@ -106,6 +106,11 @@ def main() -> None:
         )
         print(f"the same captions, scores' choices and tags by id: {same}")
         print(f"stage 2's cached prompt tokens: staged {cached[0]:,}, chained {cached[1]:,}")
+        decodes = [
+            json.loads(Path(f"{out}.stats.json").read_text())["media"]["image_decodes"]
+            for out in [folder / "staged.parquet", *(folder / f"{s['name']}.parquet" for s in STAGES)]
+        ]
+        print(f"pictures decoded: staged {decodes[0]:,}, chained {sum(decodes[1:]):,}")
         print(f"staged {t_chained / t_staged:.2f}× the chained runs")
 
 

@@ -24,7 +24,7 @@ from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
 from timed import timed_run  # noqa: E402
 
 import batchgen  # noqa: E402
-from batchgen.core.records import GenParams  # noqa: E402
+from batchgen.core.params import GenParams  # noqa: E402
 from batchgen.generate.sampling import Seeded  # noqa: E402
 from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 

@@ -49,7 +49,7 @@ def main() -> None:
     import mlx_vlm
     import pyarrow.parquet as pq
 
-    from batchgen.core.records import GenParams
+    from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
     from batchgen.generate.models import inspect_model
     from batchgen.input.parse import parse_row

@@ -449,7 +449,8 @@ SPLITS = {
 def test_reasoning_answer_and_calls_are_split_as_mlx_lms_server_splits_them(thinkers, name):
     import mlx_lm
 
-    from batchgen.core.records import Generation, GenParams
+    from batchgen.core.params import GenParams
+    from batchgen.core.records import Generation
     from batchgen.generate.reasoning import markers_of, split_generation
     from batchgen.generate.tool_calls import with_tool_calls
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 
-from .records import Constraint
+from .params import Constraint
 
 __all__ = ["ANSWER_KINDS", "MAX_ANSWER_FIELDS", "MAX_ANSWER_COLUMNS", "answer_kinds", "merge_kinds"]
 

@@ -19,8 +19,7 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
 from .answers import answer_kinds
-from .params import Problem, tool_problems
-from .records import Constraint, GenParams
+from .params import Constraint, GenParams, Problem, tool_problems
 
 __all__ = [
     "KINDS",

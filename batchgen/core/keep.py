@@ -22,7 +22,7 @@ import ast
 import operator
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from .errors import ConfigError
 
@@ -115,7 +115,7 @@ def _literal(value: object, where: str) -> None:
     if isinstance(value, bool) or value is None:
         return
     if _number(value):
-        if abs(value) > MAX_NUMBER:  # type: ignore[arg-type]
+        if abs(value) > MAX_NUMBER:
             raise ConfigError(f"{where}: numbers up to {MAX_NUMBER:g}")
         return
     if isinstance(value, str):
@@ -125,7 +125,7 @@ def _literal(value: object, where: str) -> None:
     raise ConfigError(f"{where}: {type(value).__name__} values are not part of the rule language")
 
 
-def _number(value: object) -> bool:
+def _number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 

@@ -91,19 +91,30 @@ class Memo(Generic[V]):
 
 class PerObject(Generic[V]):
     """`get(obj, compute)`: what `compute()` made for this very object, made once while it
-    lives (a tokenizer's thinking markers, its tool-call format, llguidance's view of it).
-    Keyed by the object itself, weakly, never by its id(): a later object that Python puts at
-    a freed one's address is a new key, and a model let go takes its entries with it."""
+    lives (a tokenizer's thinking markers, its tool-call format, a model's measured memory).
+    An entry holds the object weakly and goes when it does, so a later object that Python puts
+    at a freed one's address never finds the old value; objects that cannot be dict keys (an
+    MLX model is a dict) are held the same way."""
 
     def __init__(self) -> None:
-        self._known: weakref.WeakKeyDictionary[object, V] = weakref.WeakKeyDictionary()
-        self._lock = threading.Lock()
+        self._known: dict[int, tuple[weakref.ref, V]] = {}
+        self._lock = threading.RLock()  # a death's callback may come while this thread holds it
 
     def get(self, obj: object, compute: Callable[[], V]) -> V:
         with self._lock:
-            if obj not in self._known:
-                self._known[obj] = compute()
-            return self._known[obj]
+            entry = self._known.get(id(obj))
+            if entry is not None and entry[0]() is obj:
+                return entry[1]
+            value = compute()
+            self._known[id(obj)] = (weakref.ref(obj, self._forget), value)
+            return value
+
+    def _forget(self, gone: weakref.ref) -> None:
+        """An object died: its entry goes (unless a later object at its address has one now)."""
+        with self._lock:
+            for key, (ref, _) in list(self._known.items()):
+                if ref is gone:
+                    del self._known[key]
 
     def __len__(self) -> int:
         return len(self._known)

@@ -1,6 +1,7 @@
 """Generation parameters, each declared once: its check, its help and the OpenAI body fields
 that carry it. Row checks, run defaults, CSV typing, the OpenAI Batch mapping and the CLI
-options all derive from `PARAMS`; defaults live in `GenParams`."""
+options all derive from `PARAMS`; defaults live in `GenParams`, which checks itself by them
+however it is made."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
-from .records import GenParams
+from .errors import ConfigError
 
 __all__ = [
+    "Constraint",
+    "GenParams",
     "Param",
     "PARAMS",
     "NUMBERS",
@@ -26,6 +29,75 @@ __all__ = [
     "SEEDED_SAMPLER",
     "seeded",
 ]
+
+
+@dataclass(slots=True, frozen=True)
+class Constraint:
+    """What a row's output must be (constrain.py): `kind` json_schema, json_object, regex or
+    choice; `spec` its JSON schema, regex, or JSON list of choices, as text (hashable)."""
+
+    kind: str
+    spec: str = ""
+
+    @property
+    def json(self) -> bool:
+        return self.kind in ("json_schema", "json_object")
+
+
+@dataclass(slots=True, frozen=True, kw_only=True)
+class GenParams:
+    """Sampling parameters for one row: run defaults overlaid with the row's own. Made any
+    way (a row's parse, the run's flags, `dataclasses.replace`, Python), each value is checked
+    by its parameter's rule (a value off its default only: the defaults are good)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 0.9
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
+    completions: int = 1  # of the one prompt (OpenAI's `n`; a column named `n` is the row's data)
+    stop: tuple[str, ...] = ()
+    constraint: Constraint | None = None  # the output must match a schema, regex or choice
+    seed: int | None = None
+    system: str | None = None
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    logprobs: bool = False  # record each generated token's log-probability
+    top_logprobs: int = 0  # ... and its k likeliest alternatives (asks for logprobs too)
+    choices_to_score: tuple[str, ...] = ()  # answers to score as the assistant's reply
+    score_only: bool = False  # score the row's choices / text without generating
+    stop_repetition: int = 0  # end a row once its last N tokens repeat a cycle (sampling.Loops); 0: off
+    thinking: bool | None = None  # a thinking model reasons first (None: on, as mlx-lm renders it)
+    reasoning_budget: int | None = None  # reasoning tokens before the end marker is forced
+    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools the chat template is given
+    tool_choice: str = "auto"  # auto, none, required, or the name of the function to call
+
+    def __post_init__(self) -> None:
+        for param in PARAMS:
+            value = getattr(self, param.name)
+            if value is None or value == param.default:
+                continue
+            _, problem = param.check(_as_given(value))
+            if problem:
+                raise ConfigError(f"generation parameter {param.name}: {problem}")
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0
+
+
+def _as_given(value: object) -> object:
+    """A built value as a row would give it to its check: tuples as lists, (id, bias) pairs as
+    an object."""
+    if isinstance(value, tuple):
+        if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
+            return {str(k): v for k, v in value}
+        return list(value)
+    return value
+
 
 Problem = tuple[str, str]  # (field, message)
 Check = Callable[[object], tuple[object, "str | None"]]  # a value → (the value to use, or a problem)
@@ -177,7 +249,7 @@ class Param:
 
     @property
     def default(self) -> Any:
-        return getattr(GenParams(), self.name)
+        return _DEFAULTS[self.name]
 
 
 # A reasoning budget's bound: the longest thinking Qwen3's card suggests (32,768 tokens). A
@@ -322,6 +394,12 @@ PARAMS = (
     ),
 )
 
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+_DEFAULTS = {f.name: _default(f) for f in dataclasses.fields(GenParams)}
 NUMBERS = tuple(p.name for p in PARAMS if p.cli in (int, float))  # typed as numbers in CSV cells
 OPENAI_FIELDS = {field: p.name for p in PARAMS for field in p.openai}  # body field → parameter
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, get_args
 
 from .errors import Stage
+from .params import GenParams
 
 __all__ = [
     "STAGES",
@@ -18,8 +19,6 @@ __all__ = [
     "SLIM_DROPS",
     "TOTALS",
     "ByteCaps",
-    "Constraint",
-    "GenParams",
     "MediaRef",
     "MediaFile",
     "Part",
@@ -57,53 +56,6 @@ MEDIA_COLUMNS: dict[str, MediaKind] = {
 
 # The stages a row can fail in, in pipeline order (errors.Stage).
 STAGES: tuple[Stage, ...] = get_args(Stage)
-
-
-@dataclass(slots=True, frozen=True)
-class Constraint:
-    """What a row's output must be (constrain.py): `kind` json_schema, json_object, regex or
-    choice; `spec` its JSON schema, regex, or JSON list of choices, as text (hashable)."""
-
-    kind: str
-    spec: str = ""
-
-    @property
-    def json(self) -> bool:
-        return self.kind in ("json_schema", "json_object")
-
-
-@dataclass(slots=True, frozen=True)
-class GenParams:
-    """Sampling parameters for one row: run defaults overlaid with the row's own."""
-
-    max_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 0.9
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs
-    completions: int = 1  # of the one prompt (OpenAI's `n`; a column named `n` is the row's data)
-    stop: tuple[str, ...] = ()
-    constraint: Constraint | None = None  # the output must match a schema, regex or choice
-    seed: int | None = None
-    system: str | None = None
-    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
-    logprobs: bool = False  # record each generated token's log-probability
-    top_logprobs: int = 0  # ... and its k likeliest alternatives (asks for logprobs too)
-    choices_to_score: tuple[str, ...] = ()  # answers to score as the assistant's reply
-    score_only: bool = False  # score the row's choices / text without generating
-    stop_repetition: int = 0  # end a row once its last N tokens repeat a cycle (sampling.Loops); 0: off
-    thinking: bool | None = None  # a thinking model reasons first (None: on, as mlx-lm renders it)
-    reasoning_budget: int | None = None  # reasoning tokens before the end marker is forced
-    tools: tuple[dict[str, Any], ...] = ()  # OpenAI function tools the chat template is given
-    tool_choice: str = "auto"  # auto, none, required, or the name of the function to call
-
-    @property
-    def wants_logprobs(self) -> bool:
-        return self.logprobs or self.top_logprobs > 0
 
 
 @dataclass(slots=True, frozen=True, kw_only=True)

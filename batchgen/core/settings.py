@@ -8,12 +8,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 from .budget import budget_spec
 from .errors import ConfigError
 from .keep import KeepIf
-from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps, GenParams
+from .params import GenParams
+from .records import KEPT_COLUMNS, RESULT_COLUMNS, SLIM_DROPS, ByteCaps
 
 __all__ = [
     "MediaConfig",
@@ -184,7 +185,7 @@ class RunConfig:
                 flag = FLAG_NAMES.get(name, name).replace("_", "-")
                 raise ConfigError(f"--{flag} {getattr(self, name)!r:.40}: expected {_either(allowed)}")
         redo = self.redo_repetition
-        penalty = _number(redo, (int, float)) and 1 < redo <= 3  # type: ignore[operator]
+        penalty = _number(redo, (int, float)) and 1 < redo <= 3
         if redo is not None and (self.executor == "ray" or not penalty):
             raise ConfigError(
                 f"--redo-repetition {str(redo)[:40]}: a repetition penalty above 1 and at most 3 (e.g. 1.3; "
@@ -321,7 +322,7 @@ _CHOICES = {
 }
 
 
-def _number(value: object, kind: type | tuple[type, ...]) -> bool:
+def _number(value: object, kind: type | tuple[type, ...]) -> TypeGuard[float]:
     """A number of that kind (a bool is none, though Python counts it an int)."""
     return isinstance(value, kind) and not isinstance(value, bool)
 

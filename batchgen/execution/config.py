@@ -19,8 +19,7 @@ from ..core.budget import parse_duration
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of
 from ..core.errors import ConfigError, one_line
 from ..core.files import adapter_config
-from ..core.params import check_params
-from ..core.records import Constraint, GenParams
+from ..core.params import Constraint, GenParams, check_params
 from ..core.settings import (
     BASE_ADAPTER,
     FLAG_NAMES,

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache as lm_prompt_cache
 from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
 
-from ..core.records import GenParams
+from ..core.params import GenParams
 from .arrays import Model
 from .reasoning import Part
 from .sampling import Loops

@@ -20,7 +20,7 @@ from llguidance.numpy import fill_next_token_bitmask
 
 from ..core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
 from ..core.memo import PerObject
-from ..core.records import Constraint
+from ..core.params import Constraint
 from .arrays import Tokenizer, scalar
 
 __all__ = ["processor"]

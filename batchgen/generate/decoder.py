@@ -169,7 +169,7 @@ class DecodeBatch:
         """Joining rows' caches into the batch: into idle slots in place where the caches allow,
         appended after the others where no slot is idle."""
         free = [s for s, i in enumerate(self.slots) if i is None]
-        if free and not all(in_place(c, more) for c, more in zip(self.merged, batch, strict=True)):  # type: ignore[arg-type]
+        if free and not all(in_place(c, more) for c, more in zip(self.merged or [], batch, strict=True)):
             self._compact()
             free = []
         if self.merged is None:
@@ -207,7 +207,8 @@ class DecodeBatch:
             tokens = mx.array([self.seqs[i].tokens[-1] if i is not None else 0 for i in self.slots])
         seqs = [self.seqs[i] if i is not None else None for i in self.slots]
         fed = ahead if ahead is not None else tokens
-        every = self.adapter.decode(fed, self.merged, seqs, int(ahead is not None))  # type: ignore[arg-type]
+        assert self.merged is not None, "a decode step with no rows in the batch"
+        every = self.adapter.decode(fed, self.merged, seqs, int(ahead is not None))
         logits = every[mx.array(live)] if len(live) < len(self.slots) else every
         if self.memory is not None:
             self.memory[0].step(len(live))
@@ -256,7 +257,7 @@ class DecodeBatch:
         groups: dict[object, list[int]] = {}  # greedy rows, each seeded recipe, each other sampler
         for j, i in enumerate(rows):
             sampler = self.samplers[i]
-            key = None if sampler is None else sampler.recipe if isinstance(sampler, Seeded) else id(sampler)
+            key = None if sampler is None else sampler.recipe if isinstance(sampler, Seeded) else sampler
             groups.setdefault(key, []).append(j)
         drawn = mx.zeros((len(rows),), dtype=mx.uint32)
         for js in groups.values():
@@ -265,7 +266,10 @@ class DecodeBatch:
             if sampler is None:
                 values = greedy(logits[at])
             elif isinstance(sampler, Seeded):
-                values = Seeded.draw([self.samplers[rows[j]] for j in js], logprobs[at])  # type: ignore[misc]
+                seeded = [
+                    s for j in js if isinstance(s := self.samplers[rows[j]], Seeded)
+                ]  # the group's: all
+                values = Seeded.draw(seeded, logprobs[at])
             else:
                 values = sampler(logprobs[at])
             drawn = drawn.at[at].add(values.astype(mx.uint32).reshape(-1))
@@ -293,7 +297,7 @@ class DecodeBatch:
         if not keep:
             self.merged, self.slots, self.ahead, self.ahead_logits = None, [], None, None
             return
-        for c in self.merged:  # type: ignore[union-attr]
+        for c in self.merged or []:
             c.filter(keep)
         if self.ahead is not None:
             self.ahead = self.ahead[mx.array(keep)]

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import mlx.core as mx
@@ -30,6 +31,7 @@ from mlx_lm.utils import maybe_set_recommended_wired_limit
 from ..core.budget import BudgetSpec, human_bytes
 from ..core.errors import RowError
 from ..core.figures import MemoryStats
+from ..core.memo import PerObject
 from .adapters import Cache, CacheLayer
 from .arrays import Model, parameters
 from .aside import at_home
@@ -200,8 +202,8 @@ class Memory:
     def __init__(self, spec: BudgetSpec | None, models: Models, prefixes: PrefixCache | None = None):
         self.models, self.prefixes = models, prefixes
         self.stats = MemoryStats()
-        self._footprints: dict[tuple[int, Hashable], Footprint | None] = {}
-        self._weights: dict[int, int] = {}
+        self._footprints: PerObject[dict[Hashable, Footprint | None]] = PerObject()  # by model, by kind
+        self._weights: PerObject[int] = PerObject()
         self._largest = 0  # the most KV bytes a batch was let hold since the last lowering
         if spec is not None:
             device, how = device_memory()
@@ -223,17 +225,18 @@ class Memory:
         quantization), its weights counted once."""
         if self.budget is None:
             return None
-        key = (id(model), kind)
-        if key not in self._footprints:
+        measured = self._footprints.get(model, dict)
+        if kind not in measured:
             at_home("measuring a row's memory on the model")  # a forward pass, which may build lazy state
-            self._footprints[key] = footprint(model, make_cache())
-        return self._footprints[key]
+            measured[kind] = footprint(model, make_cache())
+        return measured[kind]
 
     def weights(self) -> int:
-        for model in self.models.loaded():
-            if id(model) not in self._weights:
-                self._weights[id(model)] = weights_bytes(model)
-        self.stats.weights = sum(self._weights.values())
+        loaded: list[Model] = []
+        for model in self.models.loaded():  # one checkpoint may serve two lanes: counted once
+            if not any(model is seen for seen in loaded):
+                loaded.append(model)
+        self.stats.weights = sum(self._weights.get(m, partial(weights_bytes, m)) for m in loaded)
         return self.stats.weights
 
     def caches(self) -> list[Any]:

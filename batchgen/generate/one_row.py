@@ -11,7 +11,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..core.records import Generation, GenParams, Job, Media
+from ..core.params import GenParams
+from ..core.records import Generation, Job, Media
 from .arrays import Model, Processor, Tokenizer
 from .batch_cache import KVQuant
 from .drafts import Drafter, drafted_from_flags

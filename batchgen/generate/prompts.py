@@ -8,7 +8,8 @@ from typing import Any
 from PIL import Image
 
 from ..core.errors import RowError
-from ..core.records import GenParams, Job, Media, MediaItem, Message
+from ..core.params import GenParams
+from ..core.records import Job, Media, MediaItem, Message
 from .arrays import ModelConfig, TemplateOwner, Tokenizer
 from .models import ModelInfo
 from .reasoning import markers_of

@@ -26,7 +26,8 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from ..core.memo import PerObject
-from ..core.records import Generation, GenParams
+from ..core.params import GenParams
+from ..core.records import Generation
 from .arrays import Tokenizer, scalar
 from .constrain import Masking
 

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from ..core.budget import budget_spec
 from ..core.errors import BatchgenError, RowError
 from ..core.families import BIDIRECTIONAL, Family, family
-from ..core.records import Generation, GenParams, Job, Media
+from ..core.params import GenParams
+from ..core.records import Generation, Job, Media
 from ..core.settings import GenerationSettings
 from .adapters import LMAdapter, Sequence, VLMAdapter
 from .arrays import Model

@@ -10,7 +10,8 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from ..core.records import GenParams, TokenLogprobs
+from ..core.params import GenParams
+from ..core.records import TokenLogprobs
 from .arrays import Tokenizer, float_rows, floats, int_rows
 from .constrain import processor
 from .reasoning import Markers, Part, Thinking

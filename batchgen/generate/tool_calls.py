@@ -25,7 +25,8 @@ from mlx_lm.tokenizer_utils import _infer_tool_parser
 from ..core.constraints import TOOL_CALL_FORMAT
 from ..core.errors import RowError
 from ..core.memo import PerObject
-from ..core.records import Generation, GenParams, ToolCall
+from ..core.params import GenParams
+from ..core.records import Generation, ToolCall
 from .arrays import Tokenizer
 from .reasoning import segments
 

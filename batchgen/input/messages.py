@@ -43,8 +43,9 @@ def source_of(value: object) -> str | bytes | None:
 
 def media_values(name: str, value: object, problems: list[Problem]) -> list[str | bytes]:
     values = value if isinstance(value, list) else [value]
-    sources = [source_of(v) for v in values]
-    if not sources or not all(sources):
+    found = [source_of(v) for v in values]
+    sources = [s for s in found if s]
+    if not sources or len(sources) < len(found):
         problems.append(
             (
                 name,
@@ -53,7 +54,7 @@ def media_values(name: str, value: object, problems: list[Problem]) -> list[str 
             )
         )
         return []
-    return sources  # type: ignore[return-value]
+    return sources
 
 
 def _shown(value: object) -> str:

@@ -15,12 +15,14 @@ from ..core.params import (
     MOST_SCORED,
     OPENAI_FIELDS,
     PARAMS,
+    Constraint,
+    GenParams,
     Problem,
     check_params,
     is_int,
     is_number,
 )
-from ..core.records import MEDIA_COLUMNS, Constraint, GenParams, Job, MediaRef, Scoring
+from ..core.records import MEDIA_COLUMNS, Job, MediaRef, Scoring
 from ..core.settings import SET_NAME, Columns
 from .messages import (
     PART_TYPES,

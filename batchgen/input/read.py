@@ -131,13 +131,19 @@ class JobIndex:
         """The last mark at or before a row of the files: where reading it starts."""
         return self.marks[bisect.bisect_right([m.index for m in self.marks], position) - 1]
 
+    def read(self, start: Mark = START) -> Iterator[RawRow]:
+        """The job's rows from a mark of the scan, read again from its files."""
+        if self.source is None:
+            raise JobFileError("this job's rows were given, not read from files: nothing to read again")
+        return iter_rows(self.source, start=start, id_column=self.id_column)
+
     def wheres(self, indices: list[int]) -> list[str]:
         """How messages name these rows (indices into `rows`), read again from the job: only
         failures need them, so the index does not hold one a row."""
         wanted = {self.rows.position(i): i for i in indices}
         found = {}
         start = self.mark_before(min(wanted)) if wanted else START
-        for raw in iter_rows(self.source, start=start, id_column=self.id_column):  # type: ignore[arg-type]
+        for raw in self.read(start):
             if raw.index in wanted:
                 found[wanted[raw.index]] = raw.where
                 if len(found) == len(wanted):

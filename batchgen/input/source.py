@@ -141,7 +141,8 @@ def _base(given: str, is_dir: bool) -> str | None:
 
 def _fixed(pattern: str) -> str:
     """The folder a glob's matches lie under: its text before the first wildcard, to the last `/`."""
-    head = pattern[: _GLOB.search(pattern).start()]  # type: ignore[union-attr]
+    wildcard = _GLOB.search(pattern)
+    head = pattern[: wildcard.start()] if wildcard else pattern
     return head.rsplit("/", 1)[0] if "/" in head else "."
 
 

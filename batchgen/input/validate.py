@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import ConfigError, JobFileError, plural
-from ..core.records import GenParams, Job
+from ..core.params import GenParams
+from ..core.records import Job
 from ..core.settings import Columns
 from .parse import near_miss, parse_row
 from .read import id_key, iter_rows

@@ -116,9 +116,9 @@ def iter_tar(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[Raw
     members: list[_Member] = []
     first = start.seek
 
-    def row() -> tuple[RawRow, Mark]:
-        value, problem = _sample(key, members, caps)  # type: ignore[arg-type]
-        fingerprint = _fingerprint(key, members)  # type: ignore[arg-type]
+    def row(key: str) -> tuple[RawRow, Mark]:
+        value, problem = _sample(key, members, caps)
+        fingerprint = _fingerprint(key, members)
         raw = RawRow(index=index, line=None, value=value, error=problem, fingerprint=fingerprint)
         return (checked(raw) if problem is None else raw), Mark(index, first, 0, start.shard)
 
@@ -129,7 +129,7 @@ def iter_tar(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[Raw
                 continue
             name, ext = _split(member.name)
             if name != key and key is not None:
-                yield row()
+                yield row(key)
                 index += 1
                 members = []
             if name != key:
@@ -138,4 +138,4 @@ def iter_tar(f: BinaryIO, start: Mark, policy: ReadPolicy) -> Iterator[tuple[Raw
             data = tar.extractfile(member) if read else None
             members.append(_Member(ext, member.size, member.mtime, data.read() if data is not None else None))
         if key is not None:
-            yield row()
+            yield row(key)

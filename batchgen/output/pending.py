@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ..input.read import JobIndex, RawRow, id_key, iter_rows
+from ..input.read import JobIndex, RawRow, id_key
 
 __all__ = ["Pending"]
 
@@ -40,7 +40,7 @@ class Pending:
         kept = set(positions) if positions is not None else None
         last = positions[-1] if positions else -1
         start = self.index.mark_before(first)
-        for raw in iter_rows(self.index.source, start=start, id_column=self.index.id_column):  # type: ignore[arg-type]
+        for raw in self.index.read(start):
             if kept is not None and raw.index > last:
                 return
             if (kept is None or raw.index in kept) and id_key(raw.id) not in self.done:

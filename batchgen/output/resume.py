@@ -13,8 +13,7 @@ from typing import Any
 
 from ..core.errors import ConfigError, describe
 from ..core.files import adapter_digest, file_digest, local_path
-from ..core.params import SEEDED_SAMPLER
-from ..core.records import GenParams
+from ..core.params import SEEDED_SAMPLER, GenParams
 from ..core.settings import Fingerprint, RunConfig
 from ..input.read import JobIndex, id_key
 from .parts import Earlier

@@ -65,8 +65,7 @@ def _caption_targets(items: list[Item], options: ExportOptions) -> dict[Path, It
     targets: dict[Path, Item] = {}
     clashes: list[str] = []
     ext = options.caption_extension
-    for item in files:
-        path: Path = item.path  # type: ignore[assignment]
+    for item, path in ((i, i.path) for i in items if i.path is not None):
         beside = path  # the picture itself (a caption file goes beside the file, wherever a link led)
         if options.to is not None:  # mirrored as the job named the picture
             beside = inside(options.to, named(item).relative_to(root))
@@ -228,7 +227,11 @@ def _caption(
 
 def named(item: Item) -> Path:
     """A local picture as the job named it (a folder linked in stays where it was linked)."""
-    return item.named or item.path  # type: ignore[return-value]
+    if item.named is not None:
+        return item.named
+    if item.path is None:
+        raise ValueError(f"{item.ref!r:.80} is not a local picture")
+    return item.path
 
 
 def sha256(data: bytes) -> str:

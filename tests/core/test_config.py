@@ -171,3 +171,35 @@ def test_a_run_config_made_in_python_checks_itself_as_the_cli_does(settings, mes
     assert RunConfig(input="j.jsonl", output="o.parquet", model="m").batch_size == 32
     with pytest.raises(ConfigError, match="retries, fetch_workers and decode_workers must be >= 1"):
         MediaConfig(retries=0)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"max_tokens": 0}, "generation parameter max_tokens: expected a positive integer, got 0"),
+        ({"top_p": 1.5}, "generation parameter top_p: expected a number in (0, 1]"),
+        ({"stop": ("",)}, "generation parameter stop: expected a string or a list of non-empty strings"),
+        ({"logit_bias": ((5, -200.0),)}, "generation parameter logit_bias"),
+        ({"choices_to_score": ("yes", "yes")}, "'yes' given twice"),
+        ({"completions": 99}, "generation parameter completions"),
+        ({"tools": ({"type": "web"},)}, "tools[0]: expected {type: function"),
+    ],
+)
+def test_generation_parameters_check_themselves_however_they_are_made(values, message):
+    """GenParams made in Python, or changed by `dataclasses.replace`, meet the rules a row's
+    values meet; a good value of every kind (pairs, tuples, objects) is taken as it is."""
+    import dataclasses
+
+    from batchgen.core.params import GenParams
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        GenParams(**values)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        dataclasses.replace(GenParams(), **values)
+    tool = {"type": "function", "function": {"name": "f"}}
+    good = GenParams(
+        stop=("a", "bc"), logit_bias=((5, -100.0),), choices_to_score=("yes", "no"), tools=(tool,)
+    )
+    assert good.logit_bias == ((5, -100.0),) and good.tools == (tool,)
+    with pytest.raises(TypeError):
+        GenParams(64)  # type: ignore[misc]  # by keyword only

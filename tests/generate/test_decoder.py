@@ -10,7 +10,7 @@ import pytest
 from conftest import MODELS
 
 from batchgen.core.errors import StopRequested
-from batchgen.core.records import GenParams
+from batchgen.core.params import GenParams
 from batchgen.generate.adapters import LMAdapter, Sequence
 from batchgen.generate.decoder import decode_stream
 from batchgen.generate.prefix_cache import PrefixCache

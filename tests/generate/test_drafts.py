@@ -232,7 +232,7 @@ def test_text_drafter_rows_speculate_batched_as_mlx_lms_own_loop(tmp_path, text_
     through that loop itself, named in the closing line."""
     import mlx_lm
 
-    from batchgen.core.records import GenParams
+    from batchgen.core.params import GenParams
     from batchgen.generate.sampling import Seeded
 
     k = 3

@@ -84,7 +84,8 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
     from conftest import MODELS
     from mlx_lm.sample_utils import make_logits_processors
 
-    from batchgen.core.records import GenParams, Media, MediaItem
+    from batchgen.core.params import GenParams
+    from batchgen.core.records import Media, MediaItem
     from batchgen.generate.one_row import generate_vlm
     from batchgen.generate.watch import Watch
     from batchgen.input.parse import parse_row
@@ -179,7 +180,7 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
 
     import mlx_vlm
 
-    from batchgen.core.records import GenParams
+    from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
     from batchgen.generate.models import inspect_model
     from batchgen.input.parse import parse_row
@@ -283,7 +284,7 @@ def test_video_rows_of_offset_families_batch_as_frames_and_match_mlx_vlm(workdir
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.core.records import GenParams
+    from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
     from batchgen.generate.loading import mend_processor
     from batchgen.generate.models import inspect_model
@@ -400,7 +401,7 @@ def test_images_beside_a_video_batch_on_qwen3_vl_and_match_mlx_vlm(workdir, sens
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.core.records import GenParams
+    from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
     from batchgen.generate.models import inspect_model
     from batchgen.input.parse import parse_row

@@ -11,7 +11,8 @@ import pytest
 from conftest import MODELS, read, run_cli, write_jsonl
 from PIL import Image
 
-from batchgen.core.records import GenParams, Media, MediaItem
+from batchgen.core.params import GenParams
+from batchgen.core.records import Media, MediaItem
 from batchgen.generate.one_row import generate_vlm
 from batchgen.generate.watch import Watch
 from batchgen.input.parse import parse_row

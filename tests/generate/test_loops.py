@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from conftest import MODELS, SAMPLE, read, run_cli, write_jsonl
 
-from batchgen.core.records import GenParams
+from batchgen.core.params import GenParams
 from batchgen.generate.one_row import collect
 from batchgen.generate.sampling import Loops
 

@@ -12,7 +12,7 @@ from conftest import MEDIA, read, run_cli, write_jsonl
 
 import batchgen.input.rows
 import batchgen.output.resume
-from batchgen.core.records import GenParams
+from batchgen.core.params import GenParams
 from batchgen.generate.sampling import Seeded
 from batchgen.tools.tiny.builder import make_tiny_model
 

@@ -13,7 +13,8 @@ import jsonschema
 import pytest
 from conftest import MODELS, read, run_cli, write_jsonl
 
-from batchgen.core.records import Generation, GenParams
+from batchgen.core.params import GenParams
+from batchgen.core.records import Generation
 from batchgen.generate.tool_calls import format_of, with_tool_calls
 from batchgen.tools.tiny.builder import make_tiny_model
 

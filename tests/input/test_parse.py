@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from batchgen.core.records import GenParams, MediaRef
+from batchgen.core.params import GenParams
+from batchgen.core.records import MediaRef
 from batchgen.input.parse import check_params, parse_row
 from batchgen.input.read import RawRow
 

@@ -9,7 +9,8 @@ import json
 import pyarrow as pa
 
 from batchgen.core.answers import answer_kinds
-from batchgen.core.records import Constraint, Result
+from batchgen.core.params import Constraint
+from batchgen.core.records import Result
 from batchgen.output.tables import rows_to_table
 
 

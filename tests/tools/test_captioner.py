@@ -86,7 +86,8 @@ def test_the_training_prompt_is_the_inference_prompt(question):
     """Trained image-first on batchgen's own template: the prompt the model sees at run time."""
     import mlx_vlm
 
-    from batchgen.core.records import GenParams, Media, MediaItem
+    from batchgen.core.params import GenParams
+    from batchgen.core.records import Media, MediaItem
     from batchgen.generate.router import Router
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow

@@ -25,7 +25,7 @@ from timed import timed_run  # noqa: E402
 
 import batchgen  # noqa: E402
 from batchgen.core.params import GenParams  # noqa: E402
-from batchgen.generate.sampling import Seeded  # noqa: E402
+from batchgen.generate.decode.sampling import Seeded  # noqa: E402
 from batchgen.tools.tiny.builder import make_tiny_model  # noqa: E402
 
 ROWS, MAX_TOKENS = 64, 64
@@ -80,7 +80,7 @@ def main() -> None:
 def _batched_against_one_row(prompts: list[str], folder: Path, lm: str, k: int = 3) -> None:
     import mlx_lm
 
-    from batchgen.generate.drafts import drafted_from_flags
+    from batchgen.generate.load.drafts import drafted_from_flags
 
     target, tokenizer = mlx_lm.load(lm)
     draft, _ = mlx_lm.load(str(folder / "draft"))
@@ -125,7 +125,7 @@ def _mtp_batched_against_one_row(prompts: list[str], pair: Path) -> None:
     from mlx_vlm.speculative.drafters import load_drafter
     from PIL import Image, ImageOps
 
-    from batchgen.generate.loading import mend_processor
+    from batchgen.generate.load.loading import mend_processor
 
     media = ROOT / "sample_data" / "media"
     pictures = [media / f for f in ("red_circle.png", "blue_square.webp", "green_triangle_rotated.jpg")]

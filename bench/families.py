@@ -47,7 +47,7 @@ def bench(kind: str, folder: Path, paths: list[Path]) -> tuple[float, float, boo
     import pyarrow.parquet as pq
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.generate.loading import mend_processor
+    from batchgen.generate.load.loading import mend_processor
 
     if kind == "qwen3_5":  # the tiny Qwen3.5 (16 tokens an image) is the target of the MTP pair
         model_dir = make_tiny_model(folder / kind, "mtp-pair", sensitive=True) / "target"

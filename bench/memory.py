@@ -247,8 +247,8 @@ def mixed(folder: Path) -> None:
     import mlx_lm
     import pyarrow.parquet as pq
 
-    from batchgen.generate.adapters import LMAdapter
-    from batchgen.generate.memory import batch_need, footprint, weights_bytes
+    from batchgen.generate.decode.adapters import LMAdapter
+    from batchgen.generate.decode.memory import batch_need, footprint, weights_bytes
     from batchgen.tools.tiny.parts import WORDS
 
     model_dir = str(ROOT / "sample_data" / "models" / "tiny-lm")

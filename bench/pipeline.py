@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
 from timed import timed_run  # noqa: E402
 
-from batchgen.generate.decoder import DecodeBatch  # noqa: E402
+from batchgen.generate.decode.decoder import DecodeBatch  # noqa: E402
 
 MODEL = ROOT / "sample_data" / "models" / "tiny-lm"
 ROUNDS = 3

@@ -28,7 +28,7 @@ from blas import fast_blas  # noqa: E402  (bench/blas.py: --fast-blas)
 from captioning import workload  # noqa: E402  (bench/ is the script's folder, first on the path)
 
 import batchgen  # noqa: E402
-from batchgen.generate.scoring import answer_ids  # noqa: E402
+from batchgen.generate.lanes.scoring import answer_ids  # noqa: E402
 from batchgen.tools.tiny.parts import CHAT_TEMPLATE  # noqa: E402
 
 IMAGES = 16

@@ -51,7 +51,7 @@ def main() -> None:
 
     from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
-    from batchgen.generate.models import inspect_model
+    from batchgen.generate.base.models import inspect_model
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
     from batchgen.media.resolve import MediaStage

@@ -80,7 +80,7 @@ class Inputs:
 
     def __init__(self, model, processor):
         from batchgen.core.records import GenParams
-        from batchgen.generate.prompts import apply_template, template_parts
+        from batchgen.generate.chat.prompts import apply_template, template_parts
         from batchgen.input.parse import parse_row
         from batchgen.input.read import RawRow
 

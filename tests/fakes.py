@@ -17,10 +17,10 @@ import pytest
 from batchgen.core.errors import RowError
 from batchgen.core.records import Generation
 from batchgen.core.settings import GenerationSettings
+from batchgen.generate.base.models import ModelInfo
+from batchgen.generate.base.watch import Watch
 from batchgen.generate.generator import Generator, GeneratorFactory
-from batchgen.generate.lanes import Lane, Plan
-from batchgen.generate.models import ModelInfo
-from batchgen.generate.watch import Watch
+from batchgen.generate.lanes.batched import Lane, Plan
 
 INFO = ModelInfo("scripted", Path("scripted"), vision=True, audio=False, video=False, context=4096)
 

@@ -25,6 +25,9 @@ ALLOWED = {
     "": {"core", "input", "media", "generate", "output", "execution", "tools", "serve", "cli"},
 }
 MLX = ("mlx", "mlx_lm", "mlx_vlm")
+# generate/'s rooms, top floor first ("": generate/*.py, the seam the executors call): a module
+# imports its own room or those below it.
+ROOMS = ("", "lanes", "decode", "load", "chat", "base")
 
 
 def _modules() -> dict[str, Path]:
@@ -123,7 +126,9 @@ def test_only_generation_and_the_tiny_builder_import_mlx():
             importers.add(name)
     outside = {m for m in importers if not m.startswith(("batchgen.generate.", "batchgen.tools.tiny."))}
     assert not outside, outside
-    assert "batchgen.generate.loading" in importers  # the walk sees function-level imports (mlx_vlm.load)
+    assert (
+        "batchgen.generate.load.loading" in importers
+    )  # the walk sees function-level imports (mlx_vlm.load)
 
 
 def test_the_architecture_note_names_every_module():
@@ -150,3 +155,26 @@ def test_the_readme_families_table_and_the_tiny_builders_follow_the_families_rec
         assert f.tiny is None or f.tiny in KINDS
     offset_tiny = {f.tiny for f in FAMILIES.values() if f.lane == "offset"}
     assert offset_tiny == set(VISION_KINDS)  # each offset family has its builder, and no other
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 or (len(parts) == 3 and parts[2] in ROOMS) else ""
+
+
+def test_generates_rooms_import_one_way_down():
+    modules = _modules()
+    assert {_room(m) for m in modules if m.startswith("batchgen.generate.")} == set(ROOMS)
+    wrong = []
+    for name, path in modules.items():
+        if not name.startswith("batchgen.generate."):
+            continue
+        here = ROOMS.index(_room(name))
+        for target, line in _imports(name, path):
+            if (
+                target in modules
+                and target.startswith("batchgen.generate.")
+                and ROOMS.index(_room(target)) < here
+            ):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} (a room above)")
+    assert not wrong, "\n".join(wrong)

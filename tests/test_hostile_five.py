@@ -451,8 +451,8 @@ def test_reasoning_answer_and_calls_are_split_as_mlx_lms_server_splits_them(thin
 
     from batchgen.core.params import GenParams
     from batchgen.core.records import Generation
-    from batchgen.generate.reasoning import markers_of, split_generation
-    from batchgen.generate.tool_calls import with_tool_calls
+    from batchgen.generate.chat.reasoning import markers_of, split_generation
+    from batchgen.generate.chat.tool_calls import with_tool_calls
 
     text, opened = SPLITS[name]
     _, tokenizer = mlx_lm.load(str(thinkers["thinking-lm"]))

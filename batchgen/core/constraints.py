@@ -4,7 +4,7 @@ vLLM's `guided_*`), checked once with bounds, and the grammar engine's verdict o
 The grammar engine is llguidance (installed with mlx-vlm): it compiles a schema in
 microseconds, handles every tokenizer batchgen loads, and knows whether a text is accepted
 without any backtracking matcher; the masks it computes during decoding live with the
-decoder (generate/constrain.py).
+decoder (generate/chat/constrain.py).
 """
 
 from __future__ import annotations

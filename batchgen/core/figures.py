@@ -30,7 +30,7 @@ class MediaStats:
 
 @dataclass(slots=True, kw_only=True)
 class MemoryStats:
-    """What the memory budget did in a run (generate/memory.py): its size and how it was found,
+    """What the memory budget did in a run (generate/decode/memory.py): its size and how it was found,
     the widths decode steps ran at, out-of-memory failures and the rows they sent back, rows
     too big to run at all."""
 

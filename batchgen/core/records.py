@@ -154,7 +154,7 @@ class Job:
 
 
 # PIL's Image.info key under which a decoded image carries the digest of what it was decoded
-# from: the image processor's memo (generate/loading.py) keys on it, never on the object.
+# from: the image processor's memo (generate/load/loading.py) keys on it, never on the object.
 IMAGE_DIGEST = "batchgen.digest"
 
 

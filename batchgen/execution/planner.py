@@ -4,7 +4,7 @@ While a window decodes, a thread plans the rows the media look-ahead holds for t
 (`Generator.plan_aside`): the chat template, the tokenizer and the processor's work run on
 the other core instead of between windows. Windows are taken as before — the same rows, in
 the same order, planned the same way — so outputs do not depend on it. A row the thread has
-not started when its window is taken, or hands back (a model to load: generate/aside.py), is
+not started when its window is taken, or hands back (a model to load: generate/base/aside.py), is
 planned by the generating thread. The two never plan at once.
 """
 

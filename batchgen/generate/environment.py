@@ -21,7 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .memory import device_memory
+from .decode.memory import device_memory
 
 __all__ = ["Environment", "environment"]
 

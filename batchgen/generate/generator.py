@@ -22,9 +22,9 @@ from ..core.errors import RowError
 from ..core.figures import CacheStats, MemoryStats
 from ..core.records import Generation, Job, Media
 from ..core.settings import GenerationSettings
-from .aside import PlanAtHome, aside
-from .lanes import completions
-from .models import ModelInfo
+from .base.aside import PlanAtHome, aside
+from .base.models import ModelInfo
+from .lanes.batched import completions
 from .router import Plan, Router
 from .schedule import schedule
 

@@ -17,22 +17,22 @@ from ..core.families import BIDIRECTIONAL, Family, family
 from ..core.params import GenParams
 from ..core.records import Generation, Job, Media
 from ..core.settings import GenerationSettings
-from .adapters import LMAdapter, Sequence, VLMAdapter
-from .arrays import Model
-from .aside import PlanAtHome
-from .batch_cache import KVQuant
-from .drafts import Drafter, inspect_drafter
-from .fine_tunes import AdapterSet
-from .lanes import Lane, Plan, TextLane, row_error
-from .loading import Models
-from .memory import Memory
-from .models import inspect_model
-from .prefix_cache import PrefixCache
-from .prompts import frames_as_images
-from .single_lanes import LMSingleLane, SingleLane
-from .speculative import SpeculativeLane, VisionSpeculativeLane
-from .vision_lanes import OffsetVisionLane, VisionLane
-from .watch import Watch
+from .base.arrays import Model
+from .base.aside import PlanAtHome
+from .base.models import inspect_model
+from .base.watch import Watch
+from .chat.prompts import frames_as_images
+from .decode.adapters import LMAdapter, Sequence, VLMAdapter
+from .decode.batch_cache import KVQuant
+from .decode.memory import Memory
+from .decode.prefix_cache import PrefixCache
+from .lanes.batched import Lane, Plan, TextLane, row_error
+from .lanes.single import LMSingleLane, SingleLane
+from .lanes.speculative import SpeculativeLane, VisionSpeculativeLane
+from .lanes.vision import OffsetVisionLane, VisionLane
+from .load.drafts import Drafter, inspect_drafter
+from .load.fine_tunes import AdapterSet
+from .load.loading import Models
 
 __all__ = ["Plan", "Router"]
 

@@ -117,7 +117,7 @@ def test_a_hub_checkpoint_is_inspected_without_its_weights(tmp_path, monkeypatch
 
     import mlx_vlm.utils
 
-    from batchgen.generate.models import inspect_model
+    from batchgen.generate.base.models import inspect_model
 
     asked: list[list[str] | None] = []
     snapshot = tmp_path / "hub" / "tiny-lm"

@@ -346,7 +346,7 @@ def test_taking_an_adapter_off_gives_back_the_layers_each_engine_wrapped():
     from mlx_vlm.trainer.peft.lora import LoRaLayer
     from mlx_vlm.trainer.peft.lora_layers import LoRALinear as VLMLoRALinear
 
-    from batchgen.generate.loading import _take_off
+    from batchgen.generate.load.loading import _take_off
 
     class Block(nn.Module):
         def __init__(self):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from batchgen.core.memo import Memo
-from batchgen.generate.prefix_cache import PrefixCache
+from batchgen.generate.decode.prefix_cache import PrefixCache
 
 
 def test_memo_computes_once_while_threads_wait_and_keeps_failures():

@@ -11,10 +11,10 @@ from conftest import MODELS
 
 from batchgen.core.errors import StopRequested
 from batchgen.core.params import GenParams
-from batchgen.generate.adapters import LMAdapter, Sequence
-from batchgen.generate.decoder import decode_stream
-from batchgen.generate.prefix_cache import PrefixCache
-from batchgen.generate.watch import Watch
+from batchgen.generate.base.watch import Watch
+from batchgen.generate.decode.adapters import LMAdapter, Sequence
+from batchgen.generate.decode.decoder import decode_stream
+from batchgen.generate.decode.prefix_cache import PrefixCache
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +136,7 @@ def test_pipelined_steps_take_the_tokens_of_steps_read_at_once(lm, monkeypatch):
     the next step is queued before the host reads this one (joins take the tokens drawn ahead
     first, finished rows' queued steps are dropped), and every row's tokens, logprobs and finish
     reason are those of the same batch read step by step."""
-    from batchgen.generate.decoder import DecodeBatch
+    from batchgen.generate.decode.decoder import DecodeBatch
 
     model, tokenizer = lm
     eos = set(tokenizer.eos_token_ids)

@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 from conftest import MEDIA, MODELS, read, run_cli, write_jsonl
 
-from batchgen.generate.drafts import drafted_from_flags
+from batchgen.generate.load.drafts import drafted_from_flags
 from batchgen.tools.tiny.builder import make_tiny_model
 
 
@@ -233,7 +233,7 @@ def test_text_drafter_rows_speculate_batched_as_mlx_lms_own_loop(tmp_path, text_
     import mlx_lm
 
     from batchgen.core.params import GenParams
-    from batchgen.generate.sampling import Seeded
+    from batchgen.generate.decode.sampling import Seeded
 
     k = 3
     prompts = ["Tell me about the sea.", "Name a colour.", "Hi!", "Count: one two three four",

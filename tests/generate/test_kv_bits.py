@@ -9,7 +9,7 @@ import pytest
 from conftest import MEDIA, MODELS, read, run_cli, write_jsonl
 from PIL import Image, ImageOps
 
-from batchgen.generate.scoring import answer_ids
+from batchgen.generate.lanes.scoring import answer_ids
 from batchgen.tools.tiny.builder import make_tiny_model
 
 LONG = "Tell me a long story about " + "a dragon and a knight " * 8  # 117 prompt tokens
@@ -182,7 +182,7 @@ def test_a_group_size_the_heads_cannot_take_stops_the_run_before_work(tmp_path, 
 def test_the_memory_budget_measures_a_quantized_row_on_the_quantized_cache():
     """An 8-bit cache in groups of 32 on tiny-lm (float32, 32-wide heads) holds a value in one
     byte and a float32 scale and bias per 32: 1.25 bytes against 4, so 5/16 of a row."""
-    from batchgen.generate.batch_cache import KVQuant
+    from batchgen.generate.decode.batch_cache import KVQuant
     from batchgen.generate.router import Router
 
     router = Router(str(MODELS / "tiny-lm"), memory_budget="4GB", kv=KVQuant(8, 32, 0))
@@ -217,7 +217,7 @@ def test_kv_bits_batches_image_rows_of_the_offset_families_as_mlx_vlm(tmp_path, 
     import numpy as np
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.generate.loading import mend_processor
+    from batchgen.generate.load.loading import mend_processor
 
     model_dir = make_tiny_model(tmp_path / kind, kind, sensitive=True, hidden=128)
     rng = np.random.default_rng(3)

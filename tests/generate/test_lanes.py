@@ -86,8 +86,8 @@ def test_penalties_see_the_prompt_then_the_completion_on_every_lane(tmp_path, se
 
     from batchgen.core.params import GenParams
     from batchgen.core.records import Media, MediaItem
-    from batchgen.generate.one_row import generate_vlm
-    from batchgen.generate.watch import Watch
+    from batchgen.generate.base.watch import Watch
+    from batchgen.generate.lanes.one_row import generate_vlm
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
 
@@ -182,7 +182,7 @@ def test_video_rows_batch_share_the_clip_and_match_mlx_vlm(workdir, request, fam
 
     from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
-    from batchgen.generate.models import inspect_model
+    from batchgen.generate.base.models import inspect_model
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
     from batchgen.media.resolve import MediaStage
@@ -234,7 +234,7 @@ def test_offset_family_rows_batch_and_match_mlx_vlm(tmp_path, offset_families, f
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.generate.loading import mend_processor
+    from batchgen.generate.load.loading import mend_processor
 
     rng = np.random.default_rng(3)
     for k in range(3):
@@ -286,8 +286,8 @@ def test_video_rows_of_offset_families_batch_as_frames_and_match_mlx_vlm(workdir
 
     from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
-    from batchgen.generate.loading import mend_processor
-    from batchgen.generate.models import inspect_model
+    from batchgen.generate.base.models import inspect_model
+    from batchgen.generate.load.loading import mend_processor
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
     from batchgen.media.resolve import MediaStage
@@ -328,7 +328,7 @@ def test_4bit_and_hybrid_checkpoints_batch_and_match_mlx_vlm(tmp_path, request, 
     different images, mixed budgets, two slots refilled; each row as mlx-vlm generates it."""
     import mlx_vlm
 
-    from batchgen.generate.loading import mend_processor
+    from batchgen.generate.load.loading import mend_processor
 
     float_ones = {
         "qwen3_5": "sensitive_qwen3_5",
@@ -403,7 +403,7 @@ def test_images_beside_a_video_batch_on_qwen3_vl_and_match_mlx_vlm(workdir, sens
 
     from batchgen.core.params import GenParams
     from batchgen.core.settings import MediaConfig
-    from batchgen.generate.models import inspect_model
+    from batchgen.generate.base.models import inspect_model
     from batchgen.input.parse import parse_row
     from batchgen.input.read import RawRow
     from batchgen.media.resolve import MediaStage
@@ -447,7 +447,7 @@ def test_images_beside_a_video_batch_on_qwen3_vl_and_match_mlx_vlm(workdir, sens
 
 
 def test_an_image_block_spans_its_row_breaks_and_ends_before_text():
-    from batchgen.generate.vision_lanes import media_blocks
+    from batchgen.generate.lanes.vision import media_blocks
 
     IMG, BREAK, END, TEXT = 7, 8, 9, 100
     ids = [1, IMG, IMG, BREAK, IMG, IMG, END, TEXT, TEXT, IMG, IMG, BREAK, IMG, IMG, END, TEXT]
@@ -468,7 +468,7 @@ def test_a_mixed_job_matches_mlx_vlm_row_by_row(tmp_path, request, family):
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.generate.loading import mend_processor
+    from batchgen.generate.load.loading import mend_processor
 
     name, _, kind = family.partition(":")
     model_dir = request.getfixturevalue(name)
@@ -614,7 +614,7 @@ def test_a_template_that_drops_string_content_gets_every_message_as_parts(offset
     import mlx_vlm
     from mlx_vlm.prompt_utils import get_chat_template
 
-    from batchgen.generate.prompts import apply_template
+    from batchgen.generate.chat.prompts import apply_template
 
     messages = [
         {"role": "system", "content": "You are terse."},

@@ -13,8 +13,8 @@ from PIL import Image
 
 from batchgen.core.params import GenParams
 from batchgen.core.records import Media, MediaItem
-from batchgen.generate.one_row import generate_vlm
-from batchgen.generate.watch import Watch
+from batchgen.generate.base.watch import Watch
+from batchgen.generate.lanes.one_row import generate_vlm
 from batchgen.input.parse import parse_row
 from batchgen.input.read import RawRow
 

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 from conftest import MODELS, SAMPLE, read, run_cli, write_jsonl
 
 from batchgen.core.params import GenParams
-from batchgen.generate.one_row import collect
-from batchgen.generate.sampling import Loops
+from batchgen.generate.decode.sampling import Loops
+from batchgen.generate.lanes.one_row import collect
 
 SPAN, MOST = 64, 32
 

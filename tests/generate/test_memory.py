@@ -12,8 +12,8 @@ from conftest import MODELS, read, run_cli, write_jsonl
 
 from batchgen.core.budget import budget_spec, parse_size
 from batchgen.core.errors import ConfigError
-from batchgen.generate.adapters import LMAdapter
-from batchgen.generate.memory import batch_need, footprint, out_of_memory, weights_bytes
+from batchgen.generate.decode.adapters import LMAdapter
+from batchgen.generate.decode.memory import batch_need, footprint, out_of_memory, weights_bytes
 from batchgen.tools.tiny.parts import WORDS
 
 LM = MODELS / "tiny-lm"

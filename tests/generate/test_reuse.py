@@ -117,7 +117,7 @@ def test_distinct_images_and_images_with_identical_byte_prefixes_never_share(wor
 
 def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_copies():
     from batchgen.core.records import IMAGE_DIGEST
-    from batchgen.generate.loading import SharedImages
+    from batchgen.generate.load.loading import SharedImages
 
     calls = []
 
@@ -152,7 +152,7 @@ def test_image_processor_output_is_reused_for_the_same_image_and_handed_out_as_c
 
 
 def test_kept_image_processor_outputs_are_bounded_by_their_bytes():
-    from batchgen.generate.loading import SHARED_IMAGE_BYTES, SharedImages
+    from batchgen.generate.load.loading import SHARED_IMAGE_BYTES, SharedImages
 
     calls = []
     side = int((SHARED_IMAGE_BYTES / 8 / 2.5) ** 0.5)  # two such outputs (float64) fit, not three

@@ -12,7 +12,7 @@ import pytest
 from conftest import MODELS, read, run_cli, write_jsonl
 from PIL import Image
 
-from batchgen.generate.scoring import answer_ids
+from batchgen.generate.lanes.scoring import answer_ids
 
 pytestmark = pytest.mark.slow  # reference forward passes on both engines
 

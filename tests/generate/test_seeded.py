@@ -13,7 +13,7 @@ from conftest import MEDIA, read, run_cli, write_jsonl
 import batchgen.input.rows
 import batchgen.output.resume
 from batchgen.core.params import GenParams
-from batchgen.generate.sampling import Seeded
+from batchgen.generate.decode.sampling import Seeded
 from batchgen.tools.tiny.builder import make_tiny_model
 
 PROMPTS = ["Tell me about red circles.", "Count to ten: one two", "Describe a blue square.", "Write a poem."]

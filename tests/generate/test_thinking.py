@@ -157,7 +157,7 @@ def test_scores_are_the_answers_after_the_templates_thinking_off_text(tmp_path, 
     import mlx.core as mx
     import mlx_lm
 
-    from batchgen.generate.scoring import answer_ids
+    from batchgen.generate.lanes.scoring import answer_ids
 
     choices = ["red", "blue things", "none"]
     rows = [{"id": f"q{k}", "prompt": f"Which colour is {k}?", "choices_to_score": choices,

@@ -15,7 +15,7 @@ from conftest import MODELS, read, run_cli, write_jsonl
 
 from batchgen.core.params import GenParams
 from batchgen.core.records import Generation
-from batchgen.generate.tool_calls import format_of, with_tool_calls
+from batchgen.generate.chat.tool_calls import format_of, with_tool_calls
 from batchgen.tools.tiny.builder import make_tiny_model
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},

@@ -15,15 +15,15 @@ import math
 
 import mlx.core as mx
 
-from ..core.records import ChoiceScore, Scoring
-from .adapters import Adapter, Sequence
-from .arrays import Tokenizer, floats
-from .batch_cache import KVQuant, merge_caches
-from .prefill import prefill
-from .prefix_cache import PrefixCache
-from .reasoning import markers_of
-from .sampling import log_softmax
-from .watch import Watch
+from ...core.records import ChoiceScore, Scoring
+from ..base.arrays import Tokenizer, floats
+from ..base.watch import Watch
+from ..chat.reasoning import markers_of
+from ..decode.adapters import Adapter, Sequence
+from ..decode.batch_cache import KVQuant, merge_caches
+from ..decode.prefill import prefill
+from ..decode.prefix_cache import PrefixCache
+from ..decode.sampling import log_softmax
 
 __all__ = ["Scores", "score", "score_row", "answer_ids", "END_OF_TURN"]
 

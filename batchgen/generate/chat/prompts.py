@@ -7,11 +7,11 @@ from typing import Any
 
 from PIL import Image
 
-from ..core.errors import RowError
-from ..core.params import GenParams
-from ..core.records import Job, Media, MediaItem, Message
-from .arrays import ModelConfig, TemplateOwner, Tokenizer
-from .models import ModelInfo
+from ...core.errors import RowError
+from ...core.params import GenParams
+from ...core.records import Job, Media, MediaItem, Message
+from ..base.arrays import ModelConfig, TemplateOwner, Tokenizer
+from ..base.models import ModelInfo
 from .reasoning import markers_of
 
 __all__ = [

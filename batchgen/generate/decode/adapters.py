@@ -17,9 +17,9 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache as lm_prompt_cache
 from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
 
-from ..core.params import GenParams
-from .arrays import Model
-from .reasoning import Part
+from ...core.params import GenParams
+from ..base.arrays import Model
+from ..chat.reasoning import Part
 from .sampling import Loops
 
 __all__ = [

@@ -21,22 +21,22 @@ import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from ..core.errors import RowError, short
-from ..core.records import Generation, Job, Media
-from .adapters import Adapter, LMAdapter, Sequence
-from .arrays import TemplateOwner, Tokenizer
-from .batch_cache import KVQuant
-from .decoder import decode_stream
-from .loading import Models
-from .memory import Footprint, Memory, out_of_memory
-from .models import ModelInfo
-from .prefix_cache import PrefixCache
-from .prompts import check_length, message_bounds, render, template_kwargs, text_only
-from .reasoning import budgeted, initial_part, markers_of, split_generation
-from .sampling import logprob_records
+from ...core.errors import RowError, short
+from ...core.records import Generation, Job, Media
+from ..base.arrays import TemplateOwner, Tokenizer
+from ..base.models import ModelInfo
+from ..base.watch import Watch
+from ..chat.prompts import check_length, message_bounds, render, template_kwargs, text_only
+from ..chat.reasoning import budgeted, initial_part, markers_of, split_generation
+from ..chat.tool_calls import check_tools, with_tool_calls
+from ..decode.adapters import Adapter, LMAdapter, Sequence
+from ..decode.batch_cache import KVQuant
+from ..decode.decoder import decode_stream
+from ..decode.memory import Footprint, Memory, out_of_memory
+from ..decode.prefix_cache import PrefixCache
+from ..decode.sampling import logprob_records
+from ..load.loading import Models
 from .scoring import Scores, score_row
-from .tool_calls import check_tools, with_tool_calls
-from .watch import Watch
 
 __all__ = [
     "Plan",

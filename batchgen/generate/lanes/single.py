@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ..core.errors import BatchgenError, RowError
-from ..core.records import Generation, Job, Media
-from .batch_cache import KVQuant
-from .lanes import Lane, Plan, TextLane, row_error, seq_of
-from .loading import Models
-from .models import ModelInfo
+from ...core.errors import BatchgenError, RowError
+from ...core.records import Generation, Job, Media
+from ..base.models import ModelInfo
+from ..base.watch import Watch
+from ..decode.batch_cache import KVQuant
+from ..load.loading import Models
+from .batched import Lane, Plan, TextLane, row_error, seq_of
 from .one_row import generate_lm, generate_vlm, vlm_prompt_ids
-from .watch import Watch
 
 __all__ = ["SingleLane", "LMSingleLane"]
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..base.watch import Watch
 from .adapters import Adapter, Cache, Sequence, embedded
 from .batch_cache import KVQuant, merge_caches
 from .memory import PREFILL_STEP
 from .prefix_cache import PrefixCache
-from .watch import Watch
 
 __all__ = ["prefill", "prefill_but_last", "feed_tails"]
 

@@ -18,10 +18,10 @@ import mlx.core as mx
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
-from ..core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
-from ..core.memo import PerObject
-from ..core.params import Constraint
-from .arrays import Tokenizer, scalar
+from ...core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
+from ...core.memo import PerObject
+from ...core.params import Constraint
+from ..base.arrays import Tokenizer, scalar
 
 __all__ = ["processor"]
 

@@ -16,16 +16,16 @@ import mlx.nn as nn
 from mlx.utils import tree_unflatten
 from PIL import Image
 
-from ..core.errors import ConfigError, RowError, short
-from ..core.files import ADAPTER_FILES, adapter_config, adapter_digest
-from ..core.memo import Memo
-from ..core.records import IMAGE_DIGEST
-from .arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
-from .aside import at_home
+from ...core.errors import ConfigError, RowError, short
+from ...core.files import ADAPTER_FILES, adapter_config, adapter_digest
+from ...core.memo import Memo
+from ...core.records import IMAGE_DIGEST
+from ..base.arrays import Model, Processor, Tokenizer, load_lm, parameters, safetensors
+from ..base.aside import at_home
+from ..base.models import ModelInfo, weights_path
+from ..chat.prompts import END_OF_TURN
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .fine_tunes import AdapterSet
-from .models import ModelInfo, weights_path
-from .prompts import END_OF_TURN
 
 __all__ = ["Models", "SharedImages", "SHARED_IMAGE_BYTES", "mend_processor"]
 

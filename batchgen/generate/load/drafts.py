@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.errors import ConfigError
-from .arrays import Model, load_lm, parameters
+from ...core.errors import ConfigError
+from ..base.arrays import Model, load_lm, parameters
 
 __all__ = ["Drafter", "inspect_drafter", "drafted_from_flags"]
 

@@ -11,14 +11,15 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..core.params import GenParams
-from ..core.records import Generation, Job, Media
-from .arrays import Model, Processor, Tokenizer
-from .batch_cache import KVQuant
-from .drafts import Drafter, drafted_from_flags
-from .prompts import render, template_parts, text_only
-from .reasoning import Markers, Part, budgeted, initial_part, markers_of, split_generation, thinking_of
-from .sampling import (
+from ...core.params import GenParams
+from ...core.records import Generation, Job, Media
+from ..base.arrays import Model, Processor, Tokenizer
+from ..base.watch import Watch
+from ..chat.prompts import render, template_parts, text_only
+from ..chat.reasoning import Markers, Part, budgeted, initial_part, markers_of, split_generation, thinking_of
+from ..chat.tool_calls import check_tools, with_tool_calls
+from ..decode.batch_cache import KVQuant
+from ..decode.sampling import (
     HISTORY,
     Loops,
     final_text,
@@ -28,8 +29,7 @@ from .sampling import (
     sampler_for,
     token_logprobs,
 )
-from .tool_calls import check_tools, with_tool_calls
-from .watch import Watch
+from ..load.drafts import Drafter, drafted_from_flags
 
 __all__ = ["KVQuant", "collect", "generate_vlm", "generate_lm", "vlm_prompt_ids"]
 

@@ -14,15 +14,15 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..core.errors import RowError
-from ..core.families import family
-from ..core.memo import Memo
-from ..core.records import Job, Media
-from .adapters import OffsetVLMAdapter, Sequence, VLMAdapter
-from .arrays import Model, Processor, Tokenizer, int_rows
-from .aside import at_home, settle
-from .lanes import BatchedLane, Plan
-from .prompts import after_media, check_length, render, template_parts, text_only
+from ...core.errors import RowError
+from ...core.families import family
+from ...core.memo import Memo
+from ...core.records import Job, Media
+from ..base.arrays import Model, Processor, Tokenizer, int_rows
+from ..base.aside import at_home, settle
+from ..chat.prompts import after_media, check_length, render, template_parts, text_only
+from ..decode.adapters import OffsetVLMAdapter, Sequence, VLMAdapter
+from .batched import BatchedLane, Plan
 
 __all__ = ["VisionLane", "OffsetVisionLane"]
 

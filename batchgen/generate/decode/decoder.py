@@ -15,13 +15,14 @@ from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
+from ..base.arrays import Tokenizer, ints, scalar
+from ..base.watch import Watch
+from ..chat.reasoning import markers_of, thinking_of
 from .adapters import Adapter, Cache, Sequence
-from .arrays import Tokenizer, ints, scalar
 from .batch_cache import SLOT_CACHES, KVQuant, in_place, trim_layer, write_slots
 from .memory import Footprint, Memory, wired
 from .prefill import feed_tails, prefill
 from .prefix_cache import PrefixCache
-from .reasoning import markers_of, thinking_of
 from .sampling import (
     HISTORY,
     Loops,
@@ -34,7 +35,6 @@ from .sampling import (
     sampler_for,
     token_logprobs,
 )
-from .watch import Watch
 
 __all__ = ["decode_stream", "DecodeBatch"]
 

@@ -29,17 +29,17 @@ from typing import Any
 
 import mlx.core as mx
 
-from .adapters import Adapter, LMAdapter, Sequence
-from .arrays import Model, Processor, Tokenizer, int_rows
-from .batch_cache import drop_tails, merge_caches, trim_layer
-from .decoder import DecodeBatch
-from .drafts import Drafter
-from .lanes import TextLane
-from .memory import Footprint, Memory, wired
-from .prefill import prefill_but_last
-from .sampling import draws_of, engine_logprobs, final_text, greedy, rounds_sampler
-from .vision_lanes import VisionLane
-from .watch import Watch
+from ..base.arrays import Model, Processor, Tokenizer, int_rows
+from ..base.watch import Watch
+from ..decode.adapters import Adapter, LMAdapter, Sequence
+from ..decode.batch_cache import drop_tails, merge_caches, trim_layer
+from ..decode.decoder import DecodeBatch
+from ..decode.memory import Footprint, Memory, wired
+from ..decode.prefill import prefill_but_last
+from ..decode.sampling import draws_of, engine_logprobs, final_text, greedy, rounds_sampler
+from ..load.drafts import Drafter
+from .batched import TextLane
+from .vision import VisionLane
 
 __all__ = ["SpeculativeLane", "SpeculativeBatch", "VisionSpeculativeLane"]
 

@@ -10,11 +10,11 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from ..core.params import GenParams
-from ..core.records import TokenLogprobs
-from .arrays import Tokenizer, float_rows, floats, int_rows
-from .constrain import processor
-from .reasoning import Markers, Part, Thinking
+from ...core.params import GenParams
+from ...core.records import TokenLogprobs
+from ..base.arrays import Tokenizer, float_rows, floats, int_rows
+from ..chat.constrain import processor
+from ..chat.reasoning import Markers, Part, Thinking
 
 __all__ = [
     "HISTORY",

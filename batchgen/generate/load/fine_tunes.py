@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..core.errors import RowError, short
-from ..core.files import adapter_config, row_path
-from ..core.settings import BASE_ADAPTER, GenerationSettings
+from ...core.errors import RowError, short
+from ...core.files import adapter_config, row_path
+from ...core.settings import BASE_ADAPTER, GenerationSettings
 
 __all__ = ["AdapterSet"]
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..core.errors import ConfigError
+from ...core.errors import ConfigError
 
 __all__ = ["ModelInfo", "inspect_model", "weights_path", "is_multimodal", "has_keys"]
 

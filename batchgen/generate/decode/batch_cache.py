@@ -15,8 +15,8 @@ from mlx_vlm.models.cache import BatchKVCache as VLMBatchKVCache
 from mlx_vlm.models.cache import BatchQuantizedKVCache
 from mlx_vlm.models.cache import QuantizedKVCache as VLMQuantizedKVCache
 
-from ..core.errors import ConfigError
-from ..core.settings import KV_GROUPS
+from ...core.errors import ConfigError
+from ...core.settings import KV_GROUPS
 from .adapters import Cache, CacheLayer
 
 __all__ = ["KVQuant", "SLOT_CACHES", "merge_caches", "in_place", "write_slots", "trim_layer", "drop_tails"]

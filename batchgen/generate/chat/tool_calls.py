@@ -22,12 +22,12 @@ from typing import Any
 from mlx_lm.generate import TextStateMachine
 from mlx_lm.tokenizer_utils import _infer_tool_parser
 
-from ..core.constraints import TOOL_CALL_FORMAT
-from ..core.errors import RowError
-from ..core.memo import PerObject
-from ..core.params import GenParams
-from ..core.records import Generation, ToolCall
-from .arrays import Tokenizer
+from ...core.constraints import TOOL_CALL_FORMAT
+from ...core.errors import RowError
+from ...core.memo import PerObject
+from ...core.params import GenParams
+from ...core.records import Generation, ToolCall
+from ..base.arrays import Tokenizer
 from .reasoning import segments
 
 __all__ = ["ToolFormat", "format_of", "check_tools", "with_tool_calls"]

@@ -28,14 +28,14 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.utils import maybe_set_recommended_wired_limit
 
-from ..core.budget import BudgetSpec, human_bytes
-from ..core.errors import RowError
-from ..core.figures import MemoryStats
-from ..core.memo import PerObject
+from ...core.budget import BudgetSpec, human_bytes
+from ...core.errors import RowError
+from ...core.figures import MemoryStats
+from ...core.memo import PerObject
+from ..base.arrays import Model, parameters
+from ..base.aside import at_home
+from ..load.loading import Models
 from .adapters import Cache, CacheLayer
-from .arrays import Model, parameters
-from .aside import at_home
-from .loading import Models
 from .prefix_cache import PrefixCache
 
 __all__ = [

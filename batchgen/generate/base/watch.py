@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
-from ..core.errors import StopRequested
+from ...core.errors import StopRequested
 
 __all__ = ["Watch"]
 

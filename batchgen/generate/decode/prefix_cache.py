@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from collections import OrderedDict
 
-from ..core.figures import CacheStats
+from ...core.figures import CacheStats
 from .adapters import Cache
 
 __all__ = ["PrefixCache"]

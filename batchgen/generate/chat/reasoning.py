@@ -25,10 +25,10 @@ import mlx.core as mx
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ..core.memo import PerObject
-from ..core.params import GenParams
-from ..core.records import Generation
-from .arrays import Tokenizer, scalar
+from ...core.memo import PerObject
+from ...core.params import GenParams
+from ...core.records import Generation
+from ..base.arrays import Tokenizer, scalar
 from .constrain import Masking
 
 __all__ = [

@@ -1,0 +1,1 @@
+"""What every room of generate/ uses: typed MLX values, checkpoint facts, row bounds, the plan-aside rule."""

@@ -1,0 +1,1 @@
+"""The conversation as text and tokens: chat templates, thinking markers, tool calls, constraints."""

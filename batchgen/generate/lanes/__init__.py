@@ -1,0 +1,1 @@
+"""Where a row runs: the batched text and vision lanes, the one-row lanes, speculation, scoring."""

@@ -1,0 +1,1 @@
+"""The checkpoints: loaded once, their adapters switched in place, the drafters."""

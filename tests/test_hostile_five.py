@@ -451,21 +451,23 @@ def test_reasoning_answer_and_calls_are_split_as_mlx_lms_server_splits_them(thin
 
     from batchgen.core.params import GenParams
     from batchgen.core.records import Generation
-    from batchgen.generate.chat.reasoning import markers_of, split_generation
+    from batchgen.generate.chat.reasoning import split_generation
     from batchgen.generate.chat.tool_calls import with_tool_calls
+    from batchgen.generate.chat.traits import Traits
 
     text, opened = SPLITS[name]
     _, tokenizer = mlx_lm.load(str(thinkers["thinking-lm"]))
+    traits = Traits.of(tokenizer)
     reasoning, content, calls = _server_split(tokenizer, text, opened, [t["function"] for t in TOOLS])
     p = GenParams(tools=TOOLS)
     tokens = tokenizer.encode(text, add_special_tokens=False)
     split = split_generation(
         Generation(text=text, finish_reason="stop", prompt_tokens=0, completion_tokens=len(tokens)),
         tokens,
-        markers_of(tokenizer),
+        traits.markers,
         opened,
     )
-    gen = with_tool_calls(split, p, tokenizer)
+    gen = with_tool_calls(split, p, traits.tool_format)
     assert (gen.reasoning or "") == reasoning, name
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in gen.tool_calls or []] == calls, name
     assert calls or not gen.tool_calls

@@ -80,7 +80,7 @@ class GenParams:
             value = getattr(self, param.name)
             if value is None or value == param.default:
                 continue
-            _, problem = param.check(_as_given(value))
+            _, problem = param.check(_as_given(param.name, value))
             if problem:
                 raise ConfigError(f"generation parameter {param.name}: {problem}")
 
@@ -89,9 +89,11 @@ class GenParams:
         return self.logprobs or self.top_logprobs > 0
 
 
-def _as_given(value: object) -> object:
+def _as_given(name: str, value: object) -> object:
     """A built value as a row would give it to its check: tuples as lists, (id, bias) pairs as
-    an object."""
+    an object, a tool_choice naming a function as OpenAI's object."""
+    if name == "tool_choice" and value not in _TOOL_CHOICES:
+        return {"type": "function", "function": {"name": value}}
     if isinstance(value, tuple):
         if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
             return {str(k): v for k, v in value}

@@ -197,9 +197,7 @@ def test_generation_parameters_check_themselves_however_they_are_made(values, me
     with pytest.raises(ConfigError, match=re.escape(message)):
         dataclasses.replace(GenParams(), **values)
     tool = {"type": "function", "function": {"name": "f"}}
-    good = GenParams(
-        stop=("a", "bc"), logit_bias=((5, -100.0),), choices_to_score=("yes", "no"), tools=(tool,)
-    )
-    assert good.logit_bias == ((5, -100.0),) and good.tools == (tool,)
+    good = GenParams(stop=("a", "bc"), logit_bias=((5, -100.0),), tools=(tool,), tool_choice="f")
+    assert good.logit_bias == ((5, -100.0),) and good.tools == (tool,) and good.tool_choice == "f"
     with pytest.raises(TypeError):
         GenParams(64)  # type: ignore[misc]  # by keyword only

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from conftest import MODELS, SAMPLE, read, run_cli, write_jsonl
 
 from batchgen.core.params import GenParams
+from batchgen.generate.chat.traits import Traits
 from batchgen.generate.decode.sampling import Loops
 from batchgen.generate.lanes.one_row import collect
 
@@ -90,7 +91,8 @@ def test_the_one_row_lane_stops_the_same_way():
     tokens = [3, 4] + [7, 8, 9] * 40
     stream = (SimpleNamespace(token=t, prompt_tokens=5, logprobs=None) for t in tokens)
     tokenizer = SimpleNamespace(decode=lambda ids: " ".join(map(str, ids)))
-    gen = collect(stream, GenParams(max_tokens=500, stop_repetition=SPAN), tokenizer, {0})
+    traits = Traits(tokenizer, markers=None, tool_format=None)
+    gen = collect(stream, GenParams(max_tokens=500, stop_repetition=SPAN), traits, {0})
     n, keep = first_loop(tokens)
     assert (gen.finish_reason, gen.completion_tokens, gen.text) == (
         "repetition",

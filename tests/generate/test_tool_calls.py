@@ -15,7 +15,8 @@ from conftest import MODELS, read, run_cli, write_jsonl
 
 from batchgen.core.params import GenParams
 from batchgen.core.records import Generation
-from batchgen.generate.chat.tool_calls import format_of, with_tool_calls
+from batchgen.generate.chat.tool_calls import with_tool_calls
+from batchgen.generate.chat.traits import Traits
 from batchgen.tools.tiny.builder import make_tiny_model
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -42,12 +43,13 @@ def test_a_written_call_is_read_with_mlx_lms_parser_and_a_broken_one_left_as_tex
     import mlx_lm
 
     _, tokenizer = mlx_lm.load(str(qwen3))
-    assert format_of(tokenizer).name == "json_tools"
+    fmt = Traits.of(tokenizer).tool_format
+    assert fmt is not None and fmt.name == "json_tools"
     p = GenParams(tools=tuple(TOOLS))
     call_text = '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}'
     said = f"Let me look. <tool_call>\n{call_text}\n</tool_call>"
     gen = with_tool_calls(
-        Generation(text=said, finish_reason="stop", prompt_tokens=5, completion_tokens=30), p, tokenizer
+        Generation(text=said, finish_reason="stop", prompt_tokens=5, completion_tokens=30), p, fmt
     )
     assert gen.text == "Let me look." and gen.finish_reason == "tool_calls"
     ((call,),) = [gen.tool_calls]
@@ -56,18 +58,18 @@ def test_a_written_call_is_read_with_mlx_lms_parser_and_a_broken_one_left_as_tex
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
     two = said + '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>'
     gen = with_tool_calls(
-        Generation(text=two, finish_reason="stop", prompt_tokens=5, completion_tokens=40), p, tokenizer
+        Generation(text=two, finish_reason="stop", prompt_tokens=5, completion_tokens=40), p, fmt
     )
     assert [c["function"]["name"] for c in gen.tool_calls] == ["get_weather", "get_time"]
     assert len({c["id"] for c in gen.tool_calls}) == 2
     cut = 'Let me look. <tool_call>\n{"name": "get_weather", "argum'  # max_tokens ran out in the call
     gen = with_tool_calls(
-        Generation(text=cut, finish_reason="length", prompt_tokens=5, completion_tokens=20), p, tokenizer
+        Generation(text=cut, finish_reason="length", prompt_tokens=5, completion_tokens=20), p, fmt
     )
     assert (gen.text, gen.tool_calls, gen.finish_reason) == (cut, None, "length")
     none = GenParams(tools=tuple(TOOLS), tool_choice="none")
     gen = with_tool_calls(
-        Generation(text=said, finish_reason="stop", prompt_tokens=5, completion_tokens=30), none, tokenizer
+        Generation(text=said, finish_reason="stop", prompt_tokens=5, completion_tokens=30), none, fmt
     )
     assert (gen.text, gen.tool_calls) == (said, None)  # tool_choice none: the answer is text
 
@@ -154,3 +156,20 @@ def test_tools_on_a_model_whose_template_never_shows_them_are_that_rows_error(tm
     assert got["t"]["error"] == "the row has tools, but the model's chat template never shows them"
     assert got["t"]["error_stage"] == "generate" and got["ok"]["status"] == "ok"
     assert "tools: tools[0]: expected a function name of letters" in got["bad"]["error"]
+
+
+def test_a_loaded_model_has_one_traits_record_read_as_it_loads(qwen3):
+    """Markers and the tool-call format are read once, as the model loads, into one record the
+    lanes are handed; a model loaded again reads its own (nothing is kept by the tokenizer)."""
+    from batchgen.generate.router import Router
+
+    models = Router(str(qwen3)).models
+    traits = models.traits(vision=False)
+    assert traits is models.traits(vision=False) and traits.tokenizer is models.text()[1]
+    assert traits.markers is not None and traits.markers.start == "<think>"
+    assert traits.tool_format is not None and traits.tool_format.name == "json_tools"
+    models.release()
+    again = models.traits(vision=False)
+    assert again is not traits and again.tokenizer is not traits.tokenizer and again.markers is not None
+    plain = Router(str(MODELS / "tiny-lm")).models.traits(vision=False)
+    assert plain.markers is None

@@ -13,30 +13,18 @@ from __future__ import annotations
 import json
 
 import llguidance as llg
-import llguidance.hf
 import mlx.core as mx
 import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
 from ...core.constraints import LIMITS, TOOL_CALL_FORMAT, grammar
-from ...core.memo import PerObject
 from ...core.params import Constraint
-from ..base.arrays import Tokenizer, scalar
+from ..base.arrays import scalar
 
 __all__ = ["processor"]
 
 
-_TOKENIZERS: PerObject[llg.LLTokenizer] = PerObject()
-
-
-def _llg_tokenizer(tokenizer: Tokenizer, eos: list[int]) -> llg.LLTokenizer:
-    """llguidance's view of a tokenizer (a walk over the vocabulary: once per tokenizer)."""
-    # mlx-lm wraps the Hugging Face tokenizer (mlx-vlm's processors hold it as it is).
-    hf = tokenizer._tokenizer if type(tokenizer).__name__ == "TokenizerWrapper" else tokenizer
-    return _TOKENIZERS.get(tokenizer, lambda: llguidance.hf.from_tokenizer(hf, eos_token=eos))
-
-
-def _term(tokenizer: Tokenizer, text: str) -> str:
+def _term(tokenizer: llg.LLTokenizer, text: str) -> str:
     """A marker as a Lark term: a special token by its id (llguidance matches those by id,
     never by their text, as Qwen's `<tool_call>`), else its text."""
     ids = tokenizer.tokenize_str(text)
@@ -48,8 +36,8 @@ def _term(tokenizer: Tokenizer, text: str) -> str:
 class Masking:
     """The logits processor of one row's constraint (logits of one row, shape (1, vocab))."""
 
-    def __init__(self, c: Constraint, tokenizer: Tokenizer, eos: list[int]):
-        self.llg = _llg_tokenizer(tokenizer, eos)
+    def __init__(self, c: Constraint, guide: llg.LLTokenizer):
+        self.llg = guide
         markers = (
             tuple(_term(self.llg, text) for text in TOOL_CALL_FORMAT[1:]) if c.kind == "tool_call" else None
         )
@@ -77,5 +65,7 @@ class Masking:
         return mx.where(mx.array(allowed, dtype=mx.bool_), logits, -mx.inf)
 
 
-def processor(c: Constraint, tokenizer: Tokenizer, eos: list[int]) -> Masking:
-    return Masking(c, tokenizer, eos)
+def processor(c: Constraint, guide: llg.LLTokenizer) -> Masking:
+    """A row's constraint as its mask, over llguidance's view of the vocabulary (`guide`, a
+    model's `Traits.guide`: its end tokens allowed once the output is complete)."""
+    return Masking(c, guide)

@@ -12,7 +12,7 @@ from ...core.params import GenParams
 from ...core.records import Job, Media, MediaItem, Message
 from ..base.arrays import ModelConfig, TemplateOwner, Tokenizer
 from ..base.models import ModelInfo
-from .reasoning import markers_of
+from .reasoning import Markers
 
 __all__ = [
     "END_OF_TURN",
@@ -63,11 +63,11 @@ def template_of(template_owner: TemplateOwner) -> str:
     return ""
 
 
-def template_kwargs(template_owner: TemplateOwner, p: GenParams) -> dict[str, Any]:
+def template_kwargs(template_owner: TemplateOwner, p: GenParams, markers: Markers | None) -> dict[str, Any]:
     """The row's template keywords: its tools (unless tool_choice is none), refused by a
     template that never renders them, and its `thinking` as `enable_thinking`, where the
     template takes one and the row's own keywords do not say it already. Unset, thinking is
-    what mlx-lm's tokenizer renders (on for a model with thinking markers), on every lane:
+    what mlx-lm's tokenizer renders (on for a model with thinking `markers`), on every lane:
     mlx-vlm's own rendering would fill in false."""
     kwargs = p.chat_template_kwargs
     if p.tools and p.tool_choice != "none":
@@ -78,19 +78,19 @@ def template_kwargs(template_owner: TemplateOwner, p: GenParams) -> dict[str, An
         return kwargs
     thinking = p.thinking
     if thinking is None:
-        thinking = markers_of(getattr(template_owner, "tokenizer", template_owner)) is not None
+        thinking = markers is not None
     return {**kwargs, "enable_thinking": thinking}
 
 
-def render(template_owner: TemplateOwner, messages: list[dict[str, Any]], p: GenParams) -> str:
+def render(
+    template_owner: TemplateOwner, messages: list[dict[str, Any]], p: GenParams, markers: Markers | None
+) -> str:
     """The row's prompt with its thinking on or off: through the template's enable_thinking,
     or, with thinking off where the template has none, an empty closed block after it (the end
     of the block where the template opened one), so a thinking model answers at once."""
-    prompt = apply_template(template_owner, messages, template_kwargs(template_owner, p))
-    if p.thinking is False and "enable_thinking" not in template_of(template_owner):
-        markers = markers_of(getattr(template_owner, "tokenizer", template_owner))
-        if markers is not None:
-            prompt += markers.block(prompt.rfind(markers.start) > prompt.rfind(markers.end))
+    prompt = apply_template(template_owner, messages, template_kwargs(template_owner, p, markers))
+    if p.thinking is False and markers is not None and "enable_thinking" not in template_of(template_owner):
+        prompt += markers.block(prompt.rfind(markers.start) > prompt.rfind(markers.end))
     return prompt
 
 

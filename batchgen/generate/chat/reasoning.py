@@ -25,7 +25,6 @@ import mlx.core as mx
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-from ...core.memo import PerObject
 from ...core.params import GenParams
 from ...core.records import Generation
 from ..base.arrays import Tokenizer, scalar
@@ -35,7 +34,7 @@ __all__ = [
     "Markers",
     "Thinking",
     "Part",
-    "markers_of",
+    "find_markers",
     "initial_part",
     "budgeted",
     "split_generation",
@@ -151,16 +150,10 @@ def _rfind(ids: list[int], marker: tuple[int, ...]) -> int:
     return -1
 
 
-_MARKERS: PerObject[Markers | None] = PerObject()
-
-
-def markers_of(tokenizer: Tokenizer) -> Markers | None:
-    """The tokenizer's markers, or None for a model that does not think. mlx-lm's wrapper knows
-    them; a Hugging Face tokenizer (what mlx-vlm's processors hold) is asked through one."""
-    return _MARKERS.get(tokenizer, lambda: _markers(tokenizer))
-
-
-def _markers(tokenizer: Tokenizer) -> Markers | None:
+def find_markers(tokenizer: Tokenizer) -> Markers | None:
+    """The tokenizer's markers, or None for a model that does not think (chat.traits asks once
+    a model). mlx-lm's wrapper knows them; a Hugging Face tokenizer (what mlx-vlm's processors
+    hold) is asked through one."""
     wrapper = tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
     start, end = wrapper.think_start_tokens, wrapper.think_end_tokens
     if not (wrapper.has_thinking and start and end):

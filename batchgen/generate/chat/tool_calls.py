@@ -20,17 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlx_lm.generate import TextStateMachine
-from mlx_lm.tokenizer_utils import _infer_tool_parser
+from mlx_lm.tokenizer_utils import TokenizerWrapper, _infer_tool_parser
 
 from ...core.constraints import TOOL_CALL_FORMAT
 from ...core.errors import RowError
-from ...core.memo import PerObject
 from ...core.params import GenParams
 from ...core.records import Generation, ToolCall
 from ..base.arrays import Tokenizer
 from .reasoning import segments
 
-__all__ = ["ToolFormat", "format_of", "check_tools", "with_tool_calls"]
+__all__ = ["ToolFormat", "find_format", "check_tools", "with_tool_calls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,18 +42,13 @@ class ToolFormat:
     parse: Callable[[str, Any], Any]
 
 
-_FORMATS: PerObject[ToolFormat | None] = PerObject()
-
-
-def format_of(tokenizer: Tokenizer) -> ToolFormat | None:
-    """The tokenizer's tool-call format, or None: the one mlx-lm's loader chose (a
-    TokenizerWrapper keeps its parser), else inferred as that loader infers it (a Hugging Face
-    tokenizer, as mlx-vlm's processors hold)."""
-    return _FORMATS.get(tokenizer, lambda: _format(tokenizer))
-
-
-def _format(tokenizer: Tokenizer) -> ToolFormat | None:
-    hf: Tokenizer = getattr(tokenizer, "_tokenizer", tokenizer)
+def find_format(tokenizer: Tokenizer) -> ToolFormat | None:
+    """The tokenizer's tool-call format, or None (chat.traits asks once a model): the one
+    mlx-lm's loader chose (a TokenizerWrapper keeps its parser), else inferred as that loader
+    infers it (a Hugging Face tokenizer, as mlx-vlm's processors hold)."""
+    hf: Tokenizer = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
+    if not hasattr(hf, "chat_template"):  # not a Hugging Face tokenizer: no template, no format
+        return None
     name = hf.init_kwargs.get("tool_parser_type") if hasattr(hf, "init_kwargs") else None
     name = name or _infer_tool_parser(hf)
     if name is None:
@@ -67,12 +61,12 @@ def _offered(p: GenParams) -> bool:
     return bool(p.tools) and p.tool_choice != "none"
 
 
-def check_tools(p: GenParams, tokenizer: Tokenizer) -> None:
-    """A row's tools refused up front where the model cannot take them: no tool-call format
-    (its calls could not be read), or a tool_choice constraint on a format that is not JSON."""
+def check_tools(p: GenParams, fmt: ToolFormat | None) -> None:
+    """A row's tools refused up front where the model (its tool-call format `fmt`) cannot take
+    them: no format (its calls could not be read), or a tool_choice constraint on a format
+    that is not JSON."""
     if not _offered(p):
         return
-    fmt = format_of(tokenizer)
     if fmt is None:
         raise RowError("generate", "the row has tools, but the model has no tool-call format mlx-lm knows")
     if p.constraint is not None and p.constraint.kind == "tool_call" and fmt.name != TOOL_CALL_FORMAT[0]:
@@ -83,11 +77,10 @@ def check_tools(p: GenParams, tokenizer: Tokenizer) -> None:
         )
 
 
-def with_tool_calls(gen: Generation, p: GenParams, tokenizer: Tokenizer) -> Generation:
-    """The answer's calls in `tool_calls` and what was said besides them in its text; a row
-    that stopped after its calls ends with `tool_calls`."""
-    fmt = format_of(tokenizer) if _offered(p) else None
-    if fmt is None or fmt.start not in gen.text:
+def with_tool_calls(gen: Generation, p: GenParams, fmt: ToolFormat | None) -> Generation:
+    """The answer's calls (in the model's format `fmt`) in `tool_calls` and what was said
+    besides them in its text; a row that stopped after its calls ends with `tool_calls`."""
+    if not _offered(p) or fmt is None or fmt.start not in gen.text:
         return gen
     ends = [(fmt.end, "normal")] if fmt.end else []  # a format whose calls run to the end has none
     runs = segments(TextStateMachine({"normal": [(fmt.start, "tool")], "tool": ends}), "normal", gen.text)

@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
-from ..base.arrays import Tokenizer, ints, scalar
+from ..base.arrays import ints, scalar
 from ..base.watch import Watch
-from ..chat.reasoning import markers_of, thinking_of
+from ..chat.reasoning import thinking_of
+from ..chat.traits import Traits
 from .adapters import Adapter, Cache, Sequence
 from .batch_cache import SLOT_CACHES, KVQuant, in_place, trim_layer, write_slots
 from .memory import Footprint, Memory, wired
@@ -47,7 +48,7 @@ def decode_stream(
     prefixes: PrefixCache | None = None,
     watch: Watch | None = None,
     width: int | None = None,
-    tokenizer: Tokenizer = None,
+    traits: Traits | None = None,
     memory: tuple[Memory, Footprint | None] | None = None,
     kv: KVQuant | None = None,
 ) -> Iterator[int]:
@@ -66,7 +67,7 @@ def decode_stream(
     prefill) end with finish reason "timeout"; a stop request raises StopRequested between
     steps, whatever is running.
     """
-    batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, tokenizer, memory, kv)
+    batch = DecodeBatch(adapter, seqs, eos, decode, prefixes, watch, width, traits, memory, kv)
     with wired():
         while batch.active or batch.waiting:
             yield from batch.join()
@@ -95,7 +96,7 @@ class DecodeBatch:
         prefixes: PrefixCache | None,
         watch: Watch | None,
         width: int | None,
-        tokenizer: Tokenizer,
+        traits: Traits | None,
         memory: tuple[Memory, Footprint | None] | None = None,
         kv: KVQuant | None = None,
     ):
@@ -104,9 +105,8 @@ class DecodeBatch:
         self.watch = watch or Watch()
         self.width = width or len(seqs)
         self.samplers = [sampler_for(s.params) for s in seqs]
-        # `tokenizer`: a constraint's mask needs it
-        markers = markers_of(tokenizer) if tokenizer is not None else None
-        self.processors = [logits_processors_for(s.params, tokenizer, eos, markers, s.part) for s in seqs]
+        # `traits`: the model's; a constraint's mask and a thinking row's rules need them
+        self.processors = [logits_processors_for(s.params, traits, eos, s.part) for s in seqs]
         self.thinking = [thinking_of(procs) for procs in self.processors]
         self.deadlines = [float("inf")] * len(seqs)
         for s in seqs:

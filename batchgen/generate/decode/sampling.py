@@ -12,9 +12,10 @@ import mlx.core as mx
 
 from ...core.params import GenParams
 from ...core.records import TokenLogprobs
-from ..base.arrays import Tokenizer, float_rows, floats, int_rows
+from ..base.arrays import float_rows, floats, int_rows
 from ..chat.constrain import processor
-from ..chat.reasoning import Markers, Part, Thinking
+from ..chat.reasoning import Part, Thinking
+from ..chat.traits import Traits
 
 __all__ = [
     "HISTORY",
@@ -147,14 +148,14 @@ def _position_key(seed: int, position: int) -> int:
 
 def logits_processors_for(
     p: GenParams,
-    tokenizer: Tokenizer = None,
+    traits: Traits | None = None,
     eos: set[int] | None = None,
-    markers: Markers | None = None,
     part: Part = "answer",
 ) -> list[Callable]:
     """The row's penalties and biases (mlx-lm's), then its output constraint's mask, which
-    needs the tokenizer and the end tokens it allows once the output is complete; a row that
-    may reason (`part`) gets them through its Thinking, which keeps the mask for the answer and
+    needs the model's traits (its vocabulary as llguidance sees it) and the end tokens it
+    allows once the output is complete; a row that may reason (`part`, on a model whose traits
+    have markers) gets them through its Thinking, which keeps the mask for the answer and
     forces the end marker at the row's reasoning budget."""
     from mlx_lm.sample_utils import make_logits_processors
 
@@ -164,7 +165,12 @@ def logits_processors_for(
         presence_penalty=p.presence_penalty or None,
         frequency_penalty=p.frequency_penalty or None,
     )
-    mask = processor(p.constraint, tokenizer, sorted(eos or ())) if p.constraint is not None else None
+    mask = None
+    if p.constraint is not None:
+        if traits is None:
+            raise ValueError("a constrained row needs its model's traits")
+        mask = processor(p.constraint, traits.guide(sorted(eos or ())))
+    markers = traits.markers if traits is not None else None
     if markers is not None and part != "answer" and (mask is not None or p.reasoning_budget is not None):
         processors.append(Thinking(markers, part, p.reasoning_budget, mask, p.max_tokens))
     elif mask is not None:

@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 from ...core.errors import RowError, short
 from ...core.records import Generation, Job, Media
-from ..base.arrays import TemplateOwner, Tokenizer
 from ..base.models import ModelInfo
 from ..base.watch import Watch
 from ..chat.prompts import check_length, message_bounds, render, template_kwargs, text_only
-from ..chat.reasoning import budgeted, initial_part, markers_of, split_generation
+from ..chat.reasoning import budgeted, initial_part, split_generation
 from ..chat.tool_calls import check_tools, with_tool_calls
+from ..chat.traits import Traits
 from ..decode.adapters import Adapter, LMAdapter, Sequence
 from ..decode.batch_cache import KVQuant
 from ..decode.decoder import decode_stream
@@ -117,17 +117,15 @@ class Lane:
             keys.append((pos, h.hexdigest()))
         return keys
 
-    def _fit(self, seq: Sequence, template_owner: TemplateOwner) -> Sequence:
+    def _fit(self, seq: Sequence, traits: Traits) -> Sequence:
         """A row's tools refused where the model cannot take them; where a thinking model's row
         starts (reasoning, free to open a block, or answering) and its room for a reasoning
         budget; then max_tokens lowered to what the model's context leaves after the prompt
         (the row then ends with `length`): a row asking for a billion tokens stops where the
         model must."""
-        tokenizer = getattr(template_owner, "tokenizer", template_owner)
-        check_tools(seq.params, tokenizer)
-        markers = markers_of(tokenizer)
-        seq.part = initial_part(markers, seq.params, seq.ids)
-        seq.params = budgeted(seq.params, markers, seq.part)
+        check_tools(seq.params, traits.tool_format)
+        seq.part = initial_part(traits.markers, seq.params, seq.ids)
+        seq.params = budgeted(seq.params, traits.markers, seq.part)
         context = self.info.context
         if context and seq.params.max_tokens > context - len(seq.ids):
             seq.params = dataclasses.replace(seq.params, max_tokens=max(context - len(seq.ids), 1))
@@ -147,8 +145,8 @@ class BatchedLane(Lane):
     the run); a row that fails alone is that row's error. `kv`: the rows' caches quantized
     (--kv-bits) as mlx-lm's generate quantizes them."""
 
-    def _decoding(self) -> tuple[Adapter, set[int], Callable[[list[int]], str], Tokenizer]:
-        """(adapter, end tokens, detokenizer, tokenizer)."""
+    def _decoding(self) -> tuple[Adapter, set[int], Callable[[list[int]], str], Traits]:
+        """(adapter, end tokens, detokenizer, the model's traits)."""
         raise NotImplementedError
 
     def footprint(self) -> Footprint | None:
@@ -165,7 +163,7 @@ class BatchedLane(Lane):
         return self._measured[0]
 
     def run(self, plans: list[Plan], watch: Watch, width: int) -> Iterator[tuple[int, Generation | RowError]]:
-        adapter, eos, decode, tokenizer = self._decoding()
+        adapter, eos, decode, traits = self._decoding()
         scores: dict[int, Scores | None] = {}
         for i, plan in enumerate(plans):  # scored first: a row's prompt prefix is then cached
             scoring = plan.job.scoring
@@ -174,7 +172,7 @@ class BatchedLane(Lane):
             seq = seq_of(_fresh(plan))
             try:
                 found = score_row(
-                    adapter, seq, scoring, tokenizer, eos, self.prefixes, watch, self.info.context, self.kv
+                    adapter, seq, scoring, traits, eos, self.prefixes, watch, self.info.context, self.kv
                 )
             except Exception as e:  # noqa: BLE001 - a row's error (a stop request is no Exception)
                 scores[i] = None
@@ -201,9 +199,9 @@ class BatchedLane(Lane):
         finished: set[int] = set()
         memory = (self.memory, self.footprint()) if self.memory is not None else None
         try:
-            for j in self._stream(adapter, seqs, eos, decode, watch, width, tokenizer, memory):
+            for j in self._stream(adapter, seqs, eos, decode, watch, width, traits, memory):
                 finished.add(j)
-                yield todo[j], _scored(_generation(seqs[j], decode, tokenizer), scores.get(todo[j]))
+                yield todo[j], _scored(_generation(seqs[j], decode, traits), scores.get(todo[j]))
         except Exception as e:  # an engine error fails these rows, not the run
             rest = [todo[j] for j in range(len(todo)) if j not in finished]
             if out_of_memory(e):
@@ -223,13 +221,11 @@ class BatchedLane(Lane):
         decode: Callable[[list[int]], str],
         watch: Watch,
         width: int,
-        tokenizer: Tokenizer,
+        traits: Traits,
         memory: tuple[Memory, Footprint | None] | None,
     ) -> Iterator[int]:
         """The rows decoded together; each row's index as it finishes."""
-        return decode_stream(
-            adapter, seqs, eos, decode, self.prefixes, watch, width, tokenizer, memory, self.kv
-        )
+        return decode_stream(adapter, seqs, eos, decode, self.prefixes, watch, width, traits, memory, self.kv)
 
     def _halves(
         self, plans: list[Plan], rest: list[int], watch: Watch, width: int, e: Exception
@@ -254,28 +250,34 @@ class TextLane(BatchedLane):
 
     def plan(self, job: Job, media: Media) -> Plan:
         model, tokenizer = self.models.text()
+        traits = self.models.traits(vision=False)
         p = job.params
         messages = text_only(job.messages)
         if getattr(tokenizer, "chat_template", None):
-            prompt = render(tokenizer, messages, p)
+            prompt = render(tokenizer, messages, p, traits.markers)
         else:  # base models: the turns' text, one per line
             prompt = "\n".join(m["content"] for m in messages)
         check_length(prompt, None, self.info)
         ids = tokenizer.encode(prompt, add_special_tokens=False)
         check_length(prompt, ids, self.info)
-        bounds = message_bounds(tokenizer, messages, template_kwargs(tokenizer, p), ids)
-        seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])), tokenizer)
+        bounds = message_bounds(tokenizer, messages, template_kwargs(tokenizer, p, traits.markers), ids)
+        seq = self._fit(Sequence(ids=ids, params=p, boundaries=self._keys(ids, bounds, [])), traits)
         if job.scoring is not None and seq.part != "answer":  # scored as the template writes thinking off
-            off = render(tokenizer, messages, dataclasses.replace(p, thinking=False))
+            off = render(tokenizer, messages, dataclasses.replace(p, thinking=False), traits.markers)
             seq.scored_after = tokenizer.encode(off, add_special_tokens=False)
         return Plan(job, media, self, seq, group=(tuple(ids[: bounds[-1]]) if bounds else (),))
 
     def _decoding(self):
         model, tokenizer = self.models.text()
-        return LMAdapter(model), set(tokenizer.eos_token_ids), tokenizer.decode, tokenizer
+        return (
+            LMAdapter(model),
+            set(tokenizer.eos_token_ids),
+            tokenizer.decode,
+            self.models.traits(vision=False),
+        )
 
 
-def _generation(s: Sequence, decode: Callable[[list[int]], str], tokenizer: Tokenizer) -> Generation:
+def _generation(s: Sequence, decode: Callable[[list[int]], str], traits: Traits) -> Generation:
     """A decoded row as its Generation: reasoning split from the answer, tool calls read."""
     logprobs = logprob_records(s.tokens, s.logprobs, decode) if s.params.wants_logprobs else None
     gen = Generation(
@@ -289,8 +291,8 @@ def _generation(s: Sequence, decode: Callable[[list[int]], str], tokenizer: Toke
         mtp_drafts=s.drafted,
         mtp_accepted=s.accepted,
     )
-    gen = split_generation(gen, s.tokens, markers_of(tokenizer), s.part == "reasoning")
-    return with_tool_calls(gen, s.params, tokenizer)
+    gen = split_generation(gen, s.tokens, traits.markers, s.part == "reasoning")
+    return with_tool_calls(gen, s.params, traits.tool_format)
 
 
 def completions(plan: Plan) -> list[Plan]:

@@ -13,11 +13,12 @@ import mlx.core as mx
 
 from ...core.params import GenParams
 from ...core.records import Generation, Job, Media
-from ..base.arrays import Model, Processor, Tokenizer
+from ..base.arrays import Model, Processor
 from ..base.watch import Watch
 from ..chat.prompts import render, template_parts, text_only
-from ..chat.reasoning import Markers, Part, budgeted, initial_part, markers_of, split_generation, thinking_of
+from ..chat.reasoning import Part, budgeted, initial_part, split_generation, thinking_of
 from ..chat.tool_calls import check_tools, with_tool_calls
+from ..chat.traits import Traits
 from ..decode.batch_cache import KVQuant
 from ..decode.sampling import (
     HISTORY,
@@ -35,15 +36,15 @@ __all__ = ["KVQuant", "collect", "generate_vlm", "generate_lm", "vlm_prompt_ids"
 
 
 def collect(
-    stream: Iterator[Any], p: GenParams, tokenizer: Tokenizer, eos: set[int], watch: Watch | None = None,
-    markers: Markers | None = None, part: Part = "answer", processors: Sequence[Callable] = (),
+    stream: Iterator[Any], p: GenParams, traits: Traits, eos: set[int], watch: Watch | None = None,
+    part: Part = "answer", processors: Sequence[Callable] = (),
 ) -> Generation:  # fmt: skip
     """Drain an engine's stream of responses into a Generation: text decoded from the tokens
     it produced (as the batched decoder does), stop strings checked on a bounded tail, the
-    prompt count from the engine, a thinking model's reasoning apart (`markers`, `part`: where
-    the row started); `length` when the token budget or the model's context ran out, or a
+    prompt count from the engine, a thinking model's reasoning apart (the model's `traits`, and
+    `part`: where the row started); `length` when the token budget or the model's context ran out, or a
     budgeted answer has its max_tokens (its Thinking in `processors`), `timeout` past the deadline."""
-    watch, thinking = watch or Watch(), thinking_of(processors)
+    watch, thinking, tokenizer = watch or Watch(), thinking_of(processors), traits.tokenizer
     deadline = watch.deadline(time.monotonic())
     tokens: list[int] = []
     logprobs: list[tuple[float, list[tuple[int, float]]]] = []
@@ -92,25 +93,27 @@ def collect(
         if p.wants_logprobs
         else None,
     )
-    return with_tool_calls(split_generation(gen, tokens, markers, part == "reasoning"), p, tokenizer)
+    gen = split_generation(gen, tokens, traits.markers, part == "reasoning")
+    return with_tool_calls(gen, p, traits.tool_format)
 
 
 def generate_lm(
-    model: Model, tokenizer: Tokenizer, ids: list[int], p: GenParams, watch: Watch | None = None,
+    model: Model, traits: Traits, ids: list[int], p: GenParams, watch: Watch | None = None,
     part: Part = "answer", drafter: Drafter | None = None, kv: KVQuant | None = None,
 ) -> Generation:  # fmt: skip
-    """mlx-lm's own generate for one tokenized row (`p` already budgeted for its part): its
-    speculative loop with a text draft model (draft counts replayed from its flags), its
-    quantized KV cache with `kv`."""
+    """mlx-lm's own generate for one tokenized row (`p` already budgeted for its part) on the
+    model whose traits (and tokenizer) `traits` holds: its speculative loop with a text draft
+    model (draft counts replayed from its flags), its quantized KV cache with `kv`."""
     from mlx_lm import stream_generate
 
     if p.seed is not None:
         mx.random.seed(p.seed)
-    eos, markers = set(tokenizer.eos_token_ids), markers_of(tokenizer)
+    tokenizer = traits.tokenizer
+    eos = set(tokenizer.eos_token_ids)
     flags: list[bool] = []
     draft = {"draft_model": drafter.model, "num_draft_tokens": drafter.num_draft_tokens} if drafter else {}
 
-    processors = logits_processors_for(p, tokenizer, eos, markers, part)
+    processors = logits_processors_for(p, traits, eos, part)
 
     def stream():
         for response in stream_generate(
@@ -120,7 +123,7 @@ def generate_lm(
             flags.append(bool(response.from_draft))
             yield response
 
-    gen = collect(stream(), p, tokenizer, eos, watch, markers, part, processors)
+    gen = collect(stream(), p, traits, eos, watch, part, processors)
     gen.prompt_tokens = len(ids)
     if drafter is not None:
         gen.mtp_accepted = sum(flags)
@@ -128,17 +131,17 @@ def generate_lm(
     return gen
 
 
-def _vlm_inputs(processor: Processor, job: Job, media: Media) -> tuple[str, list, list]:
+def _vlm_inputs(processor: Processor, job: Job, media: Media, traits: Traits) -> tuple[str, list, list]:
     """(prompt, images, videos) as mlx-vlm's generate takes them for this row (a model without
     a video token has its frames as images already: prompts.frames_as_images)."""
     messages = template_parts(job.messages) if media else text_only(job.messages)
-    prompt = render(processor, messages, job.params)
+    prompt = render(processor, messages, job.params, traits.markers)
     return prompt, list(media.images), list(media.videos)
 
 
-def vlm_prompt_ids(model: Model, processor: Processor, job: Job, media: Media) -> list[int]:
+def vlm_prompt_ids(model: Model, processor: Processor, job: Job, media: Media, traits: Traits) -> list[int]:
     """The row's prompt token ids as mlx-vlm's generate makes them (batchgen plan counts them)."""
-    return _prompt_ids(model, processor, *_vlm_inputs(processor, job, media))
+    return _prompt_ids(model, processor, *_vlm_inputs(processor, job, media, traits))
 
 
 def _prompt_ids(model: Model, processor: Processor, prompt: str, images: list, videos: list) -> list[int]:
@@ -180,26 +183,28 @@ def _seeing_the_prompt(processors: list[Callable], prompt: list[int]) -> list[Ca
 
 def generate_vlm(
     model: Model, processor: Processor, job: Job, media: Media, drafter: Drafter | None = None,
-    watch: Watch | None = None, kv: KVQuant | None = None,
+    watch: Watch | None = None, kv: KVQuant | None = None, traits: Traits | None = None,
 ) -> Generation:  # fmt: skip
-    """mlx-vlm's own generate for one row; with an mlx-vlm drafter, its counts come from the
-    drafter's lifetime counters, read before and after; its quantized KV cache with `kv`."""
+    """mlx-vlm's own generate for one row (`traits`: the model's, as it loaded; read off the
+    processor when not given); with an mlx-vlm drafter, its counts come from the drafter's
+    lifetime counters, read before and after; its quantized KV cache with `kv`."""
     from mlx_vlm import stream_generate
 
-    prompt, images, videos = _vlm_inputs(processor, job, media)
-    tokenizer: Tokenizer = getattr(processor, "tokenizer", processor)
-    check_tools(job.params, tokenizer)
+    traits = traits if traits is not None else Traits.of(processor)
+    prompt, images, videos = _vlm_inputs(processor, job, media, traits)
+    tokenizer = traits.tokenizer
+    check_tools(job.params, traits.tool_format)
     tokenizer.stopping_criteria.reset(model.config.eos_token_id)
     if job.params.seed is not None:
         mx.random.seed(job.params.seed)
-    markers, ids = markers_of(tokenizer), None
+    markers, ids = traits.markers, None
     part: Part = "answer"
     if markers is not None:
         ids = _prompt_ids(model, processor, prompt, images, videos)
         part = initial_part(markers, job.params, ids)
     p = budgeted(job.params, markers, part)
     eos = set(tokenizer.stopping_criteria.eos_token_ids)
-    own = logits_processors_for(p, tokenizer, eos, markers, part)
+    own = logits_processors_for(p, traits, eos, part)
     processors = []
     if own:
         ids = ids if ids is not None else _prompt_ids(model, processor, prompt, images, videos)
@@ -230,7 +235,7 @@ def generate_vlm(
         **draft,
         **(kv.engine_kwargs() if kv else {}),
     )
-    gen = collect(stream, p, tokenizer, eos, watch, markers, part, own)
+    gen = collect(stream, p, traits, eos, watch, part, own)
     if drafter is not None:
         stream.close()  # a stop string ends the stream early: let it settle its counters
         _, accepted, drafted = speculative_stats_since(drafter.model, snapshot)

@@ -18,7 +18,7 @@ import mlx.core as mx
 from ...core.records import ChoiceScore, Scoring
 from ..base.arrays import Tokenizer, floats
 from ..base.watch import Watch
-from ..chat.reasoning import markers_of
+from ..chat.traits import Traits
 from ..decode.adapters import Adapter, Sequence
 from ..decode.batch_cache import KVQuant, merge_caches
 from ..decode.prefill import prefill
@@ -107,7 +107,7 @@ def score_row(
     adapter: Adapter,
     seq: Sequence,
     scoring: Scoring,
-    tokenizer: Tokenizer,
+    traits: Traits,
     eos: set[int],
     prefixes: PrefixCache | None,
     watch: Watch,
@@ -119,8 +119,8 @@ def score_row(
     thinking off (`seq.scored_after`: exactly what the template writes then, its cached prefix
     shared), or, on a lane that gives none, after an empty closed block."""
     texts = [*scoring.choices, *([scoring.text] if scoring.text is not None else [])]
+    tokenizer, markers = traits.tokenizer, traits.markers
     answers = [answer_ids(tokenizer, t, eos) for t in texts]
-    markers = markers_of(tokenizer)
     lead = []
     if seq.scored_after is not None:
         pairs = zip(seq.ids, seq.scored_after, strict=False)

@@ -55,7 +55,7 @@ class SingleLane(_OneByOne):
 
     def prompt_tokens(self, plan: Plan) -> int:
         model, processor = self.models.vlm()
-        return len(vlm_prompt_ids(model, processor, plan.job, plan.media))
+        return len(vlm_prompt_ids(model, processor, plan.job, plan.media, self.models.traits(vision=True)))
 
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
         model, processor = self.models.vlm()
@@ -64,7 +64,8 @@ class SingleLane(_OneByOne):
         drafter = self.models.drafter if vision_drafter else None
         if drafter is not None:
             self.models.load_drafter()
-        return generate_vlm(model, processor, plan.job, plan.media, drafter, watch, self.kv)
+        traits = self.models.traits(vision=True)
+        return generate_vlm(model, processor, plan.job, plan.media, drafter, watch, self.kv, traits)
 
 
 class LMSingleLane(_OneByOne):
@@ -82,9 +83,10 @@ class LMSingleLane(_OneByOne):
         return Plan(job, media, self, self.text.plan(job, media).seq)  # tokenized once
 
     def _generate(self, plan: Plan, watch: Watch) -> Generation:
-        model, tokenizer = self.models.text()
+        model, _ = self.models.text()
         seq = seq_of(plan)
         drafter = self.models.drafter if self.drafts else None
-        gen = generate_lm(model, tokenizer, seq.ids, seq.params, watch, seq.part, drafter, self.kv)
+        traits = self.models.traits(vision=False)
+        gen = generate_lm(model, traits, seq.ids, seq.params, watch, seq.part, drafter, self.kv)
         gen.capped = gen.capped or seq.capped
         return gen

@@ -29,8 +29,9 @@ from typing import Any
 
 import mlx.core as mx
 
-from ..base.arrays import Model, Processor, Tokenizer, int_rows
+from ..base.arrays import Model, Processor, int_rows
 from ..base.watch import Watch
+from ..chat.traits import Traits
 from ..decode.adapters import Adapter, LMAdapter, Sequence
 from ..decode.batch_cache import drop_tails, merge_caches, trim_layer
 from ..decode.decoder import DecodeBatch
@@ -59,9 +60,9 @@ class SpeculativeBatch(DecodeBatch):
         decode: Callable[[list[int]], str],
         watch: Watch | None,
         width: int | None,
-        tokenizer: Tokenizer,
+        traits: Traits,
     ):
-        super().__init__(adapter, seqs, eos, decode, None, watch, width, tokenizer)
+        super().__init__(adapter, seqs, eos, decode, None, watch, width, traits)
         self.drafter, self.k = drafter, k
         self.drafts: list | None = None  # the drafter's batch cache
 
@@ -176,13 +177,13 @@ class SpeculativeLane(TextLane):
 
     name = "lm-draft"
 
-    def _stream(self, adapter, seqs, eos, decode, watch, width, tokenizer, memory):
+    def _stream(self, adapter, seqs, eos, decode, watch, width, traits, memory):
         self.models.load_drafter()
         drafter = self.models.drafter
         assert drafter is not None
         draft = LMAdapter(drafter.model)
         batch = SpeculativeBatch(
-            adapter, draft, drafter.num_draft_tokens, seqs, eos, decode, watch, width, tokenizer
+            adapter, draft, drafter.num_draft_tokens, seqs, eos, decode, watch, width, traits
         )
         return batch.run()
 
@@ -199,13 +200,13 @@ class VisionSpeculativeLane(VisionLane):
     def _embedding(self, model: Model, inputs: dict, ids: list[int], digests: list[str]) -> Any:
         return _engine_inputs(model, inputs)
 
-    def _stream(self, adapter, seqs, eos, decode, watch, width, tokenizer, memory):
+    def _stream(self, adapter, seqs, eos, decode, watch, width, traits, memory):
         self.models.load_drafter()
         model, processor = self.models.vlm()
         drafter = self.models.drafter
         assert drafter is not None
         rounds = EngineRounds(
-            adapter, model, processor, drafter, seqs, eos, decode, watch, width, tokenizer, memory
+            adapter, model, processor, drafter, seqs, eos, decode, watch, width, traits, memory
         )
         return rounds.run()
 
@@ -250,10 +251,10 @@ class EngineRounds(DecodeBatch):
         decode: Callable[[list[int]], str],
         watch: Watch | None,
         width: int | None,
-        tokenizer: Tokenizer,
+        traits: Traits,
         memory: tuple[Memory, Footprint | None] | None,
     ):
-        super().__init__(adapter, seqs, eos, decode, None, watch, width, tokenizer, memory)
+        super().__init__(adapter, seqs, eos, decode, None, watch, width, traits, memory)
         self.model, self.processor, self.drafter = model, processor, drafter
 
     def run(self) -> Iterator[int]:

@@ -39,7 +39,7 @@ class _MediaLane(BatchedLane):
 
         model, processor = self.models.vlm()
         messages = template_parts(job.messages) if media else text_only(job.messages)
-        prompt = render(processor, messages, job.params)
+        prompt = render(processor, messages, job.params, self.models.traits(vision=True).markers)
         check_length(prompt, None, self.info)
         inputs = prepare_inputs(
             processor,
@@ -62,7 +62,7 @@ class _MediaLane(BatchedLane):
             self.adapter(model),
             set(tokenizer.stopping_criteria.eos_token_ids),
             tokenizer.decode,
-            tokenizer,
+            self.models.traits(vision=True),
         )
 
 
@@ -110,7 +110,7 @@ class VisionLane(_MediaLane):
         keyed = self._keys(ids, bounds, [(s, d) for s, d in zip(media_starts, digests, strict=False)])
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed, positions=positions, delta=delta)
         group = (tuple(digests), tuple(ids[: media_starts[0]]) if media_starts else ())
-        return Plan(job, media, self, self._fit(seq, self.models.vlm()[1]), group=group)
+        return Plan(job, media, self, self._fit(seq, self.models.traits(vision=True)), group=group)
 
     def _embedding(self, model: Model, inputs: dict, ids: list[int], digests: list[str]) -> Any:
         """How the row's prompt is embedded (a media row's slices; None: the model embeds ids)."""
@@ -225,7 +225,7 @@ class OffsetVisionLane(_MediaLane):
         embed = self._embedder(model, inputs, ids, image_id, merged) if media.images else None
         seq = Sequence(ids=ids, params=p, boundaries=keyed, embed=embed)
         group = (tuple(digests), tuple(ids[: starts[0]]) if starts else ())
-        return Plan(job, media, self, self._fit(seq, processor), group=group)
+        return Plan(job, media, self, self._fit(seq, self.models.traits(vision=True)), group=group)
 
     @staticmethod
     def _embedder(model: Model, inputs: dict, ids: list[int], image_id: int, merged: tuple | None = None):

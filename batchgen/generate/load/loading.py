@@ -24,6 +24,7 @@ from ..base.arrays import Model, Processor, Tokenizer, load_lm, parameters, safe
 from ..base.aside import at_home
 from ..base.models import ModelInfo, weights_path
 from ..chat.prompts import END_OF_TURN
+from ..chat.traits import Traits
 from .drafts import Drafter, load_text_drafter, load_vision_drafter
 from .fine_tunes import AdapterSet
 
@@ -189,6 +190,7 @@ class Models:
         self.loads = 0  # checkpoints loaded (an engine each)
         self._vlm: tuple[Model, Processor] | None = None
         self._lm: tuple[Model, Tokenizer] | None = None
+        self._traits: dict[bool, Traits] = {}  # each loaded model's (by: the vision model's)
         self._failed: dict[str, ConfigError] = {}
         # mlx-lm cannot load this VLM checkpoint, or the adapter is for mlx-vlm: it serves text rows
         self.text_on_vlm = self.adapters.any and text_info.multimodal
@@ -210,6 +212,7 @@ class Models:
     def release(self) -> None:
         """Let go of the loaded weights (a run of several models frees one before the next)."""
         self._vlm = self._lm = None
+        self._traits.clear()
         if self.drafter is not None:
             self.drafter.model = None
         gc.collect()
@@ -255,7 +258,16 @@ class Models:
             if criteria is not None and END_OF_TURN in tokenizer.get_vocab():
                 criteria.additional_eos_token_ids.append(tokenizer.convert_tokens_to_ids(END_OF_TURN))
             self._vlm = (model, processor)
+            self._traits[True] = Traits.of(processor)
         return self._vlm
+
+    def traits(self, vision: bool) -> Traits:
+        """The traits of the model a lane runs on: the vision model's, or the text rows' (the
+        mlx-lm model's, or the vision model's where that serves them); loaded first if need be."""
+        if not vision and self.lm() is not None:
+            return self._traits[False]
+        self.vlm()
+        return self._traits[True]
 
     def text(self) -> tuple[Model, Tokenizer]:
         """The text model through mlx-lm, where a lane that runs on it has been chosen."""
@@ -295,6 +307,7 @@ class Models:
             if END_OF_TURN in tokenizer.get_vocab():
                 tokenizer.add_eos_token(END_OF_TURN)
             self._lm = (model, tokenizer)
+            self._traits[False] = Traits.of(tokenizer)
         return self._lm
 
     def use(self, adapter: str | None) -> None:

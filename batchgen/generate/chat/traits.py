@@ -1,0 +1,47 @@
+"""A loaded model's traits: what batchgen reads off its tokenizer once, as the model loads —
+its thinking markers and its tool-call format — and llguidance's view of its vocabulary, made
+on the first constrained row (a walk over the vocabulary). One record per model, held beside
+it (`load.loading.Models`) and handed to every lane and step that needs it: nothing is looked
+up again per row, and nothing is kept anywhere by the tokenizer's identity."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import llguidance as llg
+import llguidance.hf
+
+from ..base.arrays import Tokenizer
+from .reasoning import Markers, find_markers
+from .tool_calls import ToolFormat, find_format
+
+__all__ = ["Traits"]
+
+
+@dataclass(eq=False)
+class Traits:
+    """A model's tokenizer and what it says about the model (see the module)."""
+
+    tokenizer: Tokenizer
+    markers: Markers | None  # None: the model does not think
+    tool_format: ToolFormat | None  # None: no tool-call format mlx-lm knows
+    _guides: dict[tuple[int, ...], llg.LLTokenizer] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def of(cls, owner: object) -> Traits:
+        """The traits of a tokenizer, or of the processor holding one (mlx-vlm's)."""
+        tokenizer: Tokenizer = getattr(owner, "tokenizer", owner)
+        return cls(tokenizer, find_markers(tokenizer), find_format(tokenizer))
+
+    def guide(self, eos: list[int]) -> llg.LLTokenizer:
+        """llguidance's view of the vocabulary with these end tokens, made once for each set."""
+        key = tuple(sorted(eos))
+        with self._lock:
+            if key not in self._guides:
+                # mlx-lm wraps the Hugging Face tokenizer (mlx-vlm's processors hold it as it is).
+                t = self.tokenizer
+                hf = t._tokenizer if type(t).__name__ == "TokenizerWrapper" else t
+                self._guides[key] = llguidance.hf.from_tokenizer(hf, eos_token=list(key))
+            return self._guides[key]

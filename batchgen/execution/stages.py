@@ -169,8 +169,11 @@ def _summed(
 ) -> RunSummary:
     """The job's summary: its rows counted from its output as a run's are (ok, failed by
     `stage.error_stage`, pending), every stage's tokens and media work added up, the last
-    stage's other figures."""
-    summary = dataclasses.replace(summaries[-1], output=output, errors_by_stage={}, groups={})
+    stage's other figures. Its failed rows are the output's (`inspect --failed` lists them); each
+    stage's error file names its own."""
+    summary = dataclasses.replace(
+        summaries[-1], output=output, errors_by_stage={}, groups={}, errors_file=None, errors_sha256=None
+    )
     for name in _ADDED:
         setattr(summary, name, sum(getattr(s, name) for s in summaries))
     summary.media = MediaStats.added([s.media for s in summaries])

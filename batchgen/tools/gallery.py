@@ -196,7 +196,8 @@ def _later_stages(
         card = by_id.get(id_key(r["id"]))
         at = r.get("dropped_at")
         for entry in card["entries"] if card is not None and at is not None else []:
-            entry["stopped"] = entry["stopped"] or (entry["stage"] == at and entry["id"] == str(r["id"]))
+            here = entry["stage"] == at and entry["id"] == str(r["id"]) and entry["status"] == "ok"
+            entry["stopped"] = entry["stopped"] or here  # a row the stage failed shows its error instead
     return rows
 
 

@@ -62,14 +62,14 @@ def stage_results(path: Path, stage: str | None) -> tuple[Path, set[Any] | None]
     stage's own results with the ids of the rows that went through every stage (the kept ones:
     `dropped_at` null)."""
     try:
-        names = pq.read_schema(path).names
+        pq.read_schema(path)
     except (OSError, ValueError) as e:
         raise JobFileError(f"{path}: not a batchgen results file ({e})") from e
-    if not stage_names(names):
+    found = staged(path)
+    if not found:
         if stage is not None:
             raise JobFileError(f"{path}: --stage {stage!r:.40}, but these are a one-stage run's results")
         return path, None
-    found = staged(path)
     if stage not in found:
         raise JobFileError(
             f"{path}: a staged job's output: give --stage, one of {', '.join(found) or 'none'}"

@@ -173,7 +173,7 @@ def test_ray_driver_reads_no_rows_and_parquet_types_survive(workdir, monkeypatch
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    import batchgen.output.pending
+    import batchgen.input.read
 
     n = 150
     table = pa.table({
@@ -191,7 +191,7 @@ def test_ray_driver_reads_no_rows_and_parquet_types_survive(workdir, monkeypatch
     def no_reading(*args, **kwargs):
         raise AssertionError("the driver read rows")
 
-    monkeypatch.setattr(batchgen.output.pending, "iter_rows", no_reading)
+    monkeypatch.setattr(batchgen.input.read.JobIndex, "read", no_reading)  # the pending rows' reader
     out = workdir / "ray.parquet"
     code, output = _run(job, out, *keep, "--engine", "ray", "--workers", "2", "--limit", "55")
     assert code == 0, output

@@ -177,6 +177,7 @@ def test_a_changed_adapter_changes_only_its_rows_on_the_rerun(tmp_path, lm_adapt
     assert any(got[k]["generated_text"] != first[k]["generated_text"] for k in ("b0", "b1"))
 
 
+@pytest.mark.slow  # several adapters against the engine (3 s)
 def test_rows_naming_adapters_each_equal_the_engine_with_theirs(tmp_path, lm_adapter):
     """One job, rows naming adapter a, b, the base model, or none (the run's --adapter, here a),
     under a long shared system prompt whose prefix snapshots a row of another adapter must not

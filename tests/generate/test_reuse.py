@@ -6,6 +6,7 @@ import io
 import json
 
 import numpy as np
+import pytest
 from conftest import MODELS, batch, read, write_jsonl
 from PIL import Image
 
@@ -31,6 +32,7 @@ def _outputs(path):
     return [(r["id"], r["generated_text"], r["completion_tokens"], r["finish_reason"]) for r in read(path)]
 
 
+@pytest.mark.slow  # every switch of reuse and batching (3 s)
 def test_greedy_output_is_identical_with_cache_and_batching_on_or_off(workdir):
     job = _shared_image_job(workdir)
     runs = {

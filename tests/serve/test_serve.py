@@ -474,6 +474,7 @@ def test_the_status_page_in_headless_chromium(tmp_path):
     assert "<script" not in dom and "&lt;script&gt;alert(1)&lt;/script&gt;" in dom
 
 
+@pytest.mark.slow  # a server process
 def test_without_the_key_every_endpoint_is_401_and_hostile_files_get_api_errors(tmp_path):
     """No key: 401 everywhere, the page too. A file that is not JSONL, a line over the line
     limit: the batch fails validation, saying which line. Ids that look like paths: 404. And

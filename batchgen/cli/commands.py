@@ -13,7 +13,7 @@ import click
 
 from ..core.budget import human_bytes
 from ..core.errors import BatchgenError, Interrupted, plural
-from ..core.params import LOOP_SPAN
+from ..core.rules import LOOP_SPAN
 from ..input.formats import FORMATS
 from ..tools.export import ExportOptions
 from ..tools.tiny.builder import KINDS

@@ -19,7 +19,8 @@ import numpy as np
 from llguidance.numpy import fill_next_token_bitmask
 
 from .answers import answer_kinds
-from .params import Constraint, GenParams, Problem, tool_problems
+from .params import Constraint, GenParams, tool_problems
+from .rules import Problem
 
 __all__ = [
     "KINDS",

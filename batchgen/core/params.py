@@ -6,13 +6,12 @@ however it is made."""
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard
+from typing import Any
 
+from . import rules
 from .errors import ConfigError
+from .rules import TOOL_CHOICES, Check, Problem, is_int, is_number
 
 __all__ = [
     "Constraint",
@@ -21,11 +20,8 @@ __all__ = [
     "PARAMS",
     "NUMBERS",
     "OPENAI_FIELDS",
-    "MOST_SCORED",
     "check_params",
     "tool_problems",
-    "is_int",
-    "is_number",
     "SEEDED_SAMPLER",
     "seeded",
 ]
@@ -92,7 +88,7 @@ class GenParams:
 def _as_given(name: str, value: object) -> object:
     """A built value as a row would give it to its check: tuples as lists, (id, bias) pairs as
     an object, a tool_choice naming a function as OpenAI's object."""
-    if name == "tool_choice" and value not in _TOOL_CHOICES:
+    if name == "tool_choice" and value not in TOOL_CHOICES:
         return {"type": "function", "function": {"name": value}}
     if isinstance(value, tuple):
         if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):
@@ -100,46 +96,6 @@ def _as_given(name: str, value: object) -> object:
         return list(value)
     return value
 
-
-Problem = tuple[str, str]  # (field, message)
-Check = Callable[[object], tuple[object, "str | None"]]  # a value → (the value to use, or a problem)
-
-
-def is_int(v: object) -> TypeGuard[int]:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def is_number(v: object) -> TypeGuard[int | float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _rule(ok: Callable[[Any], bool], want: str, cast: Callable[[Any], object] = lambda v: v) -> Check:
-    return lambda v: (cast(v), None) if ok(v) else (None, f"expected {want}, got {v!r:.60}")
-
-
-def _stop(v: object) -> tuple[object, str | None]:
-    if isinstance(v, str):
-        v = [v]
-    if isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v):
-        return tuple(v), None
-    return None, f"expected a string or a list of non-empty strings, got {v!r:.60}"
-
-
-_MOST_CHOICES = 16  # completions per row: each is a row's worth of decoding
-_MOST_TOP = 20  # top_logprobs per token: OpenAI's bound
-MOST_SCORED = 64  # answers scored for one row: each is a forward pass over its tokens
-
-
-def _answers(v: object) -> tuple[object, str | None]:
-    """Answers to score: none (an empty list: the run's flag not given), or up to 64 strings,
-    each once (scores keep the answers' positions: a repeat dropped would shift them)."""
-    if isinstance(v, (list, tuple)) and len(v) <= MOST_SCORED and all(isinstance(c, str) and c for c in v):
-        twice = next((c for i, c in enumerate(v) if c in v[:i]), None)
-        return (None, f"{twice!r:.60} given twice: give each answer once") if twice else (tuple(v), None)
-    return None, f"expected up to {MOST_SCORED} non-empty strings, got {v!r:.60}"
-
-
-LOOP_SPAN = 64  # `stop_repetition: true`: a cycle repeated over this many tokens ends the row
 
 # How a seeded sampled row draws (generate/sampling.Seeded): each token keyed by the row's seed
 # and its position. Part of the fingerprints of seeded rows and runs, so results drawn another
@@ -153,76 +109,6 @@ def seeded(value: object) -> bool:
         return False
     body = value.get("body")
     return value.get("seed") is not None or isinstance(body, dict) and body.get("seed") is not None
-
-
-def _loop_span(v: object) -> tuple[object, str | None]:
-    """true (64 tokens), false (off), or the tokens a repeating cycle must span: 0 or 8 .. 65536."""
-    if isinstance(v, bool):
-        return (LOOP_SPAN if v else 0), None
-    if is_int(v) and (v == 0 or 8 <= v <= 65536):
-        return v, None
-    return None, f"expected true, false or a number of tokens (0 = off, or 8 to 65536), got {v!r:.60}"
-
-
-def _on_off(v: object) -> tuple[object, str | None]:
-    """true / false, or "on" / "off" as the command line gives it."""
-    if isinstance(v, bool):
-        return v, None
-    if isinstance(v, str) and v.lower() in ("on", "off", "true", "false"):
-        return v.lower() in ("on", "true"), None
-    return None, f"expected on or off (true or false), got {v!r:.60}"
-
-
-def _logit_bias(v: object) -> tuple[object, str | None]:
-    """OpenAI's {"token id": bias in [-100, 100]}, as (id, bias) pairs."""
-    try:
-        pairs = tuple(sorted((int(k), float(b)) for k, b in v.items())) if isinstance(v, dict) else None
-    except (TypeError, ValueError):
-        pairs = None
-    if pairs is None or not all(0 <= k < 2**31 and -100 <= b <= 100 for k, b in pairs):
-        return None, f"expected {{token id: bias in [-100, 100]}}, got {v!r:.60}"
-    return pairs, None
-
-
-MOST_TOOLS = 128  # OpenAI's bound on a request's tools
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's function names (and dots, as vLLM takes)
-_TOOL_CHOICES = ("auto", "none", "required")
-
-
-def _tools(v: object) -> tuple[object, str | None]:
-    """OpenAI's `tools`: up to 128 `{"type": "function", "function": {"name", "description"?,
-    "parameters"?}}`, names unique; kept as given (the chat template renders them)."""
-    if not isinstance(v, list) or len(v) > MOST_TOOLS:
-        return None, f"expected a list of up to {MOST_TOOLS} tools, got {v!r:.60}"
-    names: set[str] = set()
-    for i, tool in enumerate(v):
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(function, dict):
-            want = "{type: function, function: {name, parameters}}"
-            return None, f"tools[{i}]: expected {want}, got {tool!r:.60}"
-        name = function.get("name")
-        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
-            want = "a function name of letters, digits, _ . - (1 to 64)"
-            return None, f"tools[{i}]: expected {want}, got {name!r:.60}"
-        if name in names:
-            return None, f"tools[{i}]: {name!r} given twice"
-        names.add(name)
-        if not isinstance(function.get("parameters", {}), dict):
-            return None, f"tools[{i}]: parameters must be a JSON schema object"
-        if not isinstance(function.get("description", ""), str):
-            return None, f"tools[{i}]: description must be a string"
-    return tuple(v), None
-
-
-def _tool_choice(v: object) -> tuple[object, str | None]:
-    """auto, none, required, or `{"type": "function", "function": {"name"}}` (kept as the name)."""
-    if v in _TOOL_CHOICES:
-        return v, None
-    function = v.get("function") if isinstance(v, dict) and v.get("type") == "function" else None
-    name = function.get("name") if isinstance(function, dict) else None
-    if isinstance(name, str) and _TOOL_NAME.fullmatch(name) and name not in _TOOL_CHOICES:
-        return name, None
-    return None, f"expected auto, none, required or {{type: function, function: {{name}}}}, got {v!r:.60}"
 
 
 def tool_problems(p: GenParams) -> list[Problem]:
@@ -262,122 +148,124 @@ MAX_REASONING = 32768
 PARAMS = (
     Param(
         "max_tokens",
-        _rule(lambda v: is_int(v) and v >= 1, "a positive integer"),
+        rules.rule(lambda v: is_int(v) and v >= 1, "a positive integer"),
         "Most new tokens per row (capped at what the model's context leaves)",
         int,
         ("max_tokens", "max_completion_tokens"),
     ),
     Param(
         "temperature",
-        _rule(lambda v: is_number(v) and v >= 0, "a number >= 0", float),
+        rules.rule(lambda v: is_number(v) and v >= 0, "a number >= 0", float),
         "Sampling temperature; 0 is greedy",
         float,
         ("temperature",),
     ),
     Param(
         "top_p",
-        _rule(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]", float),
+        rules.rule(lambda v: is_number(v) and 0 < v <= 1, "a number in (0, 1]", float),
         "Nucleus sampling",
         float,
         ("top_p",),
     ),
     Param(
         "top_k",
-        _rule(lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
+        rules.rule(lambda v: is_int(v) and v >= 0, "an integer >= 0 (0 = off)"),
         "Top-k sampling; 0 is off",
         int,
         ("top_k",),
     ),
     Param(
         "min_p",
-        _rule(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", float),
+        rules.rule(lambda v: is_number(v) and 0 <= v <= 1, "a number in [0, 1]", float),
         "Min-p sampling",
         float,
         ("min_p",),
     ),
     Param(
         "repetition_penalty",
-        _rule(lambda v: is_number(v) and v > 0, "a number > 0", float),
+        rules.rule(lambda v: is_number(v) and v > 0, "a number > 0", float),
         "Repetition penalty; 1 is off",
         float,
         ("repetition_penalty",),
     ),
     Param(
         "presence_penalty",
-        _rule(is_number, "a number", float),
+        rules.rule(is_number, "a number", float),
         "Presence penalty",
         float,
         ("presence_penalty",),
     ),
     Param(
         "frequency_penalty",
-        _rule(is_number, "a number", float),
+        rules.rule(is_number, "a number", float),
         "Frequency penalty",
         float,
         ("frequency_penalty",),
     ),
-    Param("logit_bias", _logit_bias, 'Bias by token id, e.g. {"42": -100}', None, ("logit_bias",)),
+    Param("logit_bias", rules.logit_bias, 'Bias by token id, e.g. {"42": -100}', None, ("logit_bias",)),
     Param(
         "completions",
-        _rule(lambda v: is_int(v) and 1 <= v <= _MOST_CHOICES, f"an integer in [1, {_MOST_CHOICES}]"),
+        rules.rule(
+            lambda v: is_int(v) and 1 <= v <= rules.MOST_CHOICES, f"an integer in [1, {rules.MOST_CHOICES}]"
+        ),
         "Completions per row (OpenAI's n)",
         int,
         ("n",),
     ),
-    Param("stop", _stop, "Stop sequence (repeatable)", str, ("stop",)),
+    Param("stop", rules.stop, "Stop sequence (repeatable)", str, ("stop",)),
     Param(
         "seed",
-        _rule(lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's range
+        rules.rule(lambda v: is_int(v) and 0 <= v < 2**64, "an integer in [0, 2**64)"),  # MLX's range
         "Sampling seed",
         int,
         ("seed",),
     ),
-    Param("system", _rule(lambda v: isinstance(v, str), "a string"), "System prompt", str),
+    Param("system", rules.rule(lambda v: isinstance(v, str), "a string"), "System prompt", str),
     Param(
         "chat_template_kwargs",
-        _rule(lambda v: isinstance(v, dict), "an object", dict),
+        rules.rule(lambda v: isinstance(v, dict), "an object", dict),
         "Chat template keywords",
         None,
         ("chat_template_kwargs",),
     ),
     Param(
         "logprobs",
-        _rule(lambda v: isinstance(v, bool), "true or false"),
+        rules.rule(lambda v: isinstance(v, bool), "true or false"),
         "Record each generated token's log-probability (a logprobs column)",
         bool,
         ("logprobs",),
     ),
     Param(
         "top_logprobs",
-        _rule(lambda v: is_int(v) and 0 <= v <= _MOST_TOP, f"an integer in [0, {_MOST_TOP}]"),  # noqa: E501
+        rules.rule(lambda v: is_int(v) and 0 <= v <= rules.MOST_TOP, f"an integer in [0, {rules.MOST_TOP}]"),  # noqa: E501
         "... and its k likeliest alternatives",
         int,
         ("top_logprobs",),
     ),
-    Param("choices_to_score", _answers, "An answer to score (repeatable): choice_scores", str),
+    Param("choices_to_score", rules.answers, "An answer to score (repeatable): choice_scores", str),
     Param(
         "score_only",
-        _rule(lambda v: isinstance(v, bool), "true or false"),
+        rules.rule(lambda v: isinstance(v, bool), "true or false"),
         "Score the row's choices or text without generating",
         bool,
     ),
     Param(
         "stop_repetition",
-        _loop_span,
+        rules.loop_span,
         "End a row whose last N tokens repeat a cycle of up to 32 tokens (finish_reason repetition, "
         "its text up to the first repeat); 0 is off",
         int,
     ),
     Param(
         "thinking",
-        _on_off,
+        rules.on_off,
         "on / off: a thinking model reasons before answering (its template's enable_thinking, or "
         "an empty closed block); unset, on for a thinking model, as mlx-lm renders it",
         str,
     ),
     Param(
         "reasoning_budget",
-        _rule(
+        rules.rule(
             lambda v: is_int(v) and 0 <= v <= MAX_REASONING,
             f"an integer from 0 to {MAX_REASONING:,} (the most allowed)",
         ),
@@ -386,10 +274,10 @@ PARAMS = (
         int,
         ("reasoning_budget", "thinking_token_budget"),
     ),
-    Param("tools", _tools, "OpenAI function tools, given to the chat template", None, ("tools",)),
+    Param("tools", rules.tools, "OpenAI function tools, given to the chat template", None, ("tools",)),
     Param(
         "tool_choice",
-        _tool_choice,
+        rules.tool_choice,
         "auto, none, required or a function: its call constrained",
         None,
         ("tool_choice",),

@@ -4,8 +4,8 @@ references in the order the prompt's slots take them."""
 
 from __future__ import annotations
 
-from ..core.params import Problem
 from ..core.records import MediaKind, MediaRef, Message, Part
+from ..core.rules import Problem
 
 __all__ = [
     "PART_TYPES",

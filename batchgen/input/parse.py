@@ -11,18 +11,9 @@ from typing import Any, Protocol
 
 from ..core.constraints import CONSTRAINT_FIELDS, constraint_of, with_tool_choice
 from ..core.errors import short
-from ..core.params import (
-    MOST_SCORED,
-    OPENAI_FIELDS,
-    PARAMS,
-    Constraint,
-    GenParams,
-    Problem,
-    check_params,
-    is_int,
-    is_number,
-)
+from ..core.params import OPENAI_FIELDS, PARAMS, Constraint, GenParams, check_params
 from ..core.records import MEDIA_COLUMNS, Job, MediaRef, Scoring
+from ..core.rules import MOST_SCORED, Problem, is_int, is_number
 from ..core.settings import SET_NAME, Columns
 from .messages import (
     PART_TYPES,

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from typing import Any
 
 from ..core.errors import ConfigError
-from ..core.params import Problem
+from ..core.rules import Problem
 
 __all__ = ["fill_template", "fields_of", "template_fields", "has_field"]
 

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import io
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -201,6 +202,24 @@ def _later_stages(
     return rows
 
 
+def _picture_keys(
+    r: ResultRow,
+    refs: Sequence[tuple[Ref, str]],
+    from_job: dict[str, list[tuple[str, list[str]]]],
+    thumbs: _Thumbs,
+) -> list[str]:
+    """The thumbnails' keys of a row's pictures: its media, else the job's pictures of it (a
+    dataset's bytes the output does not carry), else its `url` column's."""
+    keys = []
+    for key, shown in from_job.get(id_key(r["id"]), []) if not refs else []:
+        thumbs.setdefault(key, shown)
+        keys.append(key)
+    if not refs and not keys:
+        url = next((r[c] for c in _URL_COLUMNS if isinstance(r.get(c), str)), "")
+        refs = [(url, "image")] if url.startswith(("http://", "https://")) else []
+    return keys + [thumbs.key(ref, kind) for ref, kind in refs]
+
+
 def _card_id(row_id: object) -> str:
     """A card's name: a captioning run's file (`photos/a.png#1` → `photos/a.png`), else the id."""
     text = str(row_id)
@@ -240,14 +259,7 @@ def write_gallery(
     several = made_by(rows)
     made = [" · ".join(f"{c} {v[i]}" for c, v in several.items()) for i in range(len(rows))]
     for r, refs, (question, _), by in zip(rows, media, asked, made, strict=True):
-        keys = []
-        for key, shown in from_job.get(id_key(r["id"]), []) if not refs else []:
-            thumbs.setdefault(key, shown)
-            keys.append(key)
-        if not refs and not keys:
-            url = next((r[c] for c in _URL_COLUMNS if isinstance(r.get(c), str)), "")
-            refs = [(url, "image")] if url.startswith(("http://", "https://")) else []
-        keys += [thumbs.key(ref, kind) for ref, kind in refs]
+        keys = _picture_keys(r, refs, from_job, thumbs)
         card = by_media.get(tuple(keys)) if keys else None
         if card is None:  # one card per picture (or set of them); a row without media, its own
             card = {"id": _card_id(r["id"]), "media": keys, "entries": []}
@@ -267,19 +279,18 @@ def write_gallery(
         card["status"] = "ok" if all(e["status"] == "ok" for e in card["entries"]) else "error"
         card["rows"] = len({e["id"] for e in card["entries"]})
     missing = [key.split(":", 1)[1] for key, shown in thumbs.items() if not shown]
-    ok = sum(r["status"] == "ok" for r in rows)
-    page = _PAGE.render(
-        title=path.name,
-        counts=f"{len(rows)} rows on {len(cards)} cards · {ok} ok · {len(rows) - ok} failed"
-        + (
-            f" · {len(stages)} stages, {sum(r['dropped_at'] is None for r in rows)} rows through all"
-            if stages
-            else ""
-        ),
-        data={"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS},
-    )
-    out.write_text(page)
+    data = {"cards": cards, "thumbs": thumbs, "page": _PAGE_CARDS}
+    out.write_text(_PAGE.render(title=path.name, counts=_counts(rows, len(cards), len(stages)), data=data))
     return len(cards), missing, policy.base, sorted({ref for c in cards for ref in c.get("changed", [])})
+
+
+def _counts(rows: list[ResultRow], cards: int, stages: int) -> str:
+    """The page's headline: rows, cards, ok and failed; a staged job's stages and rows kept."""
+    ok = sum(r["status"] == "ok" for r in rows)
+    said = f"{len(rows)} rows on {cards} cards · {ok} ok · {len(rows) - ok} failed"
+    if stages:
+        said += f" · {stages} stages, {sum(r['dropped_at'] is None for r in rows)} rows through all"
+    return said
 
 
 _PAGE = jinja2.Environment(autoescape=True).from_string("""<!doctype html>

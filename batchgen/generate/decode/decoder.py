@@ -105,7 +105,6 @@ class DecodeBatch:
         self.watch = watch or Watch()
         self.width = width or len(seqs)
         self.samplers = [sampler_for(s.params) for s in seqs]
-        # `traits`: the model's; a constraint's mask and a thinking row's rules need them
         self.processors = [logits_processors_for(s.params, traits, eos, s.part) for s in seqs]
         self.thinking = [thinking_of(procs) for procs in self.processors]
         self.deadlines = [float("inf")] * len(seqs)
@@ -265,10 +264,8 @@ class DecodeBatch:
             sampler = self.samplers[rows[js[0]]]
             if sampler is None:
                 values = greedy(logits[at])
-            elif isinstance(sampler, Seeded):
-                seeded = [
-                    s for j in js if isinstance(s := self.samplers[rows[j]], Seeded)
-                ]  # the group's: all
+            elif isinstance(sampler, Seeded):  # and so is every sampler of its group
+                seeded = [s for j in js if isinstance(s := self.samplers[rows[j]], Seeded)]
                 values = Seeded.draw(seeded, logprobs[at])
             else:
                 values = sampler(logprobs[at])

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import shutil
 import tempfile
@@ -36,8 +35,8 @@ from ..input.read import JobIndex
 from ..media.resolve import Decoded
 from ..output.resume import Resume
 from ..output.run_files import Heartbeat, OutputLock, errors_owned, errors_path, heartbeat_path, write_errors
-from ..output.store import strict_json
-from ..output.write import ResultWriter, stats_path
+from ..output.stats import stats_path, write_stats
+from ..output.write import ResultWriter
 from .executor import Executor
 from .passes import executor_for
 from .start import open_job, resume_of, writer_for
@@ -311,27 +310,5 @@ def _conclude(
             one_line(errors),
         )
     summary.errors_file = errors if summary.errors_sha256 else None
-    figures = asdict(summary)
-    if not summary.generated and writer.store.exists(path):
-        # Nothing to do (a cron rerun): the last real run's figures stay, the no-op is noted.
-        try:
-            previous = json.loads(writer.store.read_text(path))
-            kept = (
-                "rows",
-                "ok",
-                "failed",
-                "failed_now",
-                "failed_earlier",
-                "job_rows",
-                "pending",
-                "complete",
-                "time_limited",
-                "errors_file",
-                "errors_sha256",
-            )
-            now = {k: figures[k] for k in kept}
-            figures = {**previous, **now, "last_noop": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-        except (OSError, ValueError):
-            pass  # an unreadable stats file is replaced
-    writer.store.write_text(path, strict_json(figures, indent=2) + "\n")
+    write_stats(writer.store, path, asdict(summary))
     return summary

@@ -42,9 +42,9 @@ from ..generate.generator import GeneratorFactory, Resident
 from ..media.resolve import Decoded
 from ..output.resume import settings_of
 from ..output.run_files import stage_output, stages_folder
-from ..output.store import atomic_write, strict_json
+from ..output.stats import stats_path, write_stats
+from ..output.store import Store, atomic_write
 from ..output.tables import is_ours
-from ..output.write import stats_path
 from . import runner
 from .start import open_job
 from .summary import Progress, RunSummary, finish
@@ -121,8 +121,8 @@ def run_stages(
     atomic_write(Path(config.output), lambda p: pq.write_table(table, p))
     summary = _summed(summaries, str(config.output), table, len(index.output), time.monotonic() - started)
     summary.time_limited = summary.time_limited or timed_out
-    figures = strict_json(dataclasses.asdict(summary), indent=2) + "\n"
-    atomic_write(Path(stats_path(config.output)), lambda p: p.write_text(figures))
+    path = str(stats_path(config.output))
+    write_stats(Store(path), path, dataclasses.asdict(summary))
     return summary
 
 

@@ -21,6 +21,7 @@ from ..output.parts import Earlier, partial_dir
 from ..output.resume import Resume, settings_of
 from ..output.run_files import OutputLock, errors_owned, errors_path, heartbeat_path
 from ..output.shards import MirroredShards, Shards
+from ..output.stats import stats_path
 from ..output.store import Store
 from ..output.tables import dropped_columns
 from ..output.write import (
@@ -31,7 +32,6 @@ from ..output.write import (
     ResultWriter,
     SingleFile,
     WriteOptions,
-    stats_path,
 )
 
 __all__ = ["open_job", "writer_for", "resume_of", "check_paths", "check_columns"]

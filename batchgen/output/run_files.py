@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import math
 import os
 import socket
 import stat
@@ -24,7 +23,8 @@ from ..core.errors import ConfigError, OutputLockedError
 from ..core.files import file_digest
 from ..core.records import ResultRow
 from ..core.uris import is_uri
-from .store import Store, json_object, read_small, strict_json
+from .stats import read_figures
+from .store import Store, is_count, is_measure, json_object, read_small, strict_json
 
 __all__ = [
     "OutputLock",
@@ -36,13 +36,11 @@ __all__ = [
     "stage_files",
     "read_heartbeat",
     "failed_records",
-    "read_stats",
     "errors_owned",
     "write_errors",
     "read_lock",
     "lock_held",
     "is_count",
-    "STATS_BYTES",
     "stamp",
 ]
 
@@ -125,12 +123,6 @@ class Heartbeat:
 
 _SMALL = 64 << 10  # a heartbeat or a lock is a few hundred bytes: a larger one is not ours
 _TEXT = 4096  # a heartbeat's longest text (its message is an error's, cut shorter)
-_COUNT = 1 << 53  # counts and times past this are forged, not counted
-
-
-def is_count(value: object) -> bool:
-    """A count as a run writes one: an integer (not a bool) from 0 to 2**53."""
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT
 
 
 def _fits(value: object, hint: object) -> bool:
@@ -143,7 +135,7 @@ def _fits(value: object, hint: object) -> bool:
     if kind == "int":
         return is_count(value)
     if kind == "float":
-        return isinstance(value, (int, float)) and math.isfinite(value) and 0 <= value < _COUNT
+        return is_measure(value)
     return kind == "str" and isinstance(value, str) and len(value) <= _TEXT
 
 
@@ -207,17 +199,6 @@ def failed_records(rows: list[ResultRow]) -> list[dict[str, Any]]:
     ]
 
 
-STATS_BYTES = 1 << 20  # a run's figures are a few KB: a larger stats file is not one
-
-
-def read_stats(path: Path | str) -> dict[str, Any] | None:
-    """The last run's figures, if its stats file is one: a regular file, bounded, JSON of an
-    object (None: there is none; {}: one that is not ours — damaged, a FIFO, a folder, a link)."""
-    if not os.path.lexists(path):
-        return None
-    return json_object(read_small(path, STATS_BYTES)) or {}
-
-
 def errors_ours(path: Path, recorded: object) -> bool:
     """Whether the file at `path` is the error file this output's last run wrote, unchanged:
     a regular file whose sha256 is the one its figures recorded (`errors_sha256`)."""
@@ -238,7 +219,8 @@ def errors_owned(errors: Path | str, output: Path | str, sharded: bool, stats: P
     path = Path(errors)
     if not os.path.lexists(path):
         return True
-    return errors_ours(path, (read_stats(stats) or {}).get("errors_sha256"))
+    figures = read_figures(stats)
+    return errors_ours(path, figures.errors_sha256 if figures is not None else None)
 
 
 def write_errors(store: Store, path: str, table: pa.Table, this_run: set[Any]) -> str | None:

@@ -15,7 +15,7 @@ import shutil
 import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,7 +23,16 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, JobFileError
 from ..core.uris import filesystem, is_uri
 
-__all__ = ["Store", "atomic_write", "json_object", "read_small", "stale_temps", "strict_json"]
+__all__ = [
+    "Store",
+    "atomic_write",
+    "is_count",
+    "is_measure",
+    "json_object",
+    "read_small",
+    "stale_temps",
+    "strict_json",
+]
 
 
 def strict_json(value: object, **options: Any) -> str:
@@ -58,6 +67,24 @@ def read_small(path: Path | str, limit: int) -> bytes | None:
     finally:
         os.close(fd)
     return data if len(data) <= limit else None
+
+
+_COUNT = 1 << 53  # counts and times past this are forged, not counted
+
+
+def is_count(value: object) -> bool:
+    """A count as a run writes one: an integer (not a bool) from 0 to 2**53."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT
+
+
+def is_measure(value: object) -> TypeGuard[int | float]:
+    """A time or a rate as a run writes one: a finite number (not a bool) from 0 to 2**53."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and 0 <= value < _COUNT
+    )
 
 
 def json_object(data: bytes | None) -> dict[str, Any] | None:

@@ -22,7 +22,6 @@ import pyarrow as pa
 
 from ..core.records import Result, Values
 from ..core.settings import Fingerprint
-from ..core.uris import is_uri
 from ..input.read import JobIndex, id_key
 from .parts import Earlier, Parts, part_number, partial_dir
 from .store import Store
@@ -36,7 +35,6 @@ __all__ = [
     "Sink",
     "ResultWriter",
     "SingleFile",
-    "stats_path",
 ]
 
 
@@ -46,11 +44,6 @@ MEDIA_POLICY_KEY = b"batchgen.media_policy"  # ... which local media the run cou
 TEMPLATE_KEY = b"batchgen.prompt_template"  # ... the --prompt-template the prompts were made with
 JOB_KEY = b"batchgen.job"  # ... the job (a local one's path), its id column and mapped media columns
 COMPLETE_KEY = b"batchgen.complete"  # ... whether it holds every row of its job, and how many are pending
-
-
-def stats_path(output: Path | str, sharded: bool = False) -> Path | str:
-    name = f"{output}/_stats.json" if sharded else f"{output}.stats.json"
-    return name if is_uri(str(output)) else Path(name)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from ..core.errors import ConfigError, describe
 from ..core.records import ResultRow
 from ..input.formats import EXTENSIONS
 from ..output.parts import partial_dir
-from ..output.write import stats_path
+from ..output.stats import stats_path
 from .results import MediaPolicy
 
 __all__ = ["ExportOptions", "ExportSummary", "Item", "Origin", "Forbidden", "item_text", "item_fields"]

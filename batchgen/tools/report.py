@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 from ..core.errors import gist, one_line, plural
-from ..output.run_files import failed_records, read_stats
+from ..output.run_files import failed_records
+from ..output.stats import Figures, read_figures, stats_path
 from ..output.store import strict_json
 from ..output.write import COMPLETE_KEY
 from .results import made_by, read_results, results_schema, staged
@@ -87,29 +89,23 @@ def summarize(path: Path, slowest: int = 5) -> str:
     ok = sum(r["status"] == "ok" for r in rows)
     lines = [f"{path}: {plural(len(rows), 'row')}, {ok:,} ok, {len(rows) - ok:,} failed"]
     lines += _error_lines(rows) + _group_lines(rows)
-    stats_file = path / "_stats.json" if path.is_dir() else path.with_name(path.name + ".stats.json")
-    stats = read_stats(stats_file)
-    if stats == {}:
+    stats_file = stats_path(path, path.is_dir())
+    figures = read_figures(stats_file)
+    if figures is None and os.path.lexists(stats_file):
         lines.append(
             f"{stats_file}: not a stats file batchgen wrote (damaged, or not a regular file): "
             "speed and completeness from the Parquet alone"
         )
-    stats = stats or {}
     schema = results_schema(path)
     recorded = set(schema.names)  # a slim output holds no counts or timings
     if {"prompt_tokens", "completion_tokens"} <= recorded:
-        lines.append(_token_line(rows, stats))
-    try:
-        done = json.loads((schema.metadata or {}).get(COMPLETE_KEY, b"{}") or b"{}")
-    except ValueError:
-        done = {}
-    done = done if isinstance(done, dict) and done else stats  # a shard folder says it in _stats.json
-    job_rows, pending = done.get("job_rows"), done.get("pending")
-    if done.get("complete") is False and isinstance(job_rows, int) and isinstance(pending, int):
+        lines.append(_token_line(rows, figures))
+    if (left := _left(schema.metadata or {}, figures)) is not None:
+        job_rows, pending = left
         lines.insert(
             1,
-            f"incomplete: {len(rows):,} of {job_rows:,} rows, "
-            f"{pending:,} pending (rerun without --limit to finish)",
+            f"incomplete: {len(rows):,} of {job_rows:,} rows, {pending:,} pending "
+            "(rerun without --limit to finish)",
         )
     cached = [r["cached_tokens"] or 0 for r in rows if r["status"] == "ok"]
     reused = sum(c > 0 for c in cached)
@@ -167,16 +163,32 @@ def _error_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _token_line(rows: list[dict], stats: dict) -> str:
+def _left(about: dict[bytes, bytes], figures: Figures | None) -> tuple[int, int] | None:
+    """(job rows, pending) of an incomplete output, as its own metadata says it (a shard
+    folder's stats file says it for the folder); None for a complete one."""
+    try:
+        done = json.loads(about.get(COMPLETE_KEY, b"{}") or b"{}")
+    except ValueError:
+        done = {}
+    if isinstance(done, dict) and done:
+        complete, job_rows, pending = done.get("complete"), done.get("job_rows"), done.get("pending")
+    elif figures is not None:
+        complete, job_rows, pending = figures.complete, figures.job_rows, figures.pending
+    else:
+        return None
+    if complete is False and isinstance(job_rows, int) and isinstance(pending, int):
+        return job_rows, pending
+    return None
+
+
+def _token_line(rows: list[dict], figures: Figures | None) -> str:
     """Tokens in and out, and the last run's speed where its stats file says it."""
     prompt = sum(r["prompt_tokens"] or 0 for r in rows)
     completion = sum(r["completion_tokens"] or 0 for r in rows)
     speed = ""
-    if all(isinstance(stats.get(k), (int, float)) for k in ("tokens_per_s", "rows_per_s", "wall_s")):
-        speed = (
-            f" · last run {stats['tokens_per_s']:.1f} tok/s, {stats['rows_per_s']:.2f} rows/s"
-            f" over {stats['wall_s']:.1f} s"
-        )
+    f = figures
+    if f is not None and f.tokens_per_s is not None and f.rows_per_s is not None and f.wall_s is not None:
+        speed = f" · last run {f.tokens_per_s:.1f} tok/s, {f.rows_per_s:.2f} rows/s over {f.wall_s:.1f} s"
     return f"tokens: {prompt:,} prompt, {completion:,} completion{speed}"
 
 

@@ -16,21 +16,19 @@ import pyarrow.parquet as pq
 
 from ..core.budget import human_duration
 from ..core.errors import ConfigError, one_line, plural
-from ..core.figures import GROUPED_BY, MAX_GROUPS, RowGroup
+from ..core.figures import RowGroup
 from ..core.uris import is_uri
 from ..output.run_files import (
-    STATS_BYTES,
     Heartbeat,
     OutputLock,
     heartbeat_path,
-    is_count,
     lock_held,
     read_heartbeat,
     read_lock,
     stage_files,
 )
-from ..output.store import Store, json_object, strict_json
-from ..output.write import stats_path
+from ..output.stats import read_figures, stats_path
+from ..output.store import Store, strict_json
 
 __all__ = ["OutputStatus", "ShardRows", "status_of", "EXIT_CODES", "exit_code", "render", "as_json"]
 
@@ -91,7 +89,7 @@ def status_of(output: str) -> OutputStatus:
     sharded = store.is_dir(output)
     beat_file, stats_file = heartbeat_path(output, sharded), str(stats_path(output, sharded))
     beat = read_heartbeat(store, beat_file)
-    figures = _figures(store, stats_file)
+    figures = read_figures(stats_file)
     status = OutputStatus(output, "incomplete", last_run=beat)
     for path, read in ((beat_file, beat), (stats_file, figures)):
         if read is None and _there(store, path):
@@ -102,9 +100,10 @@ def status_of(output: str) -> OutputStatus:
     if beat is None and figures is None and not status.stages:
         raise ConfigError(f"{one_line(output)}: no batchgen run has written here (no heartbeat, no stats)")
     if figures is not None:
-        status.rows, status.ok, status.failed, status.pending, status.job_rows = (figures[k] for k in _COUNTS)
-        status.errors_by_stage, status.groups = figures["errors_by_stage"], figures["groups"]
-        status.state = "complete" if figures["complete"] else "incomplete"
+        status.rows, status.ok, status.failed = figures.rows, figures.ok, figures.failed
+        status.pending, status.job_rows = figures.pending, figures.job_rows
+        status.errors_by_stage, status.groups = figures.errors_by_stage, figures.groups
+        status.state = "complete" if figures.complete else "incomplete"
     if beat is not None and (figures is None or beat.state not in _CONCLUDED):
         # The latest run ended before writing its figures: its committed rows wait in the parts.
         status.rows = max(status.rows, beat.done_before + beat.done)
@@ -144,48 +143,6 @@ def _there(store: Store, path: str) -> bool:
 
 
 _COUNTS = ("rows", "ok", "failed", "pending", "job_rows")
-
-
-def _figures(store: Store, path: str) -> dict | None:
-    """The figures `status` shows from the stats file, each of its type (None: no stats file,
-    or one batchgen did not write: a count that is not one, a stage's name that is not text)."""
-    data = json_object(store.read_small(path, STATS_BYTES))
-    if not data or "rows" not in data:  # every stats file batchgen writes counts its rows
-        return None
-    counts = {k: data.get(k) or 0 for k in _COUNTS}
-    stages = data.get("errors_by_stage") or {}
-    if not all(map(is_count, counts.values())) or not isinstance(stages, dict) or len(stages) > 64:
-        return None
-    if not all(isinstance(k, str) and len(k) <= 64 and is_count(v) for k, v in stages.items()):
-        return None
-    groups = _groups(data.get("groups"))
-    if groups is None:
-        return None
-    return {**counts, "errors_by_stage": stages, "groups": groups, "complete": data.get("complete") is True}
-
-
-def _groups(value: object) -> dict[str, list[RowGroup]] | None:
-    """The stats' rows per model and adapter, each typed and bounded (None: not batchgen's)."""
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not set(value) <= set(GROUPED_BY):
-        return None
-    out: dict[str, list[RowGroup]] = {}
-    for column, items in value.items():
-        if not isinstance(items, list) or len(items) > MAX_GROUPS:
-            return None
-        try:
-            out[column] = [RowGroup(**item) for item in items]
-        except TypeError:  # a missing or unknown key
-            return None
-        if not all(map(_typed, out[column])):
-            return None
-    return out
-
-
-def _typed(group: RowGroup) -> bool:
-    counts = is_count(group.rows) and is_count(group.ok) and group.ok <= group.rows
-    return isinstance(group.value, str) and len(group.value) <= 4096 and counts
 
 
 def _running(output: str, beat: Heartbeat | None) -> bool:

@@ -23,10 +23,10 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError
 from ..core.settings import RunConfig, Stage
 from ..input.read import iter_rows
+from ..input.source import Source, resolve
 from ..input.template import template_fields
 from ..output.run_files import stage_output
 from .plan import PlanReport, plan_job
-from .start import open_job
 
 __all__ = ["StagePlan", "StagedPlan", "plan_stages"]
 
@@ -97,19 +97,17 @@ def plan_stages(config: RunConfig, calibrate: int = 0) -> StagedPlan:
     failing = sum(report.failing.values())  # rows that fail before generating fail here, at the first stage
     plans = [_stage_plan(first, report, (report.todo - failing,) * 2, 0)]
     reaching = _reaching((report.job_rows - failing,) * 2, first)
-    index = open_job(dataclasses.replace(own, input=config.input))
+    source = resolve(config.input, first.config.format)  # scanned and checked by the first stage's plan
     with tempfile.TemporaryDirectory(prefix="batchgen-plan-") as tmp:
         for number, stage in enumerate(config.stages[1:], 2):
             before = config.stages[: number - 1]
-            job = _stand_in(
-                index.source, first.config.columns.id, before, stage, Path(tmp) / f"{number}.parquet"
-            )
+            job = _stand_in(source, first.config.columns.id, before, stage, Path(tmp) / f"{number}.parquet")
             stand_in = dataclasses.replace(
                 stage.config,
                 stages=(),
                 input=job,
                 output=Path(tmp) / f"{number}-out.parquet",
-                paths_from=index.base,
+                paths_from=source.base,
                 columns=dataclasses.replace(stage.config.columns, id=None),
             )
             report = plan_job(stand_in)
@@ -137,7 +135,7 @@ def _reaching(rows: tuple[int, int], stage: Stage) -> tuple[int, int]:
 
 
 def _stand_in(
-    source: Any, id_column: str | None, before: tuple[Stage, ...], stage: Stage, path: Path
+    source: Source, id_column: str | None, before: tuple[Stage, ...], stage: Stage, path: Path
 ) -> Path:
     """The job a later stage would read, its earlier stages' values empty: each job row with
     every field its template names from an earlier stage."""

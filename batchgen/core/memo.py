@@ -1,5 +1,5 @@
 """`Memo`: a content-keyed, bounded memo shared by threads (downloads, decodes, processor outputs);
-`PerObject`: what is worked out once for an object (a tokenizer's markers), kept while it lives."""
+`PerObject`: what is worked out once for an object (a model's measured memory), kept while it lives."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ class Memo(Generic[V]):
 
 class PerObject(Generic[V]):
     """`get(obj, compute)`: what `compute()` made for this very object, made once while it
-    lives (a tokenizer's thinking markers, its tool-call format, a model's measured memory).
+    lives (a model's measured KV footprint and its weights' bytes).
     An entry holds the object weakly and goes when it does, so a later object that Python puts
     at a freed one's address never finds the old value; objects that cannot be dict keys (an
     MLX model is a dict) are held the same way."""

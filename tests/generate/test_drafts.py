@@ -225,6 +225,7 @@ def test_invalid_drafter_settings_stop_the_run_before_any_row(tmp_path, mtp_pair
         assert not out.exists()
 
 
+@pytest.mark.slow  # row by row against mlx-lm's speculative loop (3 s)
 def test_text_drafter_rows_speculate_batched_as_mlx_lms_own_loop(tmp_path, text_pair):
     """Greedy rows of mixed lengths and seeded sampled rows, eight at a time: each row's text,
     its drafted and accepted counts are those of mlx-lm's one-row speculative generate with the

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
 from conftest import MODELS, SAMPLE, read, run_cli, write_jsonl
 
 from batchgen.core.params import GenParams
@@ -38,6 +39,7 @@ def _ids(row):
     )
 
 
+@pytest.mark.slow  # long looping rows against an unstopped run (3 s)
 def test_looping_rows_end_at_their_loop_and_the_others_are_unchanged(tmp_path):
     import mlx_lm
 

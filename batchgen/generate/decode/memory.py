@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 from mlx_lm.utils import maybe_set_recommended_wired_limit
@@ -34,7 +34,6 @@ from ...core.figures import MemoryStats
 from ...core.memo import PerObject
 from ..base.arrays import Model, parameters
 from ..base.aside import at_home
-from ..load.loading import Models
 from .adapters import Cache, CacheLayer
 from .prefix_cache import PrefixCache
 
@@ -194,12 +193,21 @@ def weights_bytes(model: Model) -> int:
     return sum(v.nbytes for _, v in parameters(model))
 
 
+class Loaded(Protocol):
+    """What the budget asks of the run's checkpoints (`load.loading.Models`): the models loaded
+    so far, whose weights it counts, and the caches they keep that may shrink for a row."""
+
+    def loaded(self) -> list[Model]: ...
+
+    def caches(self) -> list[Any]: ...
+
+
 class Memory:
     """The run's budget over its loaded models and caches. `fits` decides a decode batch's
     width as rows join; `check_alone` refuses a row no batch could hold; `lower` follows an
     out-of-memory. Without a budget every row fits (only --batch-size bounds a batch)."""
 
-    def __init__(self, spec: BudgetSpec | None, models: Models, prefixes: PrefixCache | None = None):
+    def __init__(self, spec: BudgetSpec | None, models: Loaded, prefixes: PrefixCache | None = None):
         self.models, self.prefixes = models, prefixes
         self.stats = MemoryStats()
         self._footprints: PerObject[dict[Hashable, Footprint | None]] = PerObject()  # by model, by kind

@@ -33,6 +33,7 @@ __all__ = [
     "ChoiceScore",
     "ToolCall",
     "Generation",
+    "GENERATED",
     "Result",
     "Finished",
 ]
@@ -258,24 +259,21 @@ class Generation:
     tool_calls: list[ToolCall] | None = None  # a row with tools: the calls its answer made
 
 
+# A row's Generation as the output's columns: its fields by their names, its text as the row's
+# `generated_text`; whether max_tokens was lowered (`capped`) is counted per run, not kept.
+GENERATED = {"text": "generated_text", **{f: f for f in Generation.__slots__ if f not in ("text", "capped")}}
+
+
 @dataclass(slots=True, kw_only=True)
 class Result:
-    """One output row's generated columns; the input columns travel beside it."""
+    """One output row's columns of ours (the input columns travel beside it): what generation
+    made of the row (`generation`, None for a row that failed before it) and how the row went."""
 
     id: RowId
     status: Literal["ok", "error"] = "ok"
-    generated_text: str | None = None  # the answer (a thinking model's reasoning in `reasoning`)
-    reasoning: str | None = None
-    tool_calls: list[ToolCall] | None = None
-    finish_reason: str | None = None
+    generation: Generation | None = None  # the text, finish reason, token counts, scores, calls
     error: str | None = None
     error_stage: Stage | None = None  # errors.Stage
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
-    cached_tokens: int = 0
-    mtp_drafts: int = 0
-    mtp_accepted: int = 0
     fetch_ms: float = 0.0
     decode_ms: float = 0.0
     frames_ms: float = 0.0
@@ -287,19 +285,67 @@ class Result:
     transient: bool = False  # the failure may not happen again (a server down, a timeout): retried
     choices: str | None = None  # n > 1: every completion, as JSON [{text, finish_reason, completion_tokens}]
     parsed: str | None = None  # a JSON-constrained row: its output, parsed and checked, as JSON text
-    logprobs: list[TokenLogprobs] | None = None
-    choice_scores: list[ChoiceScore] | None = None
-    score_logprob: float | None = None  # score_text: Generation.score_logprob
-    score_mean: float | None = None
-    score_tokens: int | None = None
     input_hash: str | None = None  # fingerprint of the input row: a rerun refuses changed rows
     media_files: list[dict[str, object]] | None = None  # MediaFile of each item read, as dicts
     # Not a column: the kinds of the row's answer fields (answers.answer_kinds) as JSON,
     # from which the writer makes the typed `answer.<field>` columns beside `parsed`.
     answer_kinds: str | None = None
 
+    def columns(self) -> dict[str, Any]:
+        """The row's value in each of our columns (RESULT_COLUMNS): a row without a generation
+        has no text and counts nothing."""
+        gen = self.generation
+        made = {
+            c: getattr(gen, f) if gen is not None else (0 if f in TOTALS else None)
+            for f, c in GENERATED.items()
+        }
+        return {c: made[c] if c in made else getattr(self, c) for c in RESULT_COLUMNS}
 
-RESULT_COLUMNS = tuple(name for name in Result.__slots__ if name != "answer_kinds")  # what the output holds
+    @classmethod
+    def from_columns(cls, values: dict[str, Any]) -> Result:
+        """A row back from its columns (and `answer_kinds`), as a Ray actor hands it over."""
+        own = {k: v for k, v in values.items() if k in cls.__dataclass_fields__ and k != "generation"}
+        if values.get("finish_reason") is None:  # no generation: the row failed before it
+            return cls(**own)
+        made = {f: values[c] for f, c in GENERATED.items() if c in values}
+        return cls(**own, generation=Generation(**{**made, "text": made.get("text") or ""}))
+
+
+# What the output holds of ours, in its order.
+RESULT_COLUMNS = (
+    "id",
+    "status",
+    "generated_text",
+    "reasoning",
+    "tool_calls",
+    "finish_reason",
+    "error",
+    "error_stage",
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "mtp_drafts",
+    "mtp_accepted",
+    "fetch_ms",
+    "decode_ms",
+    "frames_ms",
+    "generate_ms",
+    "model",
+    "adapter",
+    "adapter_sha256",
+    "attempts",
+    "transient",
+    "choices",
+    "parsed",
+    "logprobs",
+    "choice_scores",
+    "score_logprob",
+    "score_mean",
+    "score_tokens",
+    "input_hash",
+    "media_files",
+)
 # Columns every output keeps, whatever it is told to leave out: what a rerun resumes from
 # (which rows are done, whether they changed, which failures to try again) and why a row failed.
 KEPT_COLUMNS = (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..core.answers import answer_kinds
 from ..core.errors import RowError, one_line, plural
-from ..core.records import TOTALS, Finished, Job, Media, Result
+from ..core.records import Finished, Job, Media, Result
 from ..core.settings import WorkSettings
 from ..generate.generator import Generated, Generator
 from ..input.parse import near_miss, parse_job
@@ -49,18 +49,7 @@ def _result(job: Job, prepared: Prepared | None, outcome: Generated | RowError) 
     if isinstance(outcome, Generated):
         result.model, result.generate_ms = outcome.model, outcome.generate_ms
         result.adapter, result.adapter_sha256 = outcome.adapter, outcome.adapter_sha256
-        result.choices, result.parsed = outcome.choices, outcome.parsed
-        if (gen := outcome.generation) is not None:
-            result.generated_text, result.finish_reason = gen.text, gen.finish_reason
-            result.reasoning, result.tool_calls = gen.reasoning, gen.tool_calls
-            result.logprobs, result.choice_scores = gen.logprobs, gen.choice_scores
-            result.score_logprob, result.score_mean, result.score_tokens = (
-                gen.score_logprob,
-                gen.score_mean,
-                gen.score_tokens,
-            )
-            for name in TOTALS:
-                setattr(result, name, getattr(gen, name))
+        result.choices, result.parsed, result.generation = outcome.choices, outcome.parsed, outcome.generation
     if error is not None:
         result.status, result.error, result.error_stage = "error", one_line(error.message), error.stage
         result.transient = error.transient

@@ -163,8 +163,9 @@ class RowWorker:
                 out["where"].append(done.where)
                 out["id_json"].append(json.dumps(done.result.id))
                 out["value"].append(pickle.dumps(done.values))
+                values = {**done.result.columns(), "answer_kinds": done.result.answer_kinds}
                 for field in RESULT_SCHEMA:
-                    out[field.name].append(getattr(done.result, field.name))
+                    out[field.name].append(values[field.name])
         n = len(out["where"])
         out["worker"] = [self.worker] * n
         stats = json.dumps(self.executor.stats().to_json())
@@ -291,7 +292,7 @@ class RayExecutor(Executor):
             where = record.pop("where")
             record["id"] = json.loads(record.pop("id_json"))
             row = values if isinstance(values, dict) else {}
-            out.append(Finished(values=row, where=where, result=Result(**record)))
+            out.append(Finished(values=row, where=where, result=Result.from_columns(record)))
         return out
 
     def stats(self) -> ExecutorStats:

@@ -57,19 +57,21 @@ def record_row(done: Finished, writer: ResultWriter, summary: RunSummary, config
             f"finished rows kept in {writer.partial}, rerun to resume)"
         )
     writer.add(done.values, result)
+    gen = result.generation
     if log.isEnabledFor(TRACE):
         what = (
-            f"{result.completion_tokens} tokens, {result.finish_reason}"
-            if result.status == "ok"
+            f"{gen.completion_tokens} tokens, {gen.finish_reason}"
+            if result.status == "ok" and gen is not None
             else (f"{result.error_stage}: {result.error}")
         )
         log.log(TRACE, "row %s: %s, %s (%.0f ms)", done.where, result.status, what, result.generate_ms)
     summary.generated += 1
     summary.failed += result.status == "error"  # running count for the bar; _finish recounts
     summary.failed_now += result.status == "error"
-    summary.repetitions += result.finish_reason == "repetition"
-    for name in TOTALS:
-        setattr(summary, name, getattr(summary, name) + getattr(result, name))
+    if gen is not None:
+        summary.repetitions += gen.finish_reason == "repetition"
+        for name in TOTALS:
+            setattr(summary, name, getattr(summary, name) + getattr(gen, name))
 
 
 def run(

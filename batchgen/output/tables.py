@@ -4,17 +4,15 @@ tables of parts whose column types differ put together."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import typing
 from collections.abc import Sequence
-from dataclasses import asdict
 from typing import Any
 
 import pyarrow as pa
 
 from ..core.answers import merge_kinds
-from ..core.records import RESULT_COLUMNS, Result, Values
+from ..core.records import GENERATED, RESULT_COLUMNS, Generation, Result, Values
 from ..input.read import JobIndex, id_key
 
 __all__ = [
@@ -40,8 +38,12 @@ def _arrow_type(hint: Any) -> pa.DataType:
     return {int: pa.int64(), float: pa.float64(), bool: pa.bool_()}.get(hint, pa.string())
 
 
-# Our columns, in Result's order and typed by its annotations: a new metric is one field there.
-_HINTS = typing.get_type_hints(Result)
+# Our columns typed by their fields' annotations (a row's own, or its Generation's): a new
+# metric is one field there and one name in RESULT_COLUMNS.
+_HINTS = {
+    **typing.get_type_hints(Result),
+    **{column: typing.get_type_hints(Generation)[f] for f, column in GENERATED.items()},
+}
 
 
 _TOKEN = [("token", pa.string()), ("id", pa.int64()), ("logprob", pa.float64())]
@@ -81,11 +83,7 @@ _TYPED = {
 
 
 RESULT_SCHEMA = pa.schema(  # a Result as Arrow (how Ray's actors hand results back)
-    [
-        (f.name, _TYPED.get(f.name) or _arrow_type(_HINTS[f.name]))
-        for f in dataclasses.fields(Result)
-        if f.name != "id"
-    ]
+    [(name, _TYPED.get(name) or _arrow_type(_HINTS[name])) for name in (*RESULT_COLUMNS[1:], "answer_kinds")]
 )
 _WRITTEN = [f for f in RESULT_SCHEMA if f.name in RESULT_COLUMNS]
 
@@ -207,7 +205,7 @@ def rows_to_table(
     for name in input_names:
         type_ = schema.field(name).type if schema is not None and name in schema.names else None
         columns[_output_name(name)] = _column([raw.get(name) for raw, _ in rows], type_)
-    results = [asdict(r) for _, r in rows]
+    results = [r.columns() for _, r in rows]
     for field in _WRITTEN:
         columns[field.name] = pa.array([r[field.name] for r in results], field.type)
     columns.update(_answers([r for _, r in rows], answers))

@@ -220,18 +220,16 @@ def test_openai_batch_fields_are_honoured_or_refused_never_ignored(tmp_path):
 
 
 def test_inspect_counts(tmp_path):
-    from batchgen.core.records import Result
+    from batchgen.core.records import Generation, Result
     from batchgen.input.read import JobIndex, Rows
     from batchgen.output.write import SingleFile, WriteOptions
 
     out = tmp_path / "r.parquet"
     w = SingleFile(out, JobIndex("jsonl", Rows(list("abcde")), None), {}, WriteOptions(10, 3600))
     w.open()
-    w.add({}, Result(id="a", prompt_tokens=10, completion_tokens=4, cached_tokens=6, generate_ms=50))
-    w.add(
-        {},
-        Result(id="b", prompt_tokens=10, completion_tokens=4, generate_ms=900, mtp_drafts=8, mtp_accepted=6),
-    )
+    made = {"text": "x", "finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 4}
+    w.add({}, Result(id="a", generation=Generation(**made, cached_tokens=6), generate_ms=50))
+    w.add({}, Result(id="b", generation=Generation(**made, mtp_drafts=8, mtp_accepted=6), generate_ms=900))
     for i in "cd":
         w.add(
             {},

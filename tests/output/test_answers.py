@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from batchgen.core.answers import answer_kinds
 from batchgen.core.params import Constraint
-from batchgen.core.records import Result
+from batchgen.core.records import Generation, Result
 from batchgen.output.tables import rows_to_table
 
 
@@ -35,7 +35,8 @@ def test_answer_columns_are_typed_by_the_schema_and_unioned_over_rows():
                                      "colour": "red", "box": [1, 2.5], "extra": {"k": [1]}})),
         ({}, _result("b", CAPTION, None)),  # failed: nulls
         ({}, _result("c", RATING, {"score": "high", "reason": "sharp"})),
-        ({}, Result(id="d", generated_text="free text")),  # no schema
+        ({}, Result(id="d", generation=Generation(text="free text", finish_reason="stop",
+                                                  prompt_tokens=2, completion_tokens=2))),  # no schema
     ]  # fmt: skip
     table = rows_to_table(rows, None)
     types = {n: table.schema.field(n).type for n in table.column_names if n.startswith("answer.")}

@@ -5,12 +5,19 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from batchgen.core.records import Result
+from batchgen.core.records import Generation, Result
 from batchgen.input.read import JobIndex, Rows, scan
 from batchgen.output.parts import partial_dir
 from batchgen.output.pending import Pending
 from batchgen.output.resume import Resume
 from batchgen.output.write import SingleFile, WriteOptions
+
+
+def _made(row_id: str, text: str) -> Result:
+    """A row its model answered with `text`."""
+    gen = Generation(text=text, finish_reason="stop", prompt_tokens=3, completion_tokens=1)
+    return Result(id=row_id, generation=gen)
+
 
 ROW = "ab" * 16  # every row's input fingerprint here
 
@@ -27,11 +34,11 @@ def _writer(out, ids, flush_rows=2, overwrite=False, schema=None, settings=None)
 def test_parts_reach_disk_every_flush_rows_and_merge_in_job_order(tmp_path):
     out = tmp_path / "out.parquet"
     w = _writer(out, ["a", "b", "c"])
-    w.add({"id": "c", "x": 3}, Result(id="c", generated_text="C"))
+    w.add({"id": "c", "x": 3}, _made("c", "C"))
     assert list(partial_dir(out).glob("part-*")) == []
-    w.add({"id": "a", "x": 1}, Result(id="a", generated_text="A"))
+    w.add({"id": "a", "x": 1}, _made("a", "A"))
     assert len(list(partial_dir(out).glob("part-*.parquet"))) == 1  # both rows on disk now
-    w.add({"id": "b", "x": "two"}, Result(id="b", generated_text="B"))  # x changes type
+    w.add({"id": "b", "x": "two"}, _made("b", "B"))  # x changes type
     assert not out.exists()
     table = w.finalize()
     assert out.exists() and not partial_dir(out).exists()
@@ -107,3 +114,20 @@ def test_a_resume_reads_the_job_from_the_mark_before_its_first_pending_row(tmp_p
     path.write_bytes(b"".join(b"x" * len(line) + b"\n" for line in data[:cut].split(b"\n")[:-1]) + data[cut:])
     assert [r.id for r in pending.rows()] == [f"r{i}" for i in range(200, 300)]
     assert list(Pending(index, {}).rows())[0].error is not None  # from the start: the scrambled lines
+
+
+def test_our_columns_are_a_rows_own_fields_and_its_generations_each_once():
+    """The output's columns of ours: each field of a Result and of its Generation (the text as
+    `generated_text`) once; a row comes back whole from its columns, as Ray hands it over."""
+    from batchgen.core.records import GENERATED, RESULT_COLUMNS
+
+    own = [f for f in Result.__dataclass_fields__ if f not in ("generation", "answer_kinds")]
+    assert sorted(RESULT_COLUMNS) == sorted([*own, *GENERATED.values()])
+    assert len(set(RESULT_COLUMNS)) == len(RESULT_COLUMNS) and "capped" not in RESULT_COLUMNS
+    gen = Generation(text="t", finish_reason="stop", prompt_tokens=3, completion_tokens=2, cached_tokens=1)
+    made = Result(id="a", generation=gen, model="m", generate_ms=5.0, answer_kinds='{"x": "string"}')
+    assert made.columns()["generated_text"] == "t" and made.columns()["cached_tokens"] == 1
+    assert Result.from_columns({**made.columns(), "answer_kinds": made.answer_kinds}) == made
+    failed = Result(id="b", status="error", error="x", error_stage="fetch")
+    assert failed.columns()["prompt_tokens"] == 0 and failed.columns()["generated_text"] is None
+    assert Result.from_columns({**failed.columns(), "answer_kinds": None}) == failed

@@ -6,9 +6,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
+@pytest.mark.slow  # mypy over the package (2 s)
 def test_the_package_type_checks_clean():
     done = subprocess.run(
         [sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True, timeout=900

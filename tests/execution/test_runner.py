@@ -406,6 +406,7 @@ def test_a_huge_csv_cell_is_a_row_not_an_unreadable_file(workdir):
     assert "cannot fit the model's context" in rows[0]["error"]
 
 
+@pytest.mark.slow  # 300 rows before the failing load (2 s)
 @pytest.mark.parametrize("media_at", [0, 299])
 def test_a_model_that_cannot_load_stops_the_run_with_2_before_any_row_and_6_after(workdir, media_at):
     broken = workdir / "broken-vlm"

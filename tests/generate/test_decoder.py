@@ -168,6 +168,7 @@ def test_pipelined_steps_take_the_tokens_of_steps_read_at_once(lm, monkeypatch):
         assert len({tuple(t) for t, *_ in want}) == len(budgets)  # the rows differ: a shift would show
 
 
+@pytest.mark.slow  # long rows through every way out (2 s)
 def test_the_wired_limit_is_raised_while_a_batch_decodes_and_put_back_on_every_way_out(lm, monkeypatch):
     import mlx.core as mx
 

@@ -257,6 +257,7 @@ def test_bad_requests_get_the_apis_errors(server, tmp_path):
         client.files.retrieve(uploaded.id)
 
 
+@pytest.mark.slow  # a server process
 def test_uploads_over_the_limits_are_refused_and_leave_nothing(tmp_path):
     s = Server(tmp_path / "data", "--max-file-bytes", "4096", "--max-lines", "3")
     try:

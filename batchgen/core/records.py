@@ -259,6 +259,15 @@ class Generation:
     tool_calls: list[ToolCall] | None = None  # a row with tools: the calls its answer made
 
 
+# Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
+TOTALS = (
+    "prompt_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "cached_tokens",
+    "mtp_drafts",
+    "mtp_accepted",
+)
 # A row's Generation as the output's columns: its fields by their names, its text as the row's
 # `generated_text`; whether max_tokens was lowered (`capped`) is counted per run, not kept.
 GENERATED = {"text": "generated_text", **{f: f for f in Generation.__slots__ if f not in ("text", "capped")}}
@@ -321,12 +330,7 @@ RESULT_COLUMNS = (
     "finish_reason",
     "error",
     "error_stage",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "cached_tokens",
-    "mtp_drafts",
-    "mtp_accepted",
+    *TOTALS,
     "fetch_ms",
     "decode_ms",
     "frames_ms",
@@ -359,15 +363,6 @@ KEPT_COLUMNS = (
     "adapter_sha256",
     "attempts",
     "transient",
-)
-# Counts an engine reports per row (Generation), kept per row (Result) and totalled per run (RunSummary).
-TOTALS = (
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "cached_tokens",
-    "mtp_drafts",
-    "mtp_accepted",
 )
 # ... and those the `slim` output leaves out: how a row was made rather than what it says.
 SLIM_DROPS = (

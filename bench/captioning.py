@@ -141,7 +141,7 @@ def main() -> None:
         t0 = time.perf_counter()
         summary = batchgen.run(config)
         t_batchgen = time.perf_counter() - t0
-        print(f"(c) batchgen run:   {t_batchgen:7.2f} s  ({summary.cache})")
+        print(f"(c) batchgen run:   {t_batchgen:7.2f} s  ({summary.work.generation.cache})")
 
         import pyarrow.parquet as pq
 

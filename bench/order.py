@@ -112,7 +112,7 @@ def main() -> None:
                 elapsed, outputs[name], summary, around = run(configs[name])
                 if elapsed <= times.get(name, elapsed):
                     times[name], outside[name] = elapsed, around
-                saved[name] = summary.cache.prompt_tokens_saved if summary.cache else 0
+                saved[name] = c.prompt_tokens_saved if (c := summary.work.generation.cache) else 0
                 prompt[name] = summary.prompt_tokens
         for name in names:
             same = outputs[name] == outputs["image-major"]

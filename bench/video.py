@@ -111,7 +111,7 @@ def main() -> None:
         t0 = time.perf_counter()
         summary = batchgen.run(config)
         t_batched = time.perf_counter() - t0
-        print(f"batchgen run, batched lane:              {t_batched:7.2f} s  ({summary.cache})")
+        print(f"batchgen run, batched lane: {t_batched:7.2f} s  ({summary.work.generation.cache})")
         texts = pq.read_table(folder / "out.parquet").column("generated_text").to_pylist()
         print(f"identical outputs: {texts == loop}")
         print(f"batched lane vs one-row lane: {t_loop / t_batched:.2f}")

@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import (
@@ -30,7 +30,6 @@ from ..core.records import TOTALS, Finished
 from ..core.settings import RunConfig, work_settings
 from ..core.stop import Stop
 from ..generate.generator import Generator, GeneratorFactory
-from ..input.parse import near_miss
 from ..input.read import JobIndex
 from ..media.resolve import Decoded
 from ..output.resume import Resume
@@ -249,13 +248,7 @@ def _generate(
     finally:
         clock.close()
         batches.close()
-    stats = executor.stats()
-    gen = stats.generation
-    summary.media, summary.cache, summary.memory = stats.media, gen.cache, gen.memory
-    summary.max_tokens_capped, summary.one_at_a_time = gen.max_tokens_capped, gen.one_at_a_time
-    summary.adapter_switches, summary.model_loads = gen.adapter_switches, gen.model_loads
-    summary.unused_media = stats.unused_media
-    summary.near_misses = {name: (n, near_miss(name) or "") for name, n in stats.near_misses.items()}
+    summary.work = executor.stats()
     summary.time_limited = caller.time_up.is_set()
     return this_run
 
@@ -312,5 +305,5 @@ def _conclude(
             one_line(errors),
         )
     summary.errors_file = errors if summary.errors_sha256 else None
-    write_stats(writer.store, path, asdict(summary))
+    write_stats(writer.store, path, summary.figures())
     return summary

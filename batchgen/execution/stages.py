@@ -35,7 +35,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError, plural
-from ..core.figures import MediaStats
 from ..core.keep import KeepIf
 from ..core.settings import RunConfig, Stage
 from ..generate.generator import GeneratorFactory, Resident
@@ -46,6 +45,7 @@ from ..output.stats import stats_path, write_stats
 from ..output.store import Store, atomic_write
 from ..output.tables import is_ours
 from . import runner
+from .executor import ExecutorStats
 from .start import open_job
 from .summary import Progress, RunSummary, finish
 
@@ -122,7 +122,7 @@ def run_stages(
     summary = _summed(summaries, str(config.output), table, len(index.output), time.monotonic() - started)
     summary.time_limited = summary.time_limited or timed_out
     path = str(stats_path(config.output))
-    write_stats(Store(path), path, dataclasses.asdict(summary))
+    write_stats(Store(path), path, summary.figures())
     return summary
 
 
@@ -176,7 +176,13 @@ def _summed(
     )
     for name in _ADDED:
         setattr(summary, name, sum(getattr(s, name) for s in summaries))
-    summary.media = MediaStats.added([s.media for s in summaries])
+    # Every stage's work added up; the warnings about the job's columns are the first stage's.
+    first = summaries[0].work
+    summary.work = dataclasses.replace(
+        ExecutorStats.added([s.work for s in summaries]),
+        unused_media=first.unused_media,
+        near_misses=first.near_misses,
+    )
     summary.time_limited = any(s.time_limited for s in summaries)
     summary.failed_now = sum(s.failed_now for s in summaries)
     finish(summary, table, job_rows, wall)
@@ -190,11 +196,9 @@ _ADDED = (
     "completion_tokens",
     "reasoning_tokens",
     "cached_tokens",
-    "model_loads",
     "mtp_drafts",
     "mtp_accepted",
     "repetitions",
-    "max_tokens_capped",
 )
 
 

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..core.budget import human_bytes
 from ..core.errors import gist, plural
-from ..core.figures import GROUPED_BY, MAX_GROUPS, CacheStats, MediaStats, MemoryStats, RowGroup
+from ..core.figures import GROUPED_BY, MAX_GROUPS, CacheStats, MemoryStats, RowGroup
+from ..input.parse import near_miss
+from .executor import ExecutorStats
 
 __all__ = ["RunSummary", "Progress", "finish", "progress", "TRACE", "FAILED_EXIT", "INCOMPLETE_EXIT"]
 
@@ -45,14 +48,8 @@ class RunSummary:
     mtp_drafts: int = 0  # tokens proposed by the drafter
     mtp_accepted: int = 0
     acceptance_rate: float = 0.0  # accepted / drafted
-    max_tokens_capped: int = 0  # rows whose max_tokens was lowered to what the model's context leaves
     repetitions: int = 0  # this run's rows the loop stop ended (finish_reason repetition)
     looped_again: int = 0  # rows an earlier run's loop stop ended, generated again (--redo-repetition)
-    one_at_a_time: dict[str, int] = field(default_factory=dict)  # rows that could not batch, by reason
-    adapter_switches: int = 0  # times the model's adapter changed between rows (rows naming adapters)
-    model_loads: int = 0  # checkpoints loaded, an engine each (rows naming models load each once)
-    unused_media: dict[str, int] = field(default_factory=dict)  # rows without media beside such a column
-    near_misses: dict[str, tuple[int, str]] = field(default_factory=dict)  # field → (rows, the field meant)
     dropped_columns: list[str] = field(default_factory=list)  # input columns not carried to the output
     private_urls_allowed: bool = False  # the URL policy was off: loopback and private hosts reachable
     time_limited: bool = False  # --time-limit ended the run before its rows were all done
@@ -64,9 +61,17 @@ class RunSummary:
     errors_by_stage: dict[str, int] = field(default_factory=dict)
     groups: dict[str, list[RowGroup]] = field(default_factory=dict)  # "model": each model's rows, if several
     commonest_errors: list[str] = field(default_factory=list)  # "12× fetch: HTTP 404 Not Found", …
-    media: MediaStats = field(default_factory=MediaStats)  # downloads, reuses, decodes
-    cache: CacheStats | None = None  # prefix hits, misses, tokens saved; None without a prefix cache
-    memory: MemoryStats = field(default_factory=MemoryStats)  # the budget, widths, out-of-memory splits
+    # The executors' figures: media work, generation's (prefix reuse, capped rows, rows one at a
+    # time, adapter switches, model loads, the memory budget), the job's warnings.
+    work: ExecutorStats = field(default_factory=ExecutorStats)
+
+    def figures(self) -> dict[str, Any]:
+        """The stats file's layout: this summary's fields, the executors' figures beside them
+        (generation's at the top, as `model_loads`), each near miss with the field it looks meant for."""
+        own = asdict(self)
+        work = own.pop("work")
+        near = {name: (n, near_miss(name) or "") for name, n in self.work.near_misses.items()}
+        return own | work.pop("generation") | work | {"near_misses": near}
 
     def exit_code(self, fail_on: str = "any", require_complete: bool = False) -> int:
         """0; FAILED_EXIT for failed rows (`fail_on` any, new: failed by this run, none);
@@ -111,9 +116,10 @@ class RunSummary:
 
     def _notes(self) -> str:
         """What the rows went through (capped, looped, alone, memory) and the warnings."""
+        gen = self.work.generation
         said = (
-            f" · {plural(self.max_tokens_capped, 'row')} capped at the context"
-            if self.max_tokens_capped
+            f" · {plural(gen.max_tokens_capped, 'row')} capped at the context"
+            if gen.max_tokens_capped
             else ""
         )
         if self.looped_again:
@@ -122,23 +128,24 @@ class RunSummary:
             looped = plural(self.repetitions, "row")
             said += f" · {looped} stopped repeating themselves (finish_reason repetition)"
         said += "".join(
-            f" · {plural(n, 'row')} one at a time ({why})" for why, n in self.one_at_a_time.items()
+            f" · {plural(n, 'row')} one at a time ({why})" for why, n in gen.one_at_a_time.items()
         )
-        if self.adapter_switches:
-            n = self.adapter_switches
+        if gen.adapter_switches:
+            n = gen.adapter_switches
             said += f" · {n:,} adapter {'switch' if n == 1 else 'switches'}"
-        if self.model_loads > 1:
-            said += f" · {self.model_loads} model loads"
-        said += _memory(self.memory)
+        if gen.model_loads > 1:
+            said += f" · {gen.model_loads} model loads"
+        said += _memory(gen.memory)
         said += "".join(
             f" · warning: {plural(n, 'row')} without media beside column {name!r}, which looks like media "
             f"(--image-column {name} or --video-column {name} to use it)"
-            for name, n in self.unused_media.items()
+            for name, n in self.work.unused_media.items()
         )
         said += "".join(
             f" · warning: {plural(n, 'row')} with field {name!r}, which batchgen does not read (did you mean "
             f"{meant!r}?)"
-            for name, (n, meant) in self.near_misses.items()
+            for name, n in self.work.near_misses.items()
+            if (meant := near_miss(name))
         )
         if self.dropped_columns:
             names = ", ".join(self.dropped_columns)
@@ -157,8 +164,7 @@ class RunSummary:
     def _reuse(self) -> str:
         """Prefix reuse and draft acceptance, where there were any."""
         said = ""
-        if self.cache:
-            c = self.cache
+        if c := self.work.generation.cache:
             said += (
                 f" · prefix cache {c.prefix_hits:,} hits / {c.prefix_misses:,} misses "
                 f"({c.prefix_hit_rate:.0%} of lookups), {c.prompt_tokens_saved:,} prompt tokens saved"

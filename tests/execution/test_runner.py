@@ -14,6 +14,9 @@ import pytest
 from conftest import ROOT, SAMPLE, batch, read, run_cli, unstamped, write_jsonl
 
 from batchgen.core.records import RESULT_COLUMNS
+from batchgen.execution.executor import ExecutorStats
+from batchgen.execution.summary import RunSummary
+from batchgen.generate.generator import GenerationStats
 
 TEXT_ROWS = [
     {"id": "a", "prompt": "Say hello.", "topic": "greeting"},
@@ -62,6 +65,11 @@ def test_text_job(workdir):
     assert stats["rows"] == stats["ok"] == 3 and stats["failed"] == 0
     assert stats["completion_tokens"] == sum(r["completion_tokens"] for r in rows)
     assert not (workdir / "out.parquet.partial").exists()
+    # The stats file is the summary's fields and the executors' figures it holds, generation's at
+    # the top: each key from one record, none twice.
+    names = [f for c in (RunSummary, ExecutorStats, GenerationStats) for f in c.__dataclass_fields__]
+    assert set(stats) == set(names) - {"work", "generation"} and len(names) == len(set(names))
+    assert stats["model_loads"] == 1 and stats["media"]["downloads"] == 0 and stats["one_at_a_time"] == {}
 
 
 def test_image_job_and_every_result_column(workdir):

@@ -5,7 +5,6 @@ peeks — writes with."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from ..input.plan import share_keys
 from ..input.read import JobIndex, scan
 from ..input.source import Source, resolve
 from ..input.template import has_field, template_fields
+from ..output.about import About, JobAbout, MediaAbout
 from ..output.openai_batch import BatchOutput
 from ..output.parts import Earlier, partial_dir
 from ..output.resume import Resume, settings_of
@@ -24,15 +24,7 @@ from ..output.shards import MirroredShards, Shards
 from ..output.stats import stats_path
 from ..output.store import Store
 from ..output.tables import dropped_columns
-from ..output.write import (
-    JOB_KEY,
-    MEDIA_BASE_KEY,
-    MEDIA_POLICY_KEY,
-    TEMPLATE_KEY,
-    ResultWriter,
-    SingleFile,
-    WriteOptions,
-)
+from ..output.write import ResultWriter, SingleFile, WriteOptions
 
 __all__ = ["open_job", "writer_for", "resume_of", "check_paths", "check_columns"]
 
@@ -194,35 +186,30 @@ def _answer_columns(config: RunConfig, index: JobIndex) -> dict[str, str]:
     return union
 
 
-def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> dict[bytes, str]:
+def _about(config: RunConfig, index: JobIndex, dropped: set[str]) -> About:
     """What readers of the output need that its rows do not say: where the job's relative
-    media paths start (report shows the pictures from any folder) and the prompt template."""
-    about = {}
-    base = index.base
-    if base is not None:
-        about[MEDIA_BASE_KEY] = str(Path(base).resolve())
-    root = config.media.media_root
-    about[MEDIA_POLICY_KEY] = json.dumps(
-        {
-            "local_paths": base is not None,
-            "media_root": str(Path(root).resolve()) if root else None,
-            "allow_private_urls": config.media.allow_private_urls,
-        }
-    )
-    if config.prompt_template is not None:
-        about[TEMPLATE_KEY] = config.prompt_template
-    source = index.source
+    media paths start (report shows the pictures from any folder), which local media the run
+    could read, the prompt template and how the job was read."""
+    base, root, source = index.base, config.media.media_root, index.source
     local = source if source is not None and base is not None else None
-    about[JOB_KEY] = json.dumps(
-        {  # the gallery shows pictures the output does not carry (bytes) from here
-            "path": str(Path(local.given).resolve()) if local is not None else None,
-            "format": source.format if source is not None else None,
-            "id_column": config.columns.id,
-            "prompt": config.columns.prompt,  # the gallery and export read each row's question as the run did
-            "system": config.columns.system,
-            "image": list(config.columns.image),
-            "video": list(config.columns.video),
-            "not_carried": sorted(dropped),  # the columns only the job holds (a dataset's image bytes)
-        }
+    media = MediaAbout(
+        local_paths=base is not None,
+        media_root=str(Path(root).resolve()) if root else None,
+        allow_private_urls=config.media.allow_private_urls,
     )
-    return about
+    job = JobAbout(  # the gallery shows pictures the output does not carry (bytes) from its path
+        path=str(Path(local.given).resolve()) if local is not None else None,
+        format=source.format if source is not None else None,
+        id_column=config.columns.id,
+        prompt=config.columns.prompt,  # the gallery and export read each row's question as the run did
+        system=config.columns.system,
+        image=tuple(config.columns.image),
+        video=tuple(config.columns.video),
+        not_carried=tuple(sorted(dropped)),  # the columns only the job holds (a dataset's image bytes)
+    )
+    return About(
+        media_base=str(Path(base).resolve()) if base is not None else None,
+        media=media,
+        template=config.prompt_template,
+        job=job,
+    )

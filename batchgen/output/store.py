@@ -72,7 +72,7 @@ def read_small(path: Path | str, limit: int) -> bytes | None:
 _COUNT = 1 << 53  # counts and times past this are forged, not counted
 
 
-def is_count(value: object) -> bool:
+def is_count(value: object) -> TypeGuard[int]:
     """A count as a run writes one: an integer (not a bool) from 0 to 2**53."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _COUNT
 

@@ -9,12 +9,11 @@ file, renamed over `out.parquet`, and the `.partial` folder goes.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -23,6 +22,7 @@ import pyarrow as pa
 from ..core.records import Result, Values
 from ..core.settings import Fingerprint
 from ..input.read import JobIndex, id_key
+from .about import About, Standing
 from .parts import Earlier, Parts, part_number, partial_dir
 from .store import Store
 from .tables import ROW_GROUP_ROWS, concat_tables, in_order, ordered, rows_to_table
@@ -36,14 +36,6 @@ __all__ = [
     "ResultWriter",
     "SingleFile",
 ]
-
-
-SETTINGS_KEY = b"batchgen.settings"  # Parquet metadata: the settings that made the output
-MEDIA_BASE_KEY = b"batchgen.media_base"  # ... where the job's relative media paths start (for report)
-MEDIA_POLICY_KEY = b"batchgen.media_policy"  # ... which local media the run could read: report reads no other
-TEMPLATE_KEY = b"batchgen.prompt_template"  # ... the --prompt-template the prompts were made with
-JOB_KEY = b"batchgen.job"  # ... the job (a local one's path), its id column and mapped media columns
-COMPLETE_KEY = b"batchgen.complete"  # ... whether it holds every row of its job, and how many are pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +62,7 @@ class ResultWriter(ABC):
     what earlier rows mean for this run is resume.py's.
 
     `settings` (what decides the output's content) go into the parts' manifest and the
-    output's metadata, for the next run's check; `about` is more metadata for readers.
+    output's metadata, for the next run's check; `about` is the rest of it, for readers.
     """
 
     sharded = False  # a folder of shards: parts wait inside it
@@ -82,14 +74,14 @@ class ResultWriter(ABC):
         settings: Fingerprint,
         options: WriteOptions = WriteOptions(),
         skip: set[str] | frozenset[str] = frozenset(),
-        about: dict[bytes, str] | None = None,
+        about: About | None = None,
         sinks: Sequence[Sink] = (),
     ):
         self.output = output
         self.store = Store(str(output))
         self.index = index
         self.skip = skip  # input columns not carried
-        self.about = {k: v.encode() for k, v in (about or {}).items()}
+        self.about = about or About()
         self.settings = settings
         self.options = options
         self.sinks = sinks
@@ -131,9 +123,7 @@ class ResultWriter(ABC):
         where = f"partial results in {self.partial}" if settings is not None else str(self.output)
         finals = self._finals() if not overwrite else []
         if settings is None and finals:
-            meta = self.store.metadata(finals[0])
-            if SETTINGS_KEY in meta:
-                settings = json.loads(meta[SETTINGS_KEY])
+            settings = About.of(self.store.metadata(finals[0])).settings
         return finals, settings, where, overwrite
 
     def _check(self) -> None:  # noqa: B027 - a hook: a single file has nothing to check
@@ -179,12 +169,8 @@ class ResultWriter(ABC):
     def _tidy(self, table: pa.Table) -> pa.Table:
         """Our columns last, the run's settings in the metadata."""
         table = table.select([n for n in ordered(table.column_names) if n not in self.options.left_out])
-        meta = {
-            **(table.schema.metadata or {}),
-            SETTINGS_KEY: json.dumps(self.settings, sort_keys=True),
-            **self.about,
-        }
-        return table.replace_schema_metadata(meta)
+        about = replace(self.about, settings=self.settings)
+        return table.replace_schema_metadata({**(table.schema.metadata or {}), **about.metadata()})
 
     # -- the end ---------------------------------------------------------------------------------
     def finalize(self) -> pa.Table:
@@ -221,8 +207,8 @@ class SingleFile(ResultWriter):
         table = concat_tables(tables) if tables else rows_to_table([], self.index.schema)
         table = self._tidy(in_order(table, {k: i for i, k in enumerate(keys)}))
         pending = len(keys) - table.num_rows  # a --limit: a reader must not take it for the whole job
-        done = json.dumps({"complete": not pending, "pending": pending, "job_rows": len(keys)})
-        table = table.replace_schema_metadata({**table.schema.metadata, COMPLETE_KEY: done.encode()})
+        standing = About(standing=Standing(complete=not pending, job_rows=len(keys), pending=pending))
+        table = table.replace_schema_metadata({**table.schema.metadata, **standing.metadata()})
         self.store.makedirs(os.path.dirname(output) or ".")
         self.store.write_table(output, table, row_group_size=ROW_GROUP_ROWS)
         self.parts.clear()

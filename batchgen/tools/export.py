@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from ..core.errors import ConfigError, describe
 from ..core.records import MediaRef, ResultRow
 from ..input.read import id_key
+from ..output.about import About
 from ..output.resume import replaced
 from ..output.store import atomic_write, strict_json
 from ..output.tables import ANSWER_PREFIX
@@ -31,7 +32,7 @@ from .caption import MEDIA_EXTENSIONS
 from .export_files import write_txt
 from .export_imagefolder import write_imagefolder
 from .export_items import ExportOptions, ExportSummary, Forbidden, Item, Origin, item_fields, item_text
-from .results import MediaPolicy, asking, job_of, media_policy, read_results, results_schema, stage_results
+from .results import MediaPolicy, asking, media_policy, read_results, results_schema, stage_results
 
 __all__ = ["FORMATS", "ExportOptions", "ExportSummary", "export"]
 
@@ -49,7 +50,7 @@ def export(results: Path, options: ExportOptions) -> ExportSummary:
     if kept is not None:  # a staged job's: the rows its keep_if rules kept
         rows = [r for r in rows if r["id"] in kept]
     schema = results_schema(results)
-    about = schema.metadata or {}
+    about = About.of(schema.metadata)
     policy = media_policy(results, about)
     types = {
         n[len(ANSWER_PREFIX) :]: schema.field(n).type for n in schema.names if n.startswith(ANSWER_PREFIX)
@@ -63,7 +64,7 @@ def export(results: Path, options: ExportOptions) -> ExportSummary:
     fields = _field_columns(columns, list(types))
     if options.format in ("txt", "imagefolder") and options.field is None:
         _check_plain(rows, types)
-    forbidden = Forbidden.of(results, items, job_of(about))
+    forbidden = Forbidden.of(results, items, about.job)
     summary = ExportSummary()
     items = _unchanged(items, options, summary)
     if options.format == "txt":
@@ -150,7 +151,7 @@ def _grouped(
     chosen: str | None,
     fields: list[str],
     recorded: bool,
-    about: dict[bytes, bytes],
+    about: About,
 ) -> tuple[list[Item], list[str]]:
     prompts: dict[str, int] = {}  # each prompt's number, in the order rows first ask it
     items: dict[str, Item] = {}

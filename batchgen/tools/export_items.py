@@ -10,6 +10,7 @@ from typing import Any, Literal
 from ..core.errors import ConfigError, describe
 from ..core.records import ResultRow
 from ..input.formats import EXTENSIONS
+from ..output.about import About, JobAbout
 from ..output.parts import partial_dir
 from ..output.stats import stats_path
 from .results import MediaPolicy
@@ -91,7 +92,7 @@ class Origin:
     the job the run read, under its media policy."""
 
     rows: list[ResultRow]
-    about: dict[bytes, bytes]
+    about: About
     policy: MediaPolicy
 
 
@@ -108,9 +109,9 @@ class Forbidden:
     job_folder: Path | None
 
     @classmethod
-    def of(cls, results: Path, items: list[Item], job: dict[str, Any]) -> Forbidden:
+    def of(cls, results: Path, items: list[Item], job: JobAbout | None) -> Forbidden:
         results = results.resolve()
-        job_path = Path(job["path"]).resolve() if isinstance(job.get("path"), str) else None
+        job_path = Path(job.path).resolve() if job is not None and job.path is not None else None
         folder = results.is_dir()
         return cls(
             frozenset(i.path for i in items if i.path is not None),

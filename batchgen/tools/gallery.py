@@ -17,6 +17,7 @@ import jinja2
 from ..core.records import ResultRow
 from ..input.read import id_key
 from ..media.images import IMAGE_FORMATS
+from ..output.about import About
 from ..output.resume import Replaced
 from .results import (
     MediaPolicy,
@@ -27,7 +28,7 @@ from .results import (
     media_columns,
     media_policy,
     read_results,
-    results_metadata,
+    results_about,
     staged,
 )
 
@@ -91,7 +92,7 @@ def _bytes_key(data: bytes) -> str:
 
 
 def _from_job(
-    about: dict[bytes, bytes],
+    about: About,
     wanted: dict[str, str | None],
     columns: list[tuple[str, str]],
     policy: MediaPolicy,
@@ -186,7 +187,7 @@ def _later_stages(
     """A staged job's later stages' answers, each on the card of its row, and each row's
     entry of the stage its keep_if stopped it at marked; returns the job's rows."""
     for stage, results in stages:
-        reader = asking(results_metadata(results))
+        reader = asking(results_about(results))
         for r in read_results(results):
             card = by_id.get(id_key(r["id"]))
             if card is not None:
@@ -244,7 +245,7 @@ def write_gallery(
     stages = list(staged(path).items())
     stage, first = stages[0] if stages else (None, path)
     rows = read_results(first)
-    about = results_metadata(first)
+    about = results_about(first)
     policy = media_policy(path, about, media_base)
     columns = media_columns(about, extra_columns)
     reader = asking(about, extra_columns)

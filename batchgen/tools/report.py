@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from pathlib import Path
 
 from ..core.errors import gist, one_line, plural
+from ..output.about import About, Standing
 from ..output.run_files import failed_records
 from ..output.stats import Figures, read_figures, stats_path
 from ..output.store import strict_json
-from ..output.write import COMPLETE_KEY
 from .results import made_by, read_results, results_schema, staged
 
 __all__ = ["summarize", "failed_rows"]
@@ -100,7 +99,7 @@ def summarize(path: Path, slowest: int = 5) -> str:
     recorded = set(schema.names)  # a slim output holds no counts or timings
     if {"prompt_tokens", "completion_tokens"} <= recorded:
         lines.append(_token_line(rows, figures))
-    if (left := _left(schema.metadata or {}, figures)) is not None:
+    if (left := _left(About.of(schema.metadata).standing, figures)) is not None:
         job_rows, pending = left
         lines.insert(
             1,
@@ -163,22 +162,14 @@ def _error_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _left(about: dict[bytes, bytes], figures: Figures | None) -> tuple[int, int] | None:
+def _left(standing: Standing | None, figures: Figures | None) -> tuple[int, int] | None:
     """(job rows, pending) of an incomplete output, as its own metadata says it (a shard
     folder's stats file says it for the folder); None for a complete one."""
-    try:
-        done = json.loads(about.get(COMPLETE_KEY, b"{}") or b"{}")
-    except ValueError:
-        done = {}
-    if isinstance(done, dict) and done:
-        complete, job_rows, pending = done.get("complete"), done.get("job_rows"), done.get("pending")
-    elif figures is not None:
-        complete, job_rows, pending = figures.complete, figures.job_rows, figures.pending
-    else:
+    if standing is None and figures is not None:
+        standing = Standing(complete=figures.complete, job_rows=figures.job_rows, pending=figures.pending)
+    if standing is None or standing.complete:
         return None
-    if complete is False and isinstance(job_rows, int) and isinstance(pending, int):
-        return job_rows, pending
-    return None
+    return standing.job_rows, standing.pending
 
 
 def _token_line(rows: list[dict], figures: Figures | None) -> str:

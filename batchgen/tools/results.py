@@ -21,19 +21,18 @@ from ..core.settings import Columns
 from ..input.parse import asked
 from ..input.read import id_key, iter_rows
 from ..input.source import resolve
+from ..output.about import About, JobAbout
 from ..output.run_files import stage_files
 from ..output.tables import RESULT_SCHEMA, stage_names
-from ..output.write import JOB_KEY, MEDIA_BASE_KEY, MEDIA_POLICY_KEY, TEMPLATE_KEY
 
 __all__ = [
     "stage_results",
     "staged",
     "read_results",
     "results_schema",
-    "results_metadata",
+    "results_about",
     "MediaPolicy",
     "media_policy",
-    "job_of",
     "cell_refs",
     "media_columns",
     "job_pictures",
@@ -118,8 +117,8 @@ def results_schema(path: Path) -> pa.Schema:
     return pq.read_schema(files[0]) if files else pa.schema([])
 
 
-def results_metadata(path: Path) -> dict[bytes, bytes]:
-    return results_schema(path).metadata or {}
+def results_about(path: Path) -> About:
+    return About.of(results_schema(path).metadata)
 
 
 Ref = str | bytes  # a path, URL or data URL; or an image's bytes
@@ -155,30 +154,15 @@ class MediaPolicy:
             return None
 
 
-def media_policy(path: Path, about: dict[bytes, bytes], media_base: Path | None = None) -> MediaPolicy:
+def media_policy(path: Path, about: About, media_base: Path | None = None) -> MediaPolicy:
     """The run's media policy as its output recorded it (outputs of earlier versions: paths
     start beside the output); `media_base` moves where relative paths start."""
-    try:
-        recorded = json.loads(about.get(MEDIA_POLICY_KEY, b"{}") or b"{}")
-    except ValueError:
-        recorded = {}
-    recorded = recorded if isinstance(recorded, dict) else {}
-    root = Path(recorded["media_root"]) if isinstance(recorded.get("media_root"), str) else None
-    if recorded.get("local_paths") is False and media_base is None:
+    media = about.media
+    root = Path(media.media_root) if media is not None and media.media_root else None
+    if media is not None and not media.local_paths and media_base is None:
         return MediaPolicy(None, root)
-    base = about.get(MEDIA_BASE_KEY)
-    return MediaPolicy(
-        media_base or (Path(base.decode()) if base else path.parent if path.is_file() else path), root
-    )
-
-
-def job_of(about: dict[bytes, bytes]) -> dict[str, Any]:
-    """The job as the run recorded it: its path (a local one's), format, id and media columns."""
-    try:
-        job = json.loads(about.get(JOB_KEY, b"{}") or b"{}")
-    except ValueError:
-        return {}
-    return job if isinstance(job, dict) else {}
+    base = about.media_base
+    return MediaPolicy(media_base or (Path(base) if base else path.parent if path.is_file() else path), root)
 
 
 def cell_refs(value: object) -> list[Ref]:
@@ -214,21 +198,14 @@ class Asking:
         return asked(value, self.template, self.columns)
 
 
-def asking(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> Asking:
+def asking(about: About, extra: tuple[str, ...] = ()) -> Asking:
     """The run's way of reading questions, from the output's metadata; `extra` image columns
     are read beside the run's own."""
-    job = job_of(about)
-
-    def named(key: str) -> str | None:
-        return job[key] if isinstance(job.get(key), str) else None
-
-    def listed(key: str) -> tuple[str, ...]:
-        return tuple(c for c in job.get(key) or [] if isinstance(c, str))
-
-    image = listed("image") or (("image", "images") if extra else ())
-    columns = Columns(None, named("prompt"), named("system"), (*image, *extra), video=listed("video"))
-    template = about[TEMPLATE_KEY].decode() if TEMPLATE_KEY in about else None
-    return Asking(template, columns, frozenset(("messages", *MEDIA_COLUMNS, *columns.image, *columns.video)))
+    job = about.job or JobAbout()
+    image = job.image or (("image", "images") if extra else ())
+    columns = Columns(None, job.prompt, job.system, (*image, *extra), video=job.video)
+    cells = frozenset(("messages", *MEDIA_COLUMNS, *columns.image, *columns.video))
+    return Asking(about.template, columns, cells)
 
 
 def _json(value: object) -> object:
@@ -241,19 +218,19 @@ def _json(value: object) -> object:
     return value
 
 
-def media_columns(about: dict[bytes, bytes], extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+def media_columns(about: About, extra: tuple[str, ...] = ()) -> list[tuple[str, str]]:
     """(column, kind) where a row's media may be: batchgen's names, the run's --image-column /
     --video-column (recorded in the output) and any `extra` image columns."""
-    job = job_of(about)
+    job = about.job or JobAbout()
     columns = [("image", "image"), ("images", "image"), ("video", "video"), ("videos", "video")]
-    columns += [(c, "image") for c in job.get("image") or [] if isinstance(c, str)]
-    columns += [(c, "video") for c in job.get("video") or [] if isinstance(c, str)]
+    columns += [(c, "image") for c in job.image]
+    columns += [(c, "video") for c in job.video]
     columns += [(c, "image") for c in extra]
     return list(dict.fromkeys(columns))
 
 
 def job_pictures(
-    about: dict[bytes, bytes],
+    about: About,
     wanted: dict[str, str | None],
     columns: list[tuple[str, str]],
     policy: MediaPolicy,
@@ -264,19 +241,18 @@ def job_pictures(
     row in `wanted` whose input is still what the run read (its fingerprint is the result's
     `input_hash`): a job changed since shows that row nothing. Reading stops once every row
     is found or `most` pictures are read."""
-    job = job_of(about)
-    path = job.get("path")
-    if not wanted or policy.base is None or not isinstance(path, str) or not Path(path).exists():
+    job = about.job or JobAbout()
+    path = job.path
+    if not wanted or policy.base is None or path is None or not Path(path).exists():
         return {}
     # only columns the output did not carry: a text job's rows are never read again for nothing
-    images = [c for c, kind in columns if kind == "image" and c in (job.get("not_carried") or [])]
+    images = [c for c, kind in columns if kind == "image" and c in job.not_carried]
     if not images:
         return {}
     found: dict[str, list[bytes]] = {}
     read = 0
     try:
-        id_column = job.get("id_column") if isinstance(job.get("id_column"), str) else None
-        for raw in iter_rows(resolve(path, job.get("format")), id_column=id_column):
+        for raw in iter_rows(resolve(path, job.format), id_column=job.id_column):
             key = id_key(raw.id)
             if key not in wanted or key in found or not isinstance(raw.value, dict):
                 continue

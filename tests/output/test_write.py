@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pyarrow as pa
@@ -7,6 +8,7 @@ import pyarrow.parquet as pq
 
 from batchgen.core.records import Generation, Result
 from batchgen.input.read import JobIndex, Rows, scan
+from batchgen.output.about import About, JobAbout, MediaAbout, Standing
 from batchgen.output.parts import partial_dir
 from batchgen.output.pending import Pending
 from batchgen.output.resume import Resume
@@ -131,3 +133,32 @@ def test_our_columns_are_a_rows_own_fields_and_its_generations_each_once():
     failed = Result(id="b", status="error", error="x", error_stage="fetch")
     assert failed.columns()["prompt_tokens"] == 0 and failed.columns()["generated_text"] is None
     assert Result.from_columns({**failed.columns(), "answer_kinds": None}) == failed
+
+
+def test_the_outputs_metadata_is_one_record_written_and_read_back_and_forged_values_are_none(tmp_path):
+    out = tmp_path / "out.parquet"
+    index = JobIndex("jsonl", Rows(["a", "b"], digests=bytes.fromhex(ROW) * 2), None)
+    job = JobAbout(
+        path="/data/job.jsonl", format="jsonl", id_column="key", image=("jpg",), not_carried=("jpg",)
+    )
+    about = About(media_base="/data", media=MediaAbout(local_paths=True, media_root="/data"), job=job)
+    w = SingleFile(out, index, {"model": "m"}, WriteOptions(1, 3600), about=about)
+    w.resume = Resume(w.open(), w.store, index, {"model": "m"}, max_attempts=3, every_failure=False)
+    w.add({"id": "a"}, _made("a", "A"))
+    w.finalize()
+    back = About.of(pq.read_schema(out).metadata)
+    # What the run wrote, the settings its rerun checks and where the output stands (a row pending).
+    assert back == dataclasses.replace(
+        about, settings={"model": "m"}, standing=Standing(complete=False, job_rows=2, pending=1)
+    )
+    forged = {
+        **pq.read_schema(out).metadata,
+        b"batchgen.job": json.dumps({"path": 7, "image": ["ok", {"x": 1}], "format": ["jsonl"]}).encode(),
+        b"batchgen.complete": b'{"complete": "yes", "job_rows": -1, "pending": 1}',
+        b"batchgen.media_policy": b"[1, 2]",
+        b"batchgen.settings": b"\xff{",
+    }
+    read = About.of(forged)
+    assert read.job == JobAbout(image=("ok",)) and read.standing is None
+    assert read.media is None and read.settings is None and read.media_base == "/data"
+    assert About.of(None) == About() and About().metadata() == {}

@@ -104,7 +104,9 @@ def run(
     stop = stop if stop is not None else Stop()
     index = open_job(config)
     work = work_settings(config, index.base)
-    cleanups: list[Callable[[], None]] = getattr(stop, "cleanups", [])
+    # What a hard exit must clean: a Stop's caller runs them; a plain Event's cannot, and the
+    # run's own `with` blocks clean up on every way out but os._exit.
+    cleanups: list[Callable[[], None]] = stop.cleanups if isinstance(stop, Stop) else []
     held = len(cleanups)  # the caller's own, kept when this run's go
     with tempfile.TemporaryDirectory(prefix="batchgen-", ignore_cleanup_errors=True) as tmp:
         cleanups.append(lambda: shutil.rmtree(tmp, ignore_errors=True))

@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 import llguidance as llg
 import llguidance.hf
 
+from ...core.params import GenParams
+from ...core.records import Generation
 from ..base.arrays import Tokenizer
-from .reasoning import Markers, find_markers
-from .tool_calls import ToolFormat, find_format
+from .reasoning import Markers, Part, budgeted, find_markers, initial_part, split_generation
+from .tool_calls import ToolFormat, check_tools, find_format, with_tool_calls
 
 __all__ = ["Traits"]
 
@@ -34,6 +36,21 @@ class Traits:
         """The traits of a tokenizer, or of the processor holding one (mlx-vlm's)."""
         tokenizer: Tokenizer = getattr(owner, "tokenizer", owner)
         return cls(tokenizer, find_markers(tokenizer), find_format(tokenizer))
+
+    def opening(self, params: GenParams, ids: list[int]) -> tuple[Part, GenParams]:
+        """A row's first steps on this model, the same in every lane: its tools refused where
+        the model cannot take them; where a thinking model's row starts in its prompt `ids`
+        (reasoning, free to open a block, or answering; a model that does not think needs none)
+        and its params with room for a reasoning budget."""
+        check_tools(params, self.tool_format)
+        part = initial_part(self.markers, params, ids)
+        return part, budgeted(params, self.markers, part)
+
+    def closing(self, gen: Generation, tokens: list[int], part: Part, params: GenParams) -> Generation:
+        """A row's last steps, the same in every lane: the reasoning split from the answer
+        (`part`: where the row started), the answer's tool calls read."""
+        gen = split_generation(gen, tokens, self.markers, part == "reasoning")
+        return with_tool_calls(gen, params, self.tool_format)
 
     def guide(self, eos: list[int]) -> llg.LLTokenizer:
         """llguidance's view of the vocabulary with these end tokens, made once for each set."""

@@ -26,8 +26,6 @@ from ...core.records import Generation, Job, Media
 from ..base.models import ModelInfo
 from ..base.watch import Watch
 from ..chat.prompts import check_length, message_bounds, render, template_kwargs, text_only
-from ..chat.reasoning import budgeted, initial_part, split_generation
-from ..chat.tool_calls import check_tools, with_tool_calls
 from ..chat.traits import Traits
 from ..decode.adapters import Adapter, LMAdapter, Sequence
 from ..decode.batch_cache import KVQuant
@@ -123,9 +121,7 @@ class Lane:
         budget; then max_tokens lowered to what the model's context leaves after the prompt
         (the row then ends with `length`): a row asking for a billion tokens stops where the
         model must."""
-        check_tools(seq.params, traits.tool_format)
-        seq.part = initial_part(traits.markers, seq.params, seq.ids)
-        seq.params = budgeted(seq.params, traits.markers, seq.part)
+        seq.part, seq.params = traits.opening(seq.params, seq.ids)
         context = self.info.context
         if context and seq.params.max_tokens > context - len(seq.ids):
             seq.params = dataclasses.replace(seq.params, max_tokens=max(context - len(seq.ids), 1))
@@ -291,8 +287,7 @@ def _generation(s: Sequence, decode: Callable[[list[int]], str], traits: Traits)
         mtp_drafts=s.drafted,
         mtp_accepted=s.accepted,
     )
-    gen = split_generation(gen, s.tokens, traits.markers, s.part == "reasoning")
-    return with_tool_calls(gen, s.params, traits.tool_format)
+    return traits.closing(gen, s.tokens, s.part, s.params)
 
 
 def completions(plan: Plan) -> list[Plan]:

@@ -16,8 +16,7 @@ from ...core.records import Generation, Job, Media
 from ..base.arrays import Model, Processor
 from ..base.watch import Watch
 from ..chat.prompts import render, template_parts, text_only
-from ..chat.reasoning import Part, budgeted, initial_part, split_generation, thinking_of
-from ..chat.tool_calls import check_tools, with_tool_calls
+from ..chat.reasoning import Part, thinking_of
 from ..chat.traits import Traits
 from ..decode.batch_cache import KVQuant
 from ..decode.sampling import (
@@ -93,8 +92,7 @@ def collect(
         if p.wants_logprobs
         else None,
     )
-    gen = split_generation(gen, tokens, traits.markers, part == "reasoning")
-    return with_tool_calls(gen, p, traits.tool_format)
+    return traits.closing(gen, tokens, part, p)
 
 
 def generate_lm(
@@ -193,22 +191,17 @@ def generate_vlm(
     traits = traits if traits is not None else Traits.of(processor)
     prompt, images, videos = _vlm_inputs(processor, job, media, traits)
     tokenizer = traits.tokenizer
-    check_tools(job.params, traits.tool_format)
+    # Only a thinking model's first steps read the prompt's tokens (and the processors, below).
+    ids = _prompt_ids(model, processor, prompt, images, videos) if traits.markers is not None else []
+    part, p = traits.opening(job.params, ids)
     tokenizer.stopping_criteria.reset(model.config.eos_token_id)
-    if job.params.seed is not None:
-        mx.random.seed(job.params.seed)
-    markers, ids = traits.markers, None
-    part: Part = "answer"
-    if markers is not None:
-        ids = _prompt_ids(model, processor, prompt, images, videos)
-        part = initial_part(markers, job.params, ids)
-    p = budgeted(job.params, markers, part)
+    if p.seed is not None:
+        mx.random.seed(p.seed)
     eos = set(tokenizer.stopping_criteria.eos_token_ids)
     own = logits_processors_for(p, traits, eos, part)
     processors = []
     if own:
-        ids = ids if ids is not None else _prompt_ids(model, processor, prompt, images, videos)
-        processors = _seeing_the_prompt(own, ids)
+        processors = _seeing_the_prompt(own, ids or _prompt_ids(model, processor, prompt, images, videos))
     draft: dict[str, Any] = {}
     if drafter is not None:
         from mlx_vlm.speculative.common import speculative_stats_since, speculative_stats_snapshot

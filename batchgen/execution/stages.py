@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from ..core.errors import ConfigError, plural
 from ..core.keep import KeepIf
+from ..core.records import TOTALS
 from ..core.settings import RunConfig, Stage
 from ..generate.generator import GeneratorFactory, Resident
 from ..media.resolve import Decoded
@@ -190,16 +191,7 @@ def _summed(
     return summary
 
 
-_ADDED = (
-    "generated",
-    "prompt_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "cached_tokens",
-    "mtp_drafts",
-    "mtp_accepted",
-    "repetitions",
-)
+_ADDED = ("generated", *TOTALS, "repetitions")  # every stage's rows, tokens and loops, added up
 
 
 def _finished(table: pa.Table, dropped: dict[Any, str], last: str) -> pa.Table:

@@ -38,7 +38,7 @@ GEN_FIELDS = tuple(f.name for f in dataclasses.fields(GenParams))
 Fingerprint = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class MediaConfig:
     """How media are fetched and bounded; each default carries its reason."""
 
@@ -78,7 +78,7 @@ class MediaConfig:
         return ByteCaps(image=self.image_bytes, video=self.video_bytes, audio=self.audio_bytes)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Columns:
     """Which of a dataset's columns hold the row's id, prompt, system prompt and media, for
     files whose columns are not named as batchgen's are (img2dataset's `key` and `jpg`)."""
@@ -114,7 +114,7 @@ class Stage:
     keep_if: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunConfig:
     """Everything one run needs; `batchgen.run(config)` takes nothing else."""
 
@@ -247,7 +247,7 @@ class RunConfig:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GenerationSettings:
     """What generation needs from a run: the models, the drafter, reuse, the row deadline, the
     batch width and how batches fill."""
@@ -278,7 +278,7 @@ class GenerationSettings:
     media_root: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkSettings:
     """What an executor (here, or a Ray actor) needs: no outputs, no cluster address."""
 
@@ -298,9 +298,15 @@ def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
     fields = dataclasses.fields(GenerationSettings)
     own: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields if hasattr(config, f.name)}
     generation = GenerationSettings(**own, job_dir=job_dir, media_root=config.media.media_root)
-    c = config
     return WorkSettings(
-        generation, c.media, c.defaults, c.prompt_template, c.columns, c.window, job_dir, c.plan_aside
+        generation=generation,
+        media=config.media,
+        defaults=config.defaults,
+        prompt_template=config.prompt_template,
+        columns=config.columns,
+        window=config.window,
+        base_dir=job_dir,
+        plan_aside=config.plan_aside,
     )
 
 

@@ -203,7 +203,7 @@ def asking(about: About, extra: tuple[str, ...] = ()) -> Asking:
     are read beside the run's own."""
     job = about.job or JobAbout()
     image = job.image or (("image", "images") if extra else ())
-    columns = Columns(None, job.prompt, job.system, (*image, *extra), video=job.video)
+    columns = Columns(prompt=job.prompt, system=job.system, image=(*image, *extra), video=job.video)
     cells = frozenset(("messages", *MEDIA_COLUMNS, *columns.image, *columns.video))
     return Asking(about.template, columns, cells)
 

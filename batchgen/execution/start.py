@@ -49,9 +49,15 @@ def open_job(config: RunConfig) -> JobIndex:
 def resume_of(config: RunConfig, index: JobIndex, writer: ResultWriter, earlier: Earlier) -> Resume:
     """What earlier runs on the output leave this one to do, under its settings (`earlier`: the
     output as the run opens it, or as a plan peeks at it)."""
-    c, redo_looped = config, config.redo_repetition is not None
     return Resume(
-        earlier, writer.store, index, writer.settings, c.max_attempts, c.retry_failed, c.changed, redo_looped
+        earlier,
+        writer.store,
+        index,
+        writer.settings,
+        max_attempts=config.max_attempts,
+        every_failure=config.retry_failed,
+        changed=config.changed,
+        redo_looped=config.redo_repetition is not None,
     )
 
 
@@ -60,12 +66,12 @@ def writer_for(config: RunConfig, index: JobIndex) -> ResultWriter:
     (a plan only peeks at what it holds)."""
     dropped = dropped_columns(index, config.keep_columns, config.drop_columns)
     options = WriteOptions(
-        config.flush_rows,
-        config.flush_seconds,
-        config.shard_rows,
-        config.overwrite,
-        config.left_out,
-        _answer_columns(config, index),
+        flush_rows=config.flush_rows,
+        flush_seconds=config.flush_seconds,
+        shard_rows=config.shard_rows,
+        overwrite=config.overwrite,
+        left_out=config.left_out,
+        answers=_answer_columns(config, index),
     )
     layout: type[ResultWriter] = SingleFile
     if config.output_shards:  # a folder job (of several job files) gets a shard per job file

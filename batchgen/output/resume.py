@@ -11,6 +11,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from ..core.errors import ConfigError, describe
 from ..core.files import adapter_digest, file_digest, local_path
 from ..core.params import SEEDED_SAMPLER, GenParams
@@ -24,6 +26,7 @@ __all__ = [
     "Resume",
     "settings_of",
     "check_settings",
+    "read_earlier",
     "finished",
     "check_unchanged",
     "looped",
@@ -111,27 +114,47 @@ def _changed(previous: Fingerprint, settings: Fingerprint, prefix: str = "") -> 
     return out
 
 
-def finished(sources: Iterable[Path | str], store: Store) -> dict[str, str | None]:
-    """The input hash, by id key, of every row in these result files (later files win)."""
-    hashes: dict[str, str | None] = {}
+# The columns of earlier results a rerun reads: each row's input, failure, loop stop, media and adapter.
+_READ = (
+    "id",
+    "input_hash",
+    "status",
+    "transient",
+    "attempts",
+    "finish_reason",
+    "media_files",
+    "adapter",
+    "adapter_sha256",
+)
+
+
+def read_earlier(sources: Iterable[Path | str], store: Store) -> list[pa.Table]:
+    """The columns a rerun reads of each earlier result file, each file read once (an earlier
+    version's output, or a slim one, lacks some: they are left out)."""
+    tables = []
     for path in sources:
-        t = store.read_table(str(path), ["id", "input_hash"])
+        names = set(store.metadata_schema(str(path)).names)
+        tables.append(store.read_table(str(path), [c for c in _READ if c in names]))
+    return tables
+
+
+def finished(tables: Iterable[pa.Table]) -> dict[str, str | None]:
+    """The input hash, by id key, of every row in these results (later tables win)."""
+    hashes: dict[str, str | None] = {}
+    for t in tables:
         for i, h in zip(t.column("id").to_pylist(), t.column("input_hash").to_pylist(), strict=True):
             hashes[id_key(i)] = h
     return hashes
 
 
-def to_retry(
-    sources: Iterable[Path | str], store: Store, max_attempts: int, every_failure: bool
-) -> dict[str, int]:
+def to_retry(tables: Iterable[pa.Table], max_attempts: int, every_failure: bool) -> dict[str, int]:
     """Failed rows a rerun tries again, by id key, with the attempts they have had: every failed
     row with `every_failure` (--retry-failed), else those whose failure was transient and that
     have had fewer than `max_attempts` runs. Outputs of earlier versions count one attempt."""
     latest: dict[str, tuple[str, bool, int]] = {}
-    for path in sources:
-        names = store.metadata_schema(str(path)).names
-        columns = [c for c in ("id", "status", "transient", "attempts") if c in names]
-        t = store.read_table(str(path), columns).to_pydict()
+    for table in tables:
+        columns = [c for c in ("id", "status", "transient", "attempts") if c in table.column_names]
+        t = table.select(columns).to_pydict()
         n = len(t["id"])
         for row_id, status, transient, attempts in zip(
             t["id"], t["status"], t.get("transient", [False] * n), t.get("attempts", [1] * n), strict=True
@@ -144,21 +167,19 @@ def to_retry(
     }
 
 
-def looped(sources: Iterable[Path | str], store: Store) -> set[str]:
+def looped(tables: Iterable[pa.Table]) -> set[str]:
     """Rows whose latest record the loop stop ended (finish_reason repetition); a slim output
     keeps no finish reasons, so none."""
     latest: dict[str, Any] = {}
-    for path in sources:
-        if "finish_reason" not in store.metadata_schema(str(path)).names:
+    for table in tables:
+        if "finish_reason" not in table.column_names:
             continue
-        t = store.read_table(str(path), ["id", "finish_reason"]).to_pydict()
+        t = table.select(["id", "finish_reason"]).to_pydict()
         latest.update(zip(map(id_key, t["id"]), t["finish_reason"], strict=True))
     return {key for key, reason in latest.items() if reason == "repetition"}
 
 
-def replaced_media(
-    sources: Iterable[Path | str], store: Store, base: str | None, keys: set[str]
-) -> dict[str, str]:
+def replaced_media(tables: Iterable[pa.Table], base: str | None, keys: set[str]) -> dict[str, str]:
     """The rows among `keys` whose local media file was replaced since their result was
     written (id key → the file's reference): its size or mtime differ from what the run
     recorded, and, where the run recorded its content digest, its content too (a copy or a
@@ -166,10 +187,10 @@ def replaced_media(
     if base is None:  # a remote job reads no local file
         return {}
     latest: dict[str, list[dict[str, Any]]] = {}
-    for path in sources:
-        if "media_files" not in store.metadata_schema(str(path)).names:  # an earlier version's output
+    for table in tables:
+        if "media_files" not in table.column_names:  # an earlier version's output
             continue
-        t = store.read_table(str(path), ["id", "media_files"]).to_pydict()
+        t = table.select(["id", "media_files"]).to_pydict()
         for row_id, files in zip(t["id"], t["media_files"], strict=True):
             if files and (key := id_key(row_id)) in keys:
                 latest[key] = files
@@ -177,15 +198,15 @@ def replaced_media(
     return {key: refs[0] for key, files in latest.items() if (refs := check.refs(files))}
 
 
-def retrained(sources: Iterable[Path | str], store: Store, keys: set[str]) -> dict[str, str]:
+def retrained(tables: Iterable[pa.Table], keys: set[str]) -> dict[str, str]:
     """The rows among `keys` whose adapter changed since their result was written (id key →
     the adapter, as an error names it): its files' content is not what the run recorded
     (`adapter_sha256`), or they are gone. Each adapter is read once."""
     latest: dict[str, tuple[str, str]] = {}
-    for path in sources:
-        if "adapter_sha256" not in store.metadata_schema(str(path)).names:  # an earlier version's output
+    for table in tables:
+        if "adapter_sha256" not in table.column_names:  # an earlier version's output
             continue
-        t = store.read_table(str(path), ["id", "adapter", "adapter_sha256"]).to_pydict()
+        t = table.select(["id", "adapter", "adapter_sha256"]).to_pydict()
         for row_id, folder, digest in zip(t["id"], t["adapter"], t["adapter_sha256"], strict=True):
             if folder and digest and (key := id_key(row_id)) in keys:
                 latest[key] = (folder, digest)
@@ -283,6 +304,7 @@ class Resume:
         store: Store,
         index: JobIndex,
         settings: Fingerprint,
+        *,
         max_attempts: int,
         every_failure: bool,
         changed: str = "refuse",
@@ -290,22 +312,22 @@ class Resume:
     ):
         if earlier.settings is not None:
             check_settings(earlier.where, earlier.settings, settings)
-        self.done = finished(earlier.files, store)
-        base = index.base
-        replaced = replaced_media(earlier.files, store, base, set(self.done)) if self.done else {}
-        replaced |= retrained(earlier.files, store, set(self.done)) if self.done else {}
+        tables = read_earlier(earlier.files, store)
+        self.done = finished(tables)
+        replaced = replaced_media(tables, index.base, set(self.done)) if self.done else {}
+        replaced |= retrained(tables, set(self.done)) if self.done else {}
         rows = check_unchanged(index, self.done, changed, replaced)
         self.redone = len(rows) if changed == "redo" else 0  # changed rows generated again
         for i in rows if changed == "redo" else []:
             self.done.pop(id_key(index.ids[i]), None)
-        retry = to_retry(earlier.files, store, max_attempts, every_failure) if self.done else {}
+        retry = to_retry(tables, max_attempts, every_failure) if self.done else {}
         if retry:  # only this job's rows (its --shard, its --limit)
             keys = {id_key(i) for i in index.ids}
             retry = {k: n for k, n in retry.items() if k in keys}
         for key in retry:
             self.done.pop(key, None)
         self.retry = retry
-        again = looped(earlier.files, store) & set(self.done) if redo_looped and self.done else set()
+        again = looped(tables) & set(self.done) if redo_looped and self.done else set()
         for key in again:  # --redo-repetition: the rows the loop stop ended
             self.done.pop(key, None)
         self.pending = Pending(index, self.done, frozenset(again))

@@ -225,7 +225,9 @@ def test_inspect_counts(tmp_path):
     from batchgen.output.write import SingleFile, WriteOptions
 
     out = tmp_path / "r.parquet"
-    w = SingleFile(out, JobIndex("jsonl", Rows(list("abcde")), None), {}, WriteOptions(10, 3600))
+    w = SingleFile(
+        out, JobIndex("jsonl", Rows(list("abcde")), None), {}, WriteOptions(flush_rows=10, flush_seconds=3600)
+    )
     w.open()
     made = {"text": "x", "finish_reason": "stop", "prompt_tokens": 10, "completion_tokens": 4}
     w.add({}, Result(id="a", generation=Generation(**made, cached_tokens=6), generate_ms=50))

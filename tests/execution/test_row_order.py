@@ -53,8 +53,11 @@ def test_a_prompt_major_job_reuses_every_picture_as_an_image_major_one(tmp_path,
     assert len(set(answers(best_rows).values())) > 4  # the checkpoint tells the pictures apart
     job_order = [json.loads(line)["id"] for line in jobs["prompt-major"].read_text().splitlines()]
     assert [r["id"] for r in rows] == job_order
-    assert planned.cache.prompt_tokens_saved == best.cache.prompt_tokens_saved
-    assert unplanned.cache.prompt_tokens_saved < planned.cache.prompt_tokens_saved
+    assert planned.work.generation.cache.prompt_tokens_saved == best.work.generation.cache.prompt_tokens_saved
+    assert (
+        unplanned.work.generation.cache.prompt_tokens_saved
+        < planned.work.generation.cache.prompt_tokens_saved
+    )
     assert all(r["cached_tokens"] > 0 for r in rows if r["id"].endswith("q1"))
 
 

@@ -28,7 +28,9 @@ def _writer(out, ids, flush_rows=2, overwrite=False, schema=None, settings=None)
     """A writer opened as a run opens it, with the Resume its earlier results give (`.resume`)."""
     index = JobIndex("jsonl", Rows(ids, digests=bytes.fromhex(ROW) * len(ids)), schema)
     settings = settings or {"model": "m"}
-    w = SingleFile(out, index, settings, WriteOptions(flush_rows, 3600, overwrite=overwrite))
+    w = SingleFile(
+        out, index, settings, WriteOptions(flush_rows=flush_rows, flush_seconds=3600, overwrite=overwrite)
+    )
     w.resume = Resume(w.open(), w.store, index, settings, max_attempts=3, every_failure=False)
     return w
 
@@ -142,7 +144,7 @@ def test_the_outputs_metadata_is_one_record_written_and_read_back_and_forged_val
         path="/data/job.jsonl", format="jsonl", id_column="key", image=("jpg",), not_carried=("jpg",)
     )
     about = About(media_base="/data", media=MediaAbout(local_paths=True, media_root="/data"), job=job)
-    w = SingleFile(out, index, {"model": "m"}, WriteOptions(1, 3600), about=about)
+    w = SingleFile(out, index, {"model": "m"}, WriteOptions(flush_rows=1, flush_seconds=3600), about=about)
     w.resume = Resume(w.open(), w.store, index, {"model": "m"}, max_attempts=3, every_failure=False)
     w.add({"id": "a"}, _made("a", "A"))
     w.finalize()

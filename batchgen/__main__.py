@@ -1,3 +1,5 @@
+"""`python -m batchgen`: the command line."""
+
 from .cli.commands import main
 
 main()

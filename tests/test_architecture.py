@@ -141,6 +141,18 @@ def test_the_architecture_note_names_every_module():
     assert not missing, missing
 
 
+def test_every_module_opens_with_a_one_line_docstring():
+    """A module says what it is in one line; its reasons, where it has them, below a blank line."""
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        doc = ast.get_docstring(ast.parse(path.read_text()), clean=False)
+        if path.name != "__init__.py" and (
+            not doc or doc.startswith(" ") or doc.partition("\n")[2][:1] not in ("", "\n")
+        ):
+            wrong.append(str(path.relative_to(PACKAGE)))
+    assert not wrong, wrong
+
+
 def test_the_readme_families_table_and_the_tiny_builders_follow_the_families_record():
     from batchgen.core.families import FAMILIES
     from batchgen.tools.tiny.builder import KINDS

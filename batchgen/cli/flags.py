@@ -1,5 +1,4 @@
-"""The command line's flags as a run's settings, and the one way a setting's error ends the
-process (its message, its exit code)."""
+"""Command-line flags as a run's settings; the one way a setting's error ends the process."""
 
 from __future__ import annotations
 

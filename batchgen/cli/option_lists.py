@@ -1,5 +1,4 @@
-"""The options of `run`, `caption` and `validate`, declared once (options.py says how an option
-is declared and how --help lists them)."""
+"""The options of `run`, `caption` and `validate`, declared once (options.py: how)."""
 
 from __future__ import annotations
 

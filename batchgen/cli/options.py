@@ -1,6 +1,9 @@
-"""How the command line's options are declared — each reads the environment variable named
-after its flag — and the --help that lists `run`'s in sections (input, models, generation,
-media, reuse, drafts, scale-out, output and reruns); `option_lists` declares them."""
+"""How an option is declared (with its environment variable) and how `run --help` lists them.
+
+Each option reads the environment variable named after its flag; `run --help` lists them in
+sections (input, models, generation, media, reuse, drafts, scale-out, output and reruns).
+`option_lists` declares them.
+"""
 
 from __future__ import annotations
 

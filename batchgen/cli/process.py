@@ -1,6 +1,8 @@
-"""What the command line owns while a run goes: SIGINT/SIGTERM, the log, and what a person
-sees (a start line, a progress bar on a terminal, a progress line every so often in a cron
-log, each with its time)."""
+"""What the command line owns while a run goes: signals, the log, the progress a person sees.
+
+SIGINT/SIGTERM, the log, and a start line, a progress bar on a terminal or a progress line every
+so often in a cron log, each with its time.
+"""
 
 from __future__ import annotations
 

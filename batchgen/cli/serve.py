@@ -1,5 +1,4 @@
-"""`batchgen serve`: the OpenAI Files and Batches API over the run (batchgen/serve/), the
-process around it (uvicorn, its signals) the CLI's."""
+"""`batchgen serve`: the Batch API (batchgen/serve/) and the process around it (uvicorn, signals)."""
 
 from __future__ import annotations
 

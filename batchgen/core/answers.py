@@ -1,6 +1,8 @@
-"""The typed answer columns a JSON-schema row's output fills (`answer.<field>` beside
-`parsed`): each top-level property's kind, found from the schema alone, and the union over
-the schemas of one output, decided before its first row is written."""
+"""The typed `answer.<field>` columns a JSON-schema row fills, decided before the first row.
+
+Each top-level property's kind is found from the schema alone, and an output's columns are the
+union over its rows' schemas, so every part and shard types them alike.
+"""
 
 from __future__ import annotations
 

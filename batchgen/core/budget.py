@@ -1,5 +1,4 @@
-"""A run's budgets as a person writes them: memory (`--memory-budget auto|SIZE|PCT`, sizes in
-bytes) and time (`--time-limit 55m`).
+"""A run's budgets as a person writes them: memory (`--memory-budget`) and time (`--time-limit`).
 
 The device's memory is only known where MLX runs (generate/decode/memory.py); this is the part a
 settings file or a flag can be checked against before any model loads.

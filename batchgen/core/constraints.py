@@ -1,5 +1,4 @@
-"""Output constraints as a row or a run gives them (OpenAI's `response_format`, a JSON schema,
-vLLM's `guided_*`), checked once with bounds, and the grammar engine's verdict on an answer.
+"""Output constraints as rows and runs give them, checked once, and llguidance's verdict on an answer.
 
 The grammar engine is llguidance (installed with mlx-vlm): it compiles a schema in
 microseconds, handles every tokenizer batchgen loads, and knows whether a text is accepted

@@ -1,5 +1,4 @@
-"""Errors: run-stopping ones carry their exit code; row failures carry their stage; and the
-few helpers every message is written with."""
+"""Errors: run-stopping ones with their exit code, row failures with their stage, message helpers."""
 
 from __future__ import annotations
 

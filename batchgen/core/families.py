@@ -1,6 +1,7 @@
-"""Each model family's facts in one record: which lane its rows take, what they reuse, what
-runs one row at a time and why, and which tiny checkpoint builds one. The router, the tiny
-builders and the README's table (checked by a test) read them here."""
+"""Each model family's facts in one record: its lane, its reuse, why it runs alone, its tiny build.
+
+The router, the tiny builders and the README's table (checked by a test) read them here.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The figures a run reports as it goes and at its end, added up over executors (Ray
-actors): media work, the memory budget, prefix reuse; and the output's rows by the model and
-adapter that made them."""
+"""The figures a run reports (media, memory, prefix reuse, rows by model), added up over executors."""
 
 from __future__ import annotations
 

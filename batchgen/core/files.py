@@ -1,6 +1,4 @@
-"""The files a run reads for a row beside its job: a path a row names, under the job's rules
-(relative to its folder, inside the media root); an adapter folder batchgen can switch in and
-out of a model; the content digests by which a rerun sees a file replaced."""
+"""The files a row names beside its job: paths under the job's rules, adapter folders, digests."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""A stage's `keep_if`: which rows go on to the next stage, as a small expression over the row's
-values. Parsed with Python's own expression parser and then walked here, never evaluated by
-Python: only the forms below exist, so a rule cannot call, index, import or loop, and it is
-checked whole (names included) before any work starts.
+"""A stage's `keep_if`: which rows go on to the next stage, as a small expression over the row's values.
+
+Parsed with Python's own expression parser and then walked here, never evaluated by Python: only
+the forms below exist, so a rule cannot call, index, import or loop, and it is checked whole
+(names included) before any work starts.
 
     score.choice_scores.yes > 0.5 and not caption.generated_text == ""
     tags.status == "ok" and ("cat" in caption.generated_text or width >= 512)

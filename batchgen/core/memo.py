@@ -1,5 +1,4 @@
-"""`Memo`: a content-keyed, bounded memo shared by threads (downloads, decodes, processor outputs);
-`PerObject`: what is worked out once for an object (a model's measured memory), kept while it lives."""
+"""`Memo`, content-keyed and bounded, shared by threads; `PerObject`, held while its object lives."""
 
 from __future__ import annotations
 

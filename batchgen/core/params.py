@@ -1,7 +1,8 @@
-"""Generation parameters, each declared once: its check, its help and the OpenAI body fields
-that carry it. Row checks, run defaults, CSV typing, the OpenAI Batch mapping and the CLI
-options all derive from `PARAMS`; defaults live in `GenParams`, which checks itself by them
-however it is made."""
+"""Generation parameters, each declared once: its check, its help and the OpenAI body fields that carry it.
+
+Row checks, run defaults, CSV typing, the OpenAI Batch mapping and the CLI options all derive
+from `PARAMS`; defaults live in `GenParams`, which checks itself by them however it is made.
+"""
 
 from __future__ import annotations
 

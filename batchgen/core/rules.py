@@ -1,6 +1,4 @@
-"""Each generation parameter's rule: a value as a row (JSON) or a flag gives it, turned into the
-value a run uses or a problem naming what was expected. `params.PARAMS` pairs each parameter
-with its rule; the bounds here (scored answers, tools, a loop's span) are the rows' limits."""
+"""Each generation parameter's rule, and the bounds of a row (scored answers, tools, a loop's span)."""
 
 from __future__ import annotations
 

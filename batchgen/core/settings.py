@@ -1,5 +1,4 @@
-"""A run's settings as frozen records (RunConfig, MediaConfig, Columns, and the shares generation
-and the executors take); execution/config builds them from presets, files and flags."""
+"""A run's settings as frozen records; execution/config builds them from presets, files and flags."""
 
 from __future__ import annotations
 

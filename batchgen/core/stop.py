@@ -1,5 +1,4 @@
-"""A stop request: the event a caller sets to end a run between two batches (finished rows are
-written, the run raises Interrupted), with the cleanups a caller's hard exit must run first."""
+"""A stop request: the event that ends a run between batches, and what a hard exit must clean."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Job and output locations: which URIs batchgen reads and writes (storage, never the web),
-and the fsspec filesystem behind one."""
+"""Which job and output URIs batchgen reads and writes (storage, never the web), through fsspec."""
 
 from __future__ import annotations
 

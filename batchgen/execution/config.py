@@ -1,7 +1,8 @@
-"""A run's settings as a person gives them — a preset (found in ./configs, among the installed
-presets or in a checkout's configs/), YAML and settings files, flags or keyword arguments —
-merged and checked into core's frozen RunConfig. The CLI and `batchgen.build_config` both
-build through here."""
+"""A run's settings as a person gives them (preset, files, flags), merged and checked into RunConfig.
+
+A preset is found in ./configs, among the installed presets or in a checkout's configs/. The CLI
+and `batchgen.build_config` both build through here.
+"""
 
 from __future__ import annotations
 

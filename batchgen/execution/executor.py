@@ -1,5 +1,4 @@
-"""Where rows run, behind one interface: the local executor and the Ray one take the same
-settings, yield the same finished rows and report the same figures."""
+"""Where rows run, behind one interface the local and the Ray executor share."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""A job whose rows name several models (--models): a pass over the job per model, each with
-an executor of the run's kind that holds that model alone, so every model loads once and one
-model is in memory at a time."""
+"""A job whose rows name several models: a pass per model, one model in memory at a time."""
 
 from __future__ import annotations
 

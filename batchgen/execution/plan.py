@@ -1,8 +1,10 @@
-"""`batchgen plan` (and `run --dry-run`): what a run of the job will do and cost, said before
-it starts — its rows, what they share, the prompt tokens the model will see, the lanes rows
-go to — from the same scan, resume, plan order, parse, media stage and lanes as the run, with
-the weights mapped but never read. With `calibrate`, that many rows are really generated (in
-plan order, into no output) and the run's wall time is projected from them."""
+"""`batchgen plan` (and `run --dry-run`): what a run will do and cost, said before it starts.
+
+Its rows, what they share, the prompt tokens the model will see and the lanes rows go to, from
+the same scan, resume, plan order, parse, media stage and lanes as the run, with the weights
+mapped but never read. With `calibrate`, that many rows are really generated (in plan order,
+into no output) and the run's wall time is projected from them.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`batchgen plan` of a staged job: each stage's plan, with what the earlier stages leave
-unknown said as a range.
+"""`batchgen plan` of a staged job: each stage's plan, what earlier stages leave unknown as a range.
 
 The first stage is planned as any run is (its rows, pictures, prompt tokens, lanes, from its
 own output when it resumes). A later stage reads answers not made yet, so it is planned on a

@@ -1,5 +1,4 @@
-"""Scale-out on Ray Data: `RayExecutor` has the local executor's interface, with the media
-and generation stages in a pool of actors, one model load each.
+"""Scale-out on Ray Data: the local executor's interface over a pool of actors, one model load each.
 
 The driver holds no rows: it hands Ray a list of small items (where to start reading in the
 job file, and a bitmap of the pending rows after it), and each actor reads its rows with

@@ -1,5 +1,4 @@
-"""The runner: wires read → media → generate → write and keeps the run's figures; the caller
-(the CLI) owns the process: progress display, signals, exit codes."""
+"""The runner: read → media → generate → write and the run's figures; the caller owns the process."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""A staged job (a preset's `stages:`): each stage a run of its own over the rows the stage
-before kept, its prompt filled from the job's columns and the earlier stages' values by their
-dotted names (`{caption.generated_text}`, `{score.choice_scores.yes}`), then one output.
+"""A staged job: each stage a run over the rows the stage before kept, then one output.
+
+A stage's prompt is filled from the job's columns and the earlier stages' values by their dotted
+names (`{caption.generated_text}`, `{score.choice_scores.yes}`).
 
 Each stage runs through `runner.run` into `OUT.stages/NN-NAME.parquet`, so it resumes as any
 run does: a kill during stage 2 leaves stage 1 whole, and the rerun finds stage 1 done and goes

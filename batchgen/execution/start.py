@@ -1,6 +1,4 @@
-"""Before any work: the job scanned and checked (its columns there, its ids unique, its
-outputs writable and none of them an input), and the writer a run — or a plan, which only
-peeks — writes with."""
+"""Before any work: the job scanned and checked, and the writer a run (or a plan) writes with."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The run's figures: printed at the end, saved as `<output>.stats.json`, and shown while it
-runs (the progress bar's tail)."""
+"""The run's figures: printed at its end, saved as `<output>.stats.json`, shown while it runs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""What a bug report needs to say about the machine (`batchgen env`): platform, Python, the MLX
-backend and its device, the versions that decide generation, and, on Linux CPU, the BLAS MLX
-multiplies with and a faster one that is already installed.
+"""What a bug report needs to say about the machine (`batchgen env`).
 
 MLX's Linux CPU wheel links the reference (netlib) BLAS: on this project's 2-core x86 box it
 ran the workload's matmuls at 3.6–8 GFLOP/s against 72–117 for OpenBLAS on one core, and

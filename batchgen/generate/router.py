@@ -1,4 +1,4 @@
-"""The router: every row to its lane (lanes.py), over the models loading.py loads.
+"""The router: every row onto its lane (lanes/), over the models load/loading loads.
 
 Rows are first planned (routed, tokenized), then run in batches of one lane; generator.py
 drives it a window at a time.

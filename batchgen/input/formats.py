@@ -1,6 +1,8 @@
-"""One job file's rows, by format: JSONL, Parquet and CSV here, WebDataset tars in
-webdataset.py. Each reader streams from a mark (where reading can start again) and yields
-every row with the mark that finds it again; a row that cannot be used carries its error."""
+"""One job file's rows, by format: JSONL, Parquet and CSV here, WebDataset tars in webdataset.py.
+
+Each reader streams from a mark (where reading can start again) and yields every row with the
+mark that finds it again; a row that cannot be used carries its error.
+"""
 
 from __future__ import annotations
 

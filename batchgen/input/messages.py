@@ -1,6 +1,4 @@
-"""A row's turns and media: OpenAI content parts read into messages whose media parts point
-into one list of references, flat media columns put first in the first user turn, and the
-references in the order the prompt's slots take them."""
+"""A row's turns and media: content parts into messages, media references in prompt-slot order."""
 
 from __future__ import annotations
 

@@ -1,8 +1,11 @@
-"""The plan over the whole job: what each row shares with others (its share key, found by the
-scan), and the pending rows in an order that puts rows sharing a picture or a long prefix
-side by side, wherever they stand in the job — so a prompt-major job (every picture with the
-first question, then every picture with the second) reuses each vision pass and prefill as
-an image-major one does, although its rows meet in no look-ahead window."""
+"""The plan over the whole job: rows sharing a picture or a long prefix brought side by side.
+
+Each row's share key is found by the scan; the pending rows are ordered so rows sharing a
+picture or a long prefix sit side by side wherever they stand in the job. A prompt-major job
+(every picture with the first question, then every picture with the second) then reuses each
+vision pass and prefill as an image-major one does, although its rows meet in no look-ahead
+window.
+"""
 
 from __future__ import annotations
 

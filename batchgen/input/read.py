@@ -1,5 +1,4 @@
-"""Read stage: stream the rows of a job's files (JSONL, Parquet, CSV or WebDataset tars; one
-file or many shards, local or remote: source.py), never a whole file at once."""
+"""Read stage: stream a job's rows from its files, local or remote, never a whole file at once."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""A job row as a reader finds it (`RawRow`), where reading can start again (`Mark`), what a
-reader may hold of it (`ReadPolicy`), and the checks every reader applies to its values."""
+"""A job row as read (RawRow), where reading restarts (Mark), what a reader holds, and its checks."""
 
 from __future__ import annotations
 

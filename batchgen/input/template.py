@@ -1,7 +1,9 @@
-"""A --prompt-template: the columns it names and a row's prompt made from it. A field is a
-column by its whole name first (a staged job's dotted ones, `{caption.generated_text}`), else
-a column and an index or attribute into it, none that starts with `_`: a template reads
-values, it does not walk an object's insides."""
+"""A --prompt-template: the columns it names and a row's prompt made from it.
+
+A field is a column by its whole name first (a staged job's dotted ones,
+`{caption.generated_text}`), else a column and an index or attribute into it, none that starts
+with `_`: a template reads values, it does not walk an object's insides.
+"""
 
 from __future__ import annotations
 

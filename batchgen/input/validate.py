@@ -1,6 +1,8 @@
-"""`batchgen validate`: every problem of every row, found without loading a model — a problem
-repeated over rows said once with its count, local media checked to exist, fields one slip
-from a field batchgen reads warned about once per file."""
+"""`batchgen validate`: every problem of every row, found without loading a model.
+
+A problem repeated over rows is said once with its count, local media are checked to exist, and
+fields one slip from a field batchgen reads are warned about once per file.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""URL policy for the fetch stage: parse a URL once, refuse SSRF targets, and name the one
-address the connection must go to.
+"""URL policy for the fetch stage: parse once, refuse SSRF targets, pin the one address.
 
 What is checked must be what is connected to: the URL is parsed by the parser the
 connection uses (urllib3) and refused where Python's own parser reads it differently; the

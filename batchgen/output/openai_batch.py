@@ -1,5 +1,8 @@
-"""OpenAI Batch response lines out: `{"id", "custom_id", "response": {"status_code",
-"request_id", "body"}, "error"}`, one per result row, as the Batch API's output file."""
+"""OpenAI Batch response lines out: one per result row, as the Batch API's output file.
+
+One line per result row:
+`{"id", "custom_id", "response": {"status_code", "request_id", "body"}, "error"}`.
+"""
 
 from __future__ import annotations
 

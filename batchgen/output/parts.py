@@ -1,5 +1,4 @@
-"""The parts folder every output layout writes through: finished rows as numbered Parquet
-files, each complete on disk, beside a manifest saying which run they belong to.
+"""The parts folder every output layout writes through: numbered Parquet files and a manifest.
 
   out.parquet.partial/manifest.json             the settings the parts were made with
   out.parquet.partial/part-000001.parquet ...   finished rows (DIR/_partial/ in a shard folder)

@@ -1,5 +1,4 @@
-"""The rows a run has to do: the job's (its shard's, its limit's) whose ids are not done yet,
-in job order, read from the job's files when asked for and never held."""
+"""The rows a run has to do, in job order, read from the job's files when asked for, never held."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Resume: what a rerun may take from earlier runs — the settings fingerprint that must not
-change, the rows already finished, whether their input rows changed since, and the failed
-rows to try again — decided in one place (`Resume`), before any work."""
+"""Resume: what a rerun may take from earlier runs, decided in one place before any work.
+
+The settings fingerprint must not change; finished rows are kept unless their input changed
+since; failed rows are tried again.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""The files a run keeps beside its output: the lock that keeps one run per output; for
-whoever watches it from outside, a heartbeat beside the lock (who runs, how far it got, how it
-ended) and the error file (its failed rows, one JSON line each, as OpenAI's batches give an
-`error_file_id`). Those two are written whole (atomically), so a reader never sees half of one."""
+"""The files a run keeps beside its output: the lock, the heartbeat, the error file.
+
+The lock keeps one run per output. For whoever watches from outside, the heartbeat beside the
+lock says who runs, how far it got and how it ended, and the error file lists the failed rows,
+one JSON line each (as OpenAI's batches give an `error_file_id`).
+"""
 
 from __future__ import annotations
 

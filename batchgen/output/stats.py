@@ -1,8 +1,10 @@
-"""The stats file beside an output (`OUT.stats.json`, a shard folder's `_stats.json`): where it
-is, how a run writes its figures there, and the figures its readers (`status`, `inspect`, the
-error file's owner check) take back, each checked for its type. A file that is damaged, forged
-or not a regular file is nobody's figures; a run with nothing to do (a cron rerun) keeps the
-last real run's figures and notes itself."""
+"""The stats file beside an output: where it is, how a run writes it, the typed figures read back.
+
+`OUT.stats.json`, a shard folder's `_stats.json`. Its readers (`status`, `inspect`, the error
+file's owner check) take back typed figures, each checked for its type: a file that is damaged,
+forged or not a regular file is nobody's. A run with nothing to do (a cron rerun) keeps the last
+real run's figures and notes itself.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Output rows as Arrow tables: the result columns' schema, input columns carried beside them
-(renamed where they clash, kept as JSON text where Parquet could not read them back), and
-tables of parts whose column types differ put together."""
+"""Output rows as Arrow tables: the result schema, carried input columns, parts put together.
+
+Input columns are carried beside ours, renamed where they clash and kept as JSON text where
+Parquet could not read them back; parts whose column types differ are put together.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""Write stage: finished rows go to part files as the run goes (parts.py); the output appears
-whole at the end. One protocol — `open` (what earlier runs left), `add`, `flush`, `finalize` —
-and a class per layout: `SingleFile` here, `Shards` and `MirroredShards` in shards.py. The
-finished output is handed to the writer's sinks (the OpenAI Batch file).
+"""Write stage: finished rows to part files as the run goes; the output whole at the end.
 
 A single file: the previous output and the parts are merged in job order into a temporary
 file, renamed over `out.parquet`, and the `.partial` folder goes.

@@ -1,5 +1,4 @@
-"""The HTTP side of `batchgen serve`: the OpenAI Files and Batches endpoints a Batch client
-drives, with the API's shapes and status codes, and the status page at `/`.
+"""The HTTP side of `batchgen serve`: the OpenAI Files and Batches endpoints and the status page.
 
 The key is checked in the ASGI layer (`Guard`), before any body is read: a request without it
 is answered 401 at once. An upload is counted while it streams and refused past the size

@@ -1,6 +1,4 @@
-"""The API's objects as the OpenAI clients read them (`openai/types/batch.py`,
-`file_object.py`), the records the store keeps (those objects and what only the server needs),
-and the one request body the server parses as JSON."""
+"""The API's objects as the OpenAI clients read them, and the records the store keeps."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The status page at `/`: each batch with its progress bar, counts, ETA, and links to its
-output, error file and the gallery of its results. Everything a client sent (metadata, file
-names) is escaped once by Jinja's autoescape; the page reloads itself while work is left."""
+"""The status page at `/`: each batch's progress, counts, ETA and links to its files and gallery."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""The batches, run one after another in creation order on one thread, each through the same
-`run(config)` as the CLI: validated, run (resuming what an earlier server process finished),
-then its output and error files written.
+"""The batches, run one after another on one thread, each through the CLI's `run(config)`.
 
 A batch's life: validating → in_progress → finalizing → completed, or failed (a file that is
 not a Batch file, with its errors per line; a run that could not start), expired (its

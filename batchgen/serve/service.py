@@ -1,5 +1,4 @@
-"""A server's parts put together: the store under the data folder, the queue that runs its
-batches, and the app the CLI hands to uvicorn (the CLI owns the process and its signals)."""
+"""A server's parts put together: the store, the queue, and the app the CLI hands to uvicorn."""
 
 from __future__ import annotations
 

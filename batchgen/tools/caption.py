@@ -1,5 +1,4 @@
-"""`batchgen caption`: a job file built from folders of images and videos, one row per
-file and prompt, with ids from the files' relative paths so reruns resume and pick up new files."""
+"""`batchgen caption`: a job built from folders of images and videos, one row per file and prompt."""
 
 from __future__ import annotations
 

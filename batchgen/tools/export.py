@@ -1,6 +1,8 @@
-"""`batchgen export`: a results file in the shapes training tools read — a caption file beside
-each image (kohya sd-scripts, taggui, OneTrainer), an `imagefolder` dataset's `metadata.jsonl`
-(Hugging Face datasets, invoke-training), or one row per image with a column per prompt.
+"""`batchgen export`: a results file in the shapes training tools read.
+
+A caption file beside each image (kohya sd-scripts, taggui, OneTrainer), an `imagefolder`
+dataset's `metadata.jsonl` (Hugging Face datasets, invoke-training), or one row per image with a
+column per prompt.
 
 A results file holds one row per (media file, prompt); export groups them by the media file
 the run itself read (its `media_files`, never a carried data column), opened under the run's

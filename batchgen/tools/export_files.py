@@ -1,5 +1,6 @@
-"""What `export --format txt` puts on disk: a caption file beside each picture, or mirrored
-under `--to`, each written whole; and the helpers both file layouts share (the pictures'
+"""What `export --format txt` writes: a caption file beside each picture, or mirrored under `--to`.
+
+Each file is written whole; the helpers both file layouts share are here too (the pictures'
 common folder, a target kept inside its folder, folders made once).
 
 Every target is checked before the first write: none may be a media file the results name,

@@ -1,7 +1,4 @@
-"""`export --format imagefolder`: a Hugging Face imagefolder's `metadata.jsonl` beside the
-pictures, or a new dataset folder (`--to`) with the pictures copied, linked or written out from
-bytes. Every target is checked before the first write, and a `metadata.jsonl` is replaced only
-if batchgen wrote it (its digest in `.batchgen-export.json` beside it)."""
+"""`export --format imagefolder`: a Hugging Face imagefolder's `metadata.jsonl`, or a new dataset."""
 
 from __future__ import annotations
 

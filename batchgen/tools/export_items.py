@@ -1,5 +1,4 @@
-"""What an export is about: its options, the items it writes for (a media file the run read
-and its answers), the files it may never write over, and the summary of what it wrote."""
+"""What an export is about: its options, items, the files it may never write over, its summary."""
 
 from __future__ import annotations
 

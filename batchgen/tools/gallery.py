@@ -1,5 +1,4 @@
-"""`report`: a results file as one self-contained HTML page, one card per picture with every
-question asked of it, its pictures found wherever the run's rows had them."""
+"""`report`: a results file as one self-contained HTML page, one card per picture."""
 
 from __future__ import annotations
 

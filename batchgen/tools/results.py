@@ -1,6 +1,4 @@
-"""A results file (or shard folder) read back by the tools that look at it: `inspect`,
-`report` and `export` — its rows, the run's media policy, and the pictures a dataset's job
-held as bytes."""
+"""A results file read back by `inspect`, `report` and `export`: rows, media policy, job pictures."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""`batchgen status OUT`: where a run stands, read from what runs leave beside their output —
-the lock (one holds it while it runs), the heartbeat (who, how far, how it ended) and the last
-finished run's figures (`stats.json`); for a folder of shards, each shard's rows too."""
+"""`batchgen status OUT`: where a run stands, from what runs leave beside their output.
+
+It reads the lock (held while a run goes), the heartbeat (who, how far, how it ended) and the
+last finished run's figures (`stats.json`); for a folder of shards, each shard's rows too.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""MLX values as the Python ones the code reads from them. `array.tolist()` and `.item()` are
-typed as any nesting of any number, `tree_flatten` as a list or a dict, `mlx_lm.load` as a
-pair or a triple: these say which one each call site gets, at no cost (no copy, no check).
-And the engines' own objects, which neither engine types, named once with what they are."""
+"""MLX values as the Python ones the code reads from them.
+
+`array.tolist()` and `.item()` are typed as any nesting of any number, `tree_flatten` as a list
+or a dict, `mlx_lm.load` as a pair or a triple: these say which one each call site gets, at no
+cost (no copy, no check). And the engines' own objects, which neither engine types, named once
+with what they are.
+"""
 
 from __future__ import annotations
 

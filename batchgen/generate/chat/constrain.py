@@ -1,5 +1,4 @@
-"""Constrained decoding: a row's constraint (constraints.py) as a mask on each step's logits,
-so its output is valid by construction.
+"""Constrained decoding: a row's constraint as a mask on each step's logits.
 
 mlx-vlm's own llguidance processor applies its mask with a Metal kernel, which the CPU and
 CUDA backends lack: the mask here is MLX array arithmetic, on any backend. A constraint is one

@@ -1,5 +1,4 @@
-"""Thinking models: a tokenizer's reasoning markers, a row's reasoning bounded while it decodes
-and split from its answer afterwards, the same on every lane.
+"""Thinking models: reasoning markers, a row's reasoning bounded and split from its answer.
 
 The markers are mlx-lm's (`TokenizerWrapper` infers them: `<think>` … `</think>`, Gemma 4's
 `<|channel>thought` … `<channel|>`, …). Where a row stands when decoding starts comes from its

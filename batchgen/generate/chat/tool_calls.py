@@ -1,5 +1,4 @@
-"""Tool calls: a row's answer read with mlx-lm's parser for the model's format into OpenAI's
-`tool_calls`, the same on every lane.
+"""Tool calls: a row's answer read with mlx-lm's parser into OpenAI's `tool_calls`.
 
 The format is mlx-lm's (its loader infers one from the chat template or the vocabulary:
 `<tool_call>` JSON for Qwen and Hermes, Gemma 4's `<|tool_call>`, Mistral's `[TOOL_CALLS]`,

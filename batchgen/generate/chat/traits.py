@@ -1,8 +1,4 @@
-"""A loaded model's traits: what batchgen reads off its tokenizer once, as the model loads —
-its thinking markers and its tool-call format — and llguidance's view of its vocabulary, made
-on the first constrained row (a walk over the vocabulary). One record per model, held beside
-it (`load.loading.Models`) and handed to every lane and step that needs it: nothing is looked
-up again per row, and nothing is kept anywhere by the tokenizer's identity."""
+"""A loaded model's traits, read once as it loads and handed to whatever needs them."""
 
 from __future__ import annotations
 
@@ -23,7 +19,11 @@ __all__ = ["Traits"]
 
 @dataclass(eq=False)
 class Traits:
-    """A model's tokenizer and what it says about the model (see the module)."""
+    """A model's tokenizer and what batchgen reads off it once, as the model loads: its
+    thinking markers and its tool-call format; and llguidance's view of its vocabulary, made on
+    the first constrained row (a walk over the vocabulary). One record per model, held beside it
+    (`load.loading.Models`) and handed to every lane and step that needs it: nothing is looked
+    up again per row, and nothing is kept anywhere by the tokenizer's identity."""
 
     tokenizer: Tokenizer
     markers: Markers | None  # None: the model does not think

@@ -1,7 +1,10 @@
-"""The batch KV cache as the decoder keeps it: rows' caches merged into one left-padded batch
-cache per layer, a joining row written into a free slot in place, and the columns no running
-row attends to cut away; with --kv-bits, rows' caches quantized where mlx-lm's generate
-quantizes them, merged into mlx-vlm's batch form of the quantized cache."""
+"""The batch KV cache the decoder keeps (rows merged, joined, cut) and --kv-bits quantization.
+
+Rows' caches are merged into one left-padded batch cache per layer, a joining row is written
+into a free slot in place, and the columns no running row attends to are cut away. With --kv-
+bits, rows' caches are quantized where mlx-lm's generate quantizes them and merged into mlx-
+vlm's batch form of the quantized cache.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,10 @@
-"""A row's prompt into its KV cache, before it decodes: from the longest cached prefix (a
-system prompt shared by every row, an image shared by every question on it), storing snapshots
-at the row's boundaries on the way, then the rows' tails fed together; or, with --kv-bits (and
-for a drafter's rows), every token but the last in the engine's own chunks."""
+"""A row's prompt into its KV cache: from the longest cached prefix, or in the engine's chunks.
+
+The longest cached prefix is a system prompt every row shares or an image every question on it
+shares; snapshots are stored at the row's boundaries on the way, then the rows' tails are fed
+together. With --kv-bits (and for a drafter's rows), every token but the last goes in the
+engine's own chunks.
+"""
 
 from __future__ import annotations
 

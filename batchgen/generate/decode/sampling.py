@@ -1,6 +1,4 @@
-"""A row's sampling rules, the same on every lane (decoder.py's batches, one_row.py's one-row
-lane): its sampler, its logits processors (penalties, biases, output constraint), its stop
-strings and its final text."""
+"""A row's sampling rules on every lane: sampler, logits processors, stop strings, final text."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""One row at a time through the engines' own generate: mlx-vlm for video, audio and model
-families the batched decoder does not know, both engines' speculative loops, and quantized KV
-caches where batchgen's batch cache cannot follow the engine's quantization (mlx-vlm's layer
-policy; a row quantized in the middle of its decoding)."""
+"""One row at a time through the engines' own generate, where the batched decoder cannot follow.
+
+mlx-vlm for video, audio and the families the batched decoder does not know; both engines'
+speculative loops; quantized KV caches where batchgen's batch cache cannot follow the engine's
+quantization (mlx-vlm's layer policy; a row quantized in the middle of its decoding).
+"""
 
 from __future__ import annotations
 

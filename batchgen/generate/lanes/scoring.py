@@ -1,5 +1,4 @@
-"""Answers scored without generating them: each of a row's choices, or a given text, as the
-assistant's whole reply, teacher-forced — its tokens and then the end-of-turn token.
+"""Answers scored without generating them: choices or a given text, teacher-forced.
 
 The prompt is prefilled once (from the longest cached prefix: the image a row shares with
 others), its last logits score every answer's first token, and the answers' other tokens

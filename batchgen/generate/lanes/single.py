@@ -1,6 +1,4 @@
-"""The one-row lanes: rows through an engine's own generate, one at a time — mlx-vlm's (with a
-vision drafter), mlx-lm's (its speculative loop with a text drafter, its quantized KV cache) —
-where no batched lane can take them."""
+"""The one-row lanes: rows through mlx-vlm's or mlx-lm's own generate where no batched lane can."""
 
 from __future__ import annotations
 

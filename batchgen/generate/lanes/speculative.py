@@ -1,5 +1,4 @@
-"""Speculative decoding on the batched lanes: a drafter proposes tokens for every row of a batch
-at once, the target checks them in one pass, and each row keeps what it accepted.
+"""Speculative decoding on the batched lanes: a drafter proposes, the target checks, rows keep theirs.
 
 Text draft models (`SpeculativeLane`) speculate in batchgen's own rounds:
 

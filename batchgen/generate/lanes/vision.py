@@ -1,6 +1,7 @@
-"""The batched mlx-vlm lanes: a media row's prompt as its checkpoint's processor renders and
-expands it, prefixes that never split an image, embeddings made only for the slices that
-hold media.
+"""The batched mlx-vlm lanes: media rows' prompts, prefixes that never split an image, embeddings.
+
+A media row's prompt is rendered and expanded as its checkpoint's processor does it, and
+embeddings are made only for the slices that hold media.
 - `VisionLane`: Qwen2/2.5/3-VL (and MoE) and Qwen3.5 image or video rows: explicit (mRoPE)
   positions, vision features reused across rows;
 - `OffsetVisionLane`: image rows of the families positioned by their cache offsets (llava,

@@ -1,5 +1,4 @@
-"""The adapters a run's rows may run with — the run's own (--adapter), the named set
-(--adapters), a folder a row names beside its job — and which one a row takes."""
+"""The adapters a run's rows may run with (--adapter, --adapters, a row's folder) and whose is whose."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The run's checkpoints, loaded once on first use through mlx-lm's and mlx-vlm's own
-loaders, and the image processor wrapped so rows sharing an image process it once."""
+"""The run's checkpoints, loaded once by the engines' own loaders; the image processor shared."""
 
 from __future__ import annotations
 

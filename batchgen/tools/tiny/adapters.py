@@ -1,8 +1,8 @@
-"""Tiny LoRA adapters built offline for a tiny checkpoint, in the format its engine loads:
-mlx-lm's for a text model (`mlx_lm.load(path, adapter_path=...)`), mlx-vlm's for a
-vision-language one (`mlx_vlm.load(path, adapter_path=...)`). The engines' own functions attach
-the LoRA layers; their `lora_b` matrices (zero after attaching) are drawn at random, so the
-adapter changes what the model says."""
+"""Tiny LoRA adapters built offline, in the format each engine loads.
+
+mlx-lm's format for a text model (`mlx_lm.load(path, adapter_path=...)`), mlx-vlm's for a
+vision-language one (`mlx_vlm.load(path, adapter_path=...)`).
+"""
 
 from __future__ import annotations
 

@@ -1,8 +1,10 @@
-"""Tiny checkpoints of the other model families (Qwen3-VL and its MoE, Qwen3.5 with its MTP
-drafter, llava, LLaVA-NeXT, SmolVLM, Idefics3, Gemma 3, Gemma 4, Mistral 3, InternVL), built
-the way `tiny.make_tiny_model` builds the qwen2 ones (tiny_parts.py): a local tokenizer with the family's
-special tokens, random weights from mlx-vlm's own model classes, the family's processor files.
-Notes on each family's pitfalls: `docs/families-notes.md` in the shared folder."""
+"""Tiny checkpoints of the other model families, built as the qwen2 ones are.
+
+Qwen3-VL and its MoE, Qwen3.5 with its MTP drafter, llava, LLaVA-NeXT, SmolVLM, Idefics3, Gemma
+3, Gemma 4, Mistral 3 and InternVL, built the way `tiny.make_tiny_model` builds the qwen2 ones
+(tiny_parts.py): a local tokenizer with the family's special tokens, random weights from mlx-
+vlm's own model classes, the family's processor files.
+"""
 
 from __future__ import annotations
 

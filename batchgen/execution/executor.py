@@ -31,6 +31,10 @@ def _add(counts: list[dict[str, int]]) -> dict[str, int]:
     return total
 
 
+# Generation's plain counts (capped rows, adapter switches, model loads, …): they add up as they are.
+_COUNTS = tuple(f.name for f in dataclasses.fields(GenerationStats) if f.type == "int")
+
+
 @dataclass(slots=True, kw_only=True)
 class ExecutorStats:
     """An executor's figures so far: media work, what generation did, rows without media beside
@@ -46,12 +50,11 @@ class ExecutorStats:
         """Several executors' figures (Ray actors') as one run's: counts add, rates are recomputed."""
         gens = [p.generation for p in parts]
         caches = [g.cache for g in gens if g.cache is not None]
-        counts = ("max_tokens_capped", "adapter_switches", "model_loads", "planned_aside")
         generation = GenerationStats(
             cache=CacheStats.added(caches) if caches else None,
             one_at_a_time=_add([g.one_at_a_time for g in gens]),
             memory=MemoryStats.added([g.memory for g in gens]),
-            **{name: sum(getattr(g, name) for g in gens) for name in counts},
+            **{name: sum(getattr(g, name) for g in gens) for name in _COUNTS},
         )
         return cls(
             media=MediaStats.added([p.media for p in parts]),
@@ -68,13 +71,11 @@ class ExecutorStats:
         gen = value["generation"]
         cache, memory = gen.get("cache"), dict(gen.get("memory") or {})
         memory["widths"] = {int(w): n for w, n in (memory.get("widths") or {}).items()}  # JSON keys are text
-        counts = {name: gen.get(name, 0) for name in ("adapter_switches", "model_loads", "planned_aside")}
         generation = GenerationStats(
             cache=CacheStats(**cache) if cache else None,
-            max_tokens_capped=gen["max_tokens_capped"],
             one_at_a_time=gen["one_at_a_time"],
             memory=MemoryStats(**memory),
-            **counts,
+            **{name: gen.get(name, 0) for name in _COUNTS},
         )
         media, unused, near = MediaStats(**value["media"]), value["unused_media"], value["near_misses"]
         return cls(media=media, generation=generation, unused_media=unused, near_misses=near)

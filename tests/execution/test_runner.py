@@ -72,6 +72,32 @@ def test_text_job(workdir):
     assert stats["model_loads"] == 1 and stats["media"]["downloads"] == 0 and stats["one_at_a_time"] == {}
 
 
+def test_an_executors_figures_cross_to_the_ray_driver_whole_and_add_up():
+    """What an actor sends as JSON is what it had; several actors' figures add up field by field."""
+    import json as js
+
+    from batchgen.core.figures import CacheStats, MediaStats, MemoryStats
+
+    gen = GenerationStats(
+        cache=CacheStats(prefix_hits=3, prefix_misses=1, prompt_tokens_saved=40),
+        max_tokens_capped=2,
+        one_at_a_time={"video": 1},
+        memory=MemoryStats(widths={4: 2}, out_of_memory=1),
+        adapter_switches=5,
+        model_loads=1,
+        planned_aside=7,
+    )
+    one = ExecutorStats(
+        media=MediaStats(downloads=2), generation=gen, unused_media={"jpg": 1}, near_misses={"max_token": 1}
+    )
+    back = ExecutorStats.from_json(js.loads(js.dumps(one.to_json())))
+    assert back == one
+    both = ExecutorStats.added([one, back])
+    assert both.generation.planned_aside == 14 and both.generation.max_tokens_capped == 4
+    assert both.generation.memory.widths == {4: 4} and both.generation.cache.prompt_tokens_saved == 80
+    assert both.media.downloads == 4 and both.near_misses == {"max_token": 2}
+
+
 def test_image_job_and_every_result_column(workdir):
     job = write_jsonl(workdir / "jobs.jsonl", IMAGE_ROWS)
     code, output = batch(job, workdir / "out.parquet")

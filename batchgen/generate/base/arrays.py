@@ -22,6 +22,8 @@ __all__ = [
     "parameters",
     "load_lm",
     "Model",
+    "Cache",
+    "CacheLayer",
     "Tokenizer",
     "Processor",
     "TemplateOwner",
@@ -34,6 +36,8 @@ Tokenizer = Any  # mlx-lm's TokenizerWrapper, or the tokenizer inside an mlx-vlm
 Processor = Any  # an mlx-vlm processor (transformers' ProcessorMixin, its tokenizer inside)
 TemplateOwner = Any  # a Tokenizer or a Processor: whichever holds the chat template
 ModelConfig = Any  # a model's config: mlx-vlm's ModelConfig or mlx-lm's ModelArgs
+CacheLayer = Any  # one layer's: KVCache, RotatingKVCache, ArraysCache, their Batch* forms, …
+Cache = list[CacheLayer]
 
 
 def ints(a: mx.array) -> list[int]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import mlx.core as mx
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
@@ -27,7 +27,6 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from ...core.params import GenParams
 from ...core.records import Generation
 from ..base.arrays import Tokenizer, scalar
-from .constrain import Masking
 
 __all__ = [
     "Markers",
@@ -188,6 +187,14 @@ def budgeted(p: GenParams, markers: Markers | None, part: Part) -> GenParams:
     return dataclasses.replace(p, max_tokens=p.max_tokens + _room(p.reasoning_budget, markers, part))
 
 
+class Mask(Protocol):
+    """A row's constraint as Thinking applies it (constrain.Masking): to answer tokens only."""
+
+    def consume(self, token: int, /) -> None: ...
+
+    def masked(self, logits: mx.array, also: tuple[int, ...] = (), /) -> mx.array: ...
+
+
 class Thinking:
     """One row's reasoning while it decodes, as a logits processor (it sees each step's history,
     whose last token is the one sampled at the step before): the part the row is in, the
@@ -203,7 +210,7 @@ class Thinking:
         markers: Markers,
         part: Part,
         budget: int | None,
-        mask: Masking | None = None,
+        mask: Mask | None = None,
         max_tokens: int | None = None,
     ):
         self.markers, self.part, self.budget, self.mask = markers, part, budget, mask

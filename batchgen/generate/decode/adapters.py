@@ -18,14 +18,12 @@ from mlx_lm.models.cache import make_prompt_cache as lm_prompt_cache
 from mlx_vlm.models.cache import make_prompt_cache as vlm_prompt_cache
 
 from ...core.params import GenParams
-from ..base.arrays import Model
+from ..base.arrays import Cache, Model
 from ..chat.reasoning import Part
 from .sampling import Loops
 
 __all__ = [
     "Sequence",
-    "Cache",
-    "CacheLayer",
     "Adapter",
     "LMAdapter",
     "VLMAdapter",
@@ -35,8 +33,6 @@ __all__ = [
 
 # A row's (or a batch's) KV cache: one of the engines' cache objects per layer (KVCache,
 # RotatingKVCache, ArraysCache, …), which share no base class batchgen could name.
-CacheLayer = Any  # one layer's: KVCache, RotatingKVCache, ArraysCache, their Batch* forms, …
-Cache = list[CacheLayer]
 
 
 @dataclass(slots=True)

@@ -20,7 +20,7 @@ from mlx_vlm.models.cache import QuantizedKVCache as VLMQuantizedKVCache
 
 from ...core.errors import ConfigError
 from ...core.settings import KV_GROUPS
-from .adapters import Cache, CacheLayer
+from ..base.arrays import Cache, CacheLayer
 
 __all__ = ["KVQuant", "SLOT_CACHES", "merge_caches", "in_place", "write_slots", "trim_layer", "drop_tails"]
 

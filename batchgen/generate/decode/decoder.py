@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 
 import mlx.core as mx
 
-from ..base.arrays import ints, scalar
+from ..base.arrays import Cache, ints, scalar
 from ..base.watch import Watch
 from ..chat.reasoning import thinking_of
 from ..chat.traits import Traits
-from .adapters import Adapter, Cache, Sequence
+from .adapters import Adapter, Sequence
 from .batch_cache import SLOT_CACHES, KVQuant, in_place, trim_layer, write_slots
 from .memory import Footprint, Memory, wired
 from .prefill import feed_tails, prefill

@@ -32,10 +32,8 @@ from ...core.budget import BudgetSpec, human_bytes
 from ...core.errors import RowError
 from ...core.figures import MemoryStats
 from ...core.memo import PerObject
-from ..base.arrays import Model, parameters
+from ..base.arrays import Cache, CacheLayer, Model, parameters
 from ..base.aside import at_home
-from .adapters import Cache, CacheLayer
-from .prefix_cache import PrefixCache
 
 __all__ = [
     "Footprint",
@@ -193,13 +191,23 @@ def weights_bytes(model: Model) -> int:
     return sum(v.nbytes for _, v in parameters(model))
 
 
+class Shrinking(Protocol):
+    """A cache that may shrink for a row (prefix snapshots, processed images): the bytes it
+    holds, and a way to hold at most so many."""
+
+    @property
+    def held(self) -> int: ...
+
+    def shrink(self, most: int, /) -> None: ...
+
+
 class Loaded(Protocol):
     """What the budget asks of the run's checkpoints (`load.loading.Models`): the models loaded
     so far, whose weights it counts, and the caches they keep that may shrink for a row."""
 
     def loaded(self) -> list[Model]: ...
 
-    def caches(self) -> list[Any]: ...
+    def caches(self) -> list[Shrinking]: ...
 
 
 class Memory:
@@ -207,7 +215,7 @@ class Memory:
     width as rows join; `check_alone` refuses a row no batch could hold; `lower` follows an
     out-of-memory. Without a budget every row fits (only --batch-size bounds a batch)."""
 
-    def __init__(self, spec: BudgetSpec | None, models: Loaded, prefixes: PrefixCache | None = None):
+    def __init__(self, spec: BudgetSpec | None, models: Loaded, prefixes: Shrinking | None = None):
         self.models, self.prefixes = models, prefixes
         self.stats = MemoryStats()
         self._footprints: PerObject[dict[Hashable, Footprint | None]] = PerObject()  # by model, by kind
@@ -247,7 +255,7 @@ class Memory:
         self.stats.weights = sum(self._weights.get(m, partial(weights_bytes, m)) for m in loaded)
         return self.stats.weights
 
-    def caches(self) -> list[Any]:
+    def caches(self) -> list[Shrinking]:
         """What may shrink for a row: prefix snapshots first, then processed images."""
         return [c for c in (self.prefixes, *self.models.caches()) if c is not None]
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from ..base.arrays import Cache
 from ..base.watch import Watch
-from .adapters import Adapter, Cache, Sequence, embedded
+from .adapters import Adapter, Sequence, embedded
 from .batch_cache import KVQuant, merge_caches
 from .memory import PREFILL_STEP
 from .prefix_cache import PrefixCache

@@ -6,7 +6,7 @@ import copy
 from collections import OrderedDict
 
 from ...core.figures import CacheStats
-from .adapters import Cache
+from ..base.arrays import Cache
 
 __all__ = ["PrefixCache"]
 

@@ -294,19 +294,15 @@ class WorkSettings:
 def work_settings(config: RunConfig, base: str | None) -> WorkSettings:
     """What executors need; `base` is the job's Source.base."""
     job_dir = Path(base) if base is not None and config.local_paths else None
-    fields = dataclasses.fields(GenerationSettings)
-    own: dict[str, Any] = {f.name: getattr(config, f.name) for f in fields if hasattr(config, f.name)}
-    generation = GenerationSettings(**own, job_dir=job_dir, media_root=config.media.media_root)
-    return WorkSettings(
-        generation=generation,
-        media=config.media,
-        defaults=config.defaults,
-        prompt_template=config.prompt_template,
-        columns=config.columns,
-        window=config.window,
-        base_dir=job_dir,
-        plan_aside=config.plan_aside,
+    generation = GenerationSettings(
+        **_taken(GenerationSettings, config), job_dir=job_dir, media_root=config.media.media_root
     )
+    return WorkSettings(**_taken(WorkSettings, config), generation=generation, base_dir=job_dir)
+
+
+def _taken(share: type, config: RunConfig) -> dict[str, Any]:
+    """A share's fields the run's config holds under the same names, as it holds them."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(share) if hasattr(config, f.name)}
 
 
 # How rows name an adapter or model of the run's set (an OpenAI body's model: org/name:tag).

@@ -116,27 +116,17 @@ def _changed(previous: Fingerprint, settings: Fingerprint, prefix: str = "") -> 
     return out
 
 
-# The columns of earlier results a rerun reads: each row's input, failure, loop stop, media and adapter.
-_READ = (
-    "id",
-    "input_hash",
-    "status",
-    "transient",
-    "attempts",
-    "finish_reason",
-    "media_files",
-    "adapter",
-    "adapter_sha256",
-)
+# The columns of earlier results every rerun reads: each row's input, its failure, its adapter.
+_READ = ("id", "input_hash", "status", "transient", "attempts", "adapter", "adapter_sha256")
 
 
-def read_earlier(sources: Iterable[Path | str], store: Store) -> list[pa.Table]:
-    """The columns a rerun reads of each earlier result file, each file read once (an earlier
-    version's output, or a slim one, lacks some: they are left out)."""
+def read_earlier(sources: Iterable[Path | str], store: Store, columns: Iterable[str]) -> list[pa.Table]:
+    """These columns of each earlier result file, each file read once (an earlier version's
+    output, or a slim one, lacks some: they are left out)."""
     tables = []
     for path in sources:
         names = set(store.metadata_schema(str(path)).names)
-        tables.append(store.read_table(str(path), [c for c in _READ if c in names]))
+        tables.append(store.read_table(str(path), [c for c in columns if c in names]))
     return tables
 
 
@@ -314,7 +304,11 @@ class Resume:
     ):
         if earlier.settings is not None:
             check_settings(earlier.where, earlier.settings, settings)
-        tables = read_earlier(earlier.files, store)
+        # The recorded media files only where local ones can be checked, finish reasons only
+        # for --redo-repetition.
+        more: tuple[str, ...] = ("media_files",) if index.base is not None else ()
+        more += ("finish_reason",) if redo_looped else ()
+        tables = read_earlier(earlier.files, store, (*_READ, *more))
         self.done = finished(tables)
         replaced = replaced_media(tables, index.base, set(self.done)) if self.done else {}
         replaced |= retrained(tables, set(self.done)) if self.done else {}

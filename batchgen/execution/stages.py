@@ -41,6 +41,7 @@ from ..core.records import TOTALS
 from ..core.settings import RunConfig, Stage
 from ..generate.generator import GeneratorFactory, Resident
 from ..media.resolve import Decoded
+from ..output.about import About, Standing
 from ..output.resume import settings_of
 from ..output.run_files import stage_output, stages_folder
 from ..output.stats import stats_path, write_stats
@@ -120,9 +121,14 @@ def run_stages(
         resident.close()
     assert table is not None
     table = _finished(table, dropped, config.stages[-1].name)
-    atomic_write(Path(config.output), lambda p: pq.write_table(table, p))
     summary = _summed(summaries, str(config.output), table, len(index.output), time.monotonic() - started)
     summary.time_limited = summary.time_limited or timed_out
+    # Where the job's output stands is the job's, not its first stage's (whose metadata it carries).
+    standing = Standing(complete=summary.complete, job_rows=summary.job_rows, pending=summary.pending)
+    table = table.replace_schema_metadata(
+        {**(table.schema.metadata or {}), **About(standing=standing).metadata()}
+    )
+    atomic_write(Path(config.output), lambda p: pq.write_table(table, p))
     path = str(stats_path(config.output))
     write_stats(Store(path), path, summary.figures())
     return summary
@@ -287,11 +293,13 @@ def _rules(config: RunConfig, columns: set[str]) -> dict[str, KeepIf]:
 
 def _dropped(table: pa.Table, name: str, rule: KeepIf | None, dropped: dict[Any, str]) -> None:
     """The rows the stage answered that meet its keep_if go on; the others stop here
-    (`dropped_at`): a row the stage failed, or one its rule does not keep."""
+    (`dropped_at`): a row the stage failed, or one its rule does not keep. A row the stage has
+    not answered yet (a --limit, a --time-limit, a kill) stops nowhere: it is still to do."""
     for row in table.to_pylist():
-        if row["id"] in dropped:
+        status = row.get(f"{name}.status")
+        if row["id"] in dropped or status is None:
             continue
-        if row.get(f"{name}.status") != "ok" or (rule is not None and not rule.keeps(stage_values(row))):
+        if status != "ok" or (rule is not None and not rule.keeps(stage_values(row))):
             dropped[row["id"]] = name
 
 

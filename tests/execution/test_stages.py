@@ -279,6 +279,29 @@ def test_kill_9_during_stage_2_then_a_rerun_keeps_stage_1(tmp_path):
     assert all(r["essay.status"] == "ok" for r in pq.read_table(out).to_pylist())
 
 
+def test_rows_a_later_stage_has_not_answered_are_pending_not_stopped(tmp_path):
+    """A stage that ends early (its own --limit here; a --time-limit or a kill alike) leaves the
+    rows it has not answered to do: the job says incomplete everywhere, none is `dropped_at` it."""
+    from batchgen.output.about import About, Standing
+
+    job = write_jsonl(tmp_path / "jobs.jsonl", [{"id": f"r{i}", "topic": f"topic {i}"} for i in range(4)])
+    stages = [
+        {"name": "word", "prompt_template": "One word about {topic}.", "generation": {"max_tokens": 3}},
+        {"name": "more", "prompt_template": "More on {word.generated_text}.", "limit": 2},
+    ]
+    preset = tmp_path / "p.yaml"
+    model = str(MEDIA.parent / "models" / "tiny-lm")
+    preset.write_text(yaml.safe_dump({"model": model, "generation": {"max_tokens": 3}, "stages": stages}))
+    out = tmp_path / "out.parquet"
+    code, said = run_cli("run", str(job), "-o", str(out), "--config", str(preset), "--require-complete")
+    assert code == 4 and "incomplete: 2 of 4 rows, 2 pending" in said, said
+    rows = read(out)
+    assert len(rows) == 2 and all(r["dropped_at"] is None and r["more.status"] == "ok" for r in rows)
+    assert About.of(pq.read_schema(out).metadata).standing == Standing(complete=False, job_rows=4, pending=2)
+    code, said = run_cli("status", str(out))
+    assert code == 4 and "out.parquet: incomplete · 2 of 4 rows, 2 pending" in said, said
+
+
 def test_caption_then_score_and_keep_on_the_command_line(tmp_path):
     """`batchgen caption DIR --then-score Q --keep-if RULE`: the captions, then Q about each
     picture with its caption in it, scored Yes/No; the rows the rule keeps went on, the others

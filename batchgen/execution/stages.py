@@ -123,15 +123,18 @@ def run_stages(
     table = _finished(table, dropped, config.stages[-1].name)
     summary = _summed(summaries, str(config.output), table, len(index.output), time.monotonic() - started)
     summary.time_limited = summary.time_limited or timed_out
-    # Where the job's output stands is the job's, not its first stage's (whose metadata it carries).
-    standing = Standing(complete=summary.complete, job_rows=summary.job_rows, pending=summary.pending)
-    table = table.replace_schema_metadata(
-        {**(table.schema.metadata or {}), **About(standing=standing).metadata()}
-    )
-    atomic_write(Path(config.output), lambda p: pq.write_table(table, p))
-    path = str(stats_path(config.output))
-    write_stats(Store(path), path, summary.figures())
+    _write(Path(config.output), table, summary)
     return summary
+
+
+def _write(output: Path, table: pa.Table, summary: RunSummary) -> None:
+    """The job's output and its stats file. Where the output stands, in its metadata, is the
+    job's, not its first stage's (whose other metadata it carries)."""
+    standing = Standing(complete=summary.complete, job_rows=summary.job_rows, pending=summary.pending)
+    meta = {**(table.schema.metadata or {}), **About(standing=standing).metadata()}
+    atomic_write(output, lambda p: pq.write_table(table.replace_schema_metadata(meta), p))
+    path = str(stats_path(output))
+    write_stats(Store(path), path, summary.figures())
 
 
 def _say_stage(stages: tuple[Stage, ...], number: int, rows: int) -> None:

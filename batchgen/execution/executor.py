@@ -32,7 +32,7 @@ def _add(counts: list[dict[str, int]]) -> dict[str, int]:
 
 
 # Generation's plain counts (capped rows, adapter switches, model loads, …): they add up as they are.
-_COUNTS = tuple(f.name for f in dataclasses.fields(GenerationStats) if f.type == "int")
+_COUNTS = tuple(f.name for f in dataclasses.fields(GenerationStats) if f.type in ("int", int))
 
 
 @dataclass(slots=True, kw_only=True)
